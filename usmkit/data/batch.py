@@ -1,0 +1,39 @@
+"""The typed batch every training task and evaluator consumes.
+
+Shapes: B batch, T feature frames, F feature bins (80), U tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+@dataclass
+class Batch:
+    features: torch.Tensor  # (B, T, F) float32, normalized log-mel, zero-padded
+    feature_lens: torch.Tensor  # (B,) int64, valid frames per row
+    tokens: torch.Tensor  # (B, U) int64 sentencepiece ids, padded with -1 (empty (B, 0) for audio-only)
+    token_lens: torch.Tensor  # (B,) int64
+    texts: list[str] = field(default_factory=list)  # reference transcripts ("" for audio-only)
+    languages: list[str] = field(default_factory=list)  # ISO codes, e.g. "en"
+    cut_ids: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return self.features.shape[0]
+
+    @property
+    def num_frames(self) -> int:
+        """Valid (unpadded) feature frames in the batch."""
+        return int(self.feature_lens.sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return replace(
+            self,
+            features=self.features.to(device, non_blocking=True),
+            feature_lens=self.feature_lens.to(device, non_blocking=True),
+            tokens=self.tokens.to(device, non_blocking=True),
+            token_lens=self.token_lens.to(device, non_blocking=True),
+        )

@@ -1,0 +1,1 @@
+"""Custom ops. One folder per op: reference.py (eager oracle), triton.py, api.py (autograd + dispatch)."""

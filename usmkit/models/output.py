@@ -1,0 +1,14 @@
+"""What a training task returns from one forward pass; the trainer knows nothing else of the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # scalar to backpropagate
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to log (no .item() in the hot path)
+    num_frames: int = 0  # valid input feature frames in the batch, for frames/s
