@@ -1,0 +1,100 @@
+"""The loop on a toy task: exact resume, non-finite steps, and divergence."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from usmkit.config import OptimConfig, TrainerConfig
+from usmkit.data.batch import Batch
+from usmkit.models.output import StepOutput
+from usmkit.trainer import Trainer, TrainingDiverged
+
+
+class ToyLoader:
+    """A shuffled, resumable list of batches (like the lhotse sampler: position + epoch)."""
+
+    def __init__(self, n=6, poison=(), kill_after=None):
+        self.kill_after, self.served = kill_after, 0
+        g = torch.Generator().manual_seed(0)
+        self.batches = [
+            Batch(
+                features=torch.randn(2, 5, 3, generator=g),
+                feature_lens=torch.tensor([5, 4]),
+                tokens=torch.zeros(2, 0, dtype=torch.long),
+                token_lens=torch.zeros(2, dtype=torch.long),
+            )
+            for _ in range(n)
+        ]
+        for i in poison:
+            self.batches[i].features[0, 0, 0] = float("nan")
+        self.epoch, self.pos = 0, 0
+
+    def __iter__(self):
+        order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        while self.pos < len(order):
+            if self.kill_after is not None and self.served == self.kill_after:
+                raise KeyboardInterrupt("simulated kill")
+            self.served += 1
+            self.pos += 1
+            yield self.batches[order[self.pos - 1]]
+        self.pos = 0
+
+    def set_epoch(self, e):
+        self.epoch = e
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.epoch, self.pos = sd["epoch"], sd["pos"]
+
+
+class ToyTask(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+
+    def forward(self, batch):
+        y = self.net(batch.features).squeeze(-1)  # (B, T)
+        loss = (y - 1).pow(2).mean()
+        return StepOutput(loss=loss, metrics={"ymean": y.mean().detach()}, num_frames=batch.num_frames)
+
+
+def _trainer(tmp_path, max_steps, loader=None, **kw):
+    cfg = TrainerConfig(
+        exp_dir=str(tmp_path), max_steps=max_steps, log_every=1, eval_every=0, save_every=4, progress=False, **kw
+    )
+    return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), ToyTask(), loader or ToyLoader(), "x: 1\n")
+
+
+def test_resumed_run_matches_uninterrupted(tmp_path):
+    full = _trainer(tmp_path / "a", 10).fit()
+    with pytest.raises(KeyboardInterrupt):  # killed during step 6, after the checkpoint at step 4
+        _trainer(tmp_path / "b", 10, loader=ToyLoader(kill_after=5)).fit()
+    resumed = _trainer(tmp_path / "b", 10)
+    assert resumed.resume() and resumed.step == 4
+    out = resumed.fit()
+    assert out.losses == full.losses[4:]  # bitwise equal losses at steps 5..10
+
+
+def test_non_finite_steps_are_skipped_and_counted(tmp_path):
+    out = _trainer(tmp_path, 8, loader=ToyLoader(poison=(2,))).fit()
+    assert out.step == 8 and out.bad_steps >= 1
+    assert all(torch.isfinite(torch.tensor(loss)) for _, loss in out.losses)
+    assert all(torch.isfinite(p).all() for p in _trainer(tmp_path / "x", 0).module.parameters())
+
+
+def test_training_stops_after_too_many_bad_steps(tmp_path):
+    loader = ToyLoader(n=3, poison=(0, 1, 2))
+    with pytest.raises(TrainingDiverged, match="3 consecutive steps"):
+        _trainer(tmp_path, 5, loader=loader, max_bad_steps=3).fit()
+
+
+def test_checkpoints_pruned_to_keep_last(tmp_path):
+    t = _trainer(tmp_path, 12, keep_last=2)
+    t.fit()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["step-000008", "step-000012"]
+    assert replace(t.cfg, keep_last=1).keep_last == 1

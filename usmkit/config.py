@@ -1,0 +1,194 @@
+"""Typed configuration for training and evaluation.
+
+Hydra composes YAML from ``usmkit/conf``; the entry points convert the composed config to these
+frozen dataclasses once (``from_dict``) and library code only ever sees the dataclasses.
+Each section's dataclass lives next to the code it configures; this module composes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from usmkit.data.config import DataConfig
+from usmkit.models.config import ConformerConfig
+
+
+class ConfigError(ValueError):
+    """A config key or value that does not fit the schema."""
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """Which encoder to build: a named size preset plus the knobs recipes change.
+
+    ``chunk_size`` is in encoder frames (40 ms each); ``None`` = full attention. USM's chunk-wise
+    attention uses 8 s chunks (200 frames) with ``left_chunks=0``.
+    """
+
+    preset: str = "tiny"
+    chunk_size: int | None = 200
+    left_chunks: int = 0
+    causal_conv: bool = False
+    attention_impl: str = "sdpa"
+    dropout: float = 0.1
+    overrides: dict[str, Any] = field(default_factory=dict)  # any other ConformerConfig field
+
+    def build_config(self, input_dim: int) -> ConformerConfig:
+        from usmkit.models.presets import preset
+
+        return preset(
+            self.preset,
+            input_dim=input_dim,
+            chunk_size=self.chunk_size,
+            left_chunks=self.left_chunks,
+            causal_conv=self.causal_conv,
+            attention_impl=self.attention_impl,
+            dropout=self.dropout,
+            **self.overrides,
+        )
+
+
+@dataclass(frozen=True)
+class LASSection:
+    num_layers: int = 2
+    num_heads: int = 4
+    ff_mult: int = 4
+    dropout: float = 0.1
+    label_smoothing: float = 0.1
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What is trained. ``kind``: ``ctc``, ``las`` (joint CTC + attention decoder) or ``bestrq``."""
+
+    kind: Literal["ctc", "las", "bestrq"] = "ctc"
+    ctc_weight: float = 1.0  # for ``las``: weight of the CTC loss in the joint loss (0.3 is usual)
+    las: LASSection = field(default_factory=LASSection)
+    bestrq: dict[str, Any] = field(default_factory=dict)  # BestRQConfig fields, see usmkit.ssl.bestrq
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_steps: int = 500
+    schedule: Literal["cosine", "constant", "noam"] = "cosine"
+    min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
+    grad_clip: float = 5.0  # max global grad norm; 0 disables
+    accum_steps: int = 1  # micro-batches per optimizer step
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    exp_dir: str = "exp/run"
+    max_steps: int = 1000
+    log_every: int = 10
+    eval_every: int = 200  # dev loss + dev WER; 0 disables
+    save_every: int = 200
+    keep_last: int = 3  # checkpoints kept besides the best
+    dev_max_batches: int = 0  # 0 = the whole dev set
+    precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False
+    device: str = "auto"  # auto = cuda if available, else cpu
+    seed: int = 0
+    max_bad_steps: int = 10  # consecutive non-finite losses before training stops
+    progress: bool = True
+    best_metric: str = "dev_wer"  # or dev_loss; lower is better
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tokenizer: str | None = None  # sentencepiece model; default: <manifest_dir>/tokenizer/tokenizer.model
+    vocab_size: int = 256  # used when the tokenizer is trained here because none exists
+    resume: bool = False  # continue the run in trainer.exp_dir from its last checkpoint
+    init_from: str | None = None  # checkpoint dir whose encoder weights start this run
+
+
+def from_dict(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass ``cls`` from nested plain dicts, checking every key and scalar type.
+
+    Unknown keys raise ``ConfigError`` listing the valid ones, so a typo in an override is caught at
+    start-up instead of silently ignored.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls} is not a dataclass")
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or cls.__name__}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in {path or cls.__name__}; valid keys: {sorted(fields)}")
+    kwargs = {name: _convert(hints[name], value, f"{path}.{name}" if path else name) for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{path}: {value!r} fits none of {tp}: {errors}")
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{path}: {value!r} is not one of {typing.get_args(tp)}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise ConfigError(f"{path}: expected {len(args)} values, got {list(value)}")
+        return tuple(_convert(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        return [_convert(arg, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+        return value
+    return value
+
+
+def to_dict(cfg: Any) -> Any:
+    """Dataclass -> plain nested dict (tuples become lists), for saving next to checkpoints."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg

@@ -1,0 +1,148 @@
+"""Evaluation entry point: WER/CER per test set as a table and as JSON.
+
+``python -m usmkit.evaluate checkpoint=exp/stage3_ctc test_sets=[test,test_other] decode=ctc_greedy``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from usmkit.config import from_dict
+from usmkit.data.loader import make_loader
+from usmkit.data.manifests import load_cuts
+from usmkit.data.normalize import load_or_compute_stats
+from usmkit.data.validate import validate_cuts
+from usmkit.metrics import TextNormConfig, score
+from usmkit.tasks import load_trained, transcribe_batches
+from usmkit.trainer import resolve_device
+
+log = logging.getLogger("usmkit.evaluate")
+
+DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    checkpoint: str
+    test_sets: tuple[str, ...] = ("test",)
+    decode: str = "ctc_greedy"
+    beam_size: int = 10
+    manifest_dir: str | None = None
+    corpus: str | None = None
+    output: str | None = None
+    device: str = "auto"
+    max_duration: float = 200.0
+    chunk_size: int | str | None = "default"
+    left_chunks: int | str = "default"
+    norm: TextNormConfig = field(default_factory=TextNormConfig)
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
+
+
+def evaluate(cfg: EvalConfig) -> dict[str, Any]:
+    """Decode each test set with the checkpoint; returns the results dict that is also written as JSON."""
+    device = resolve_device(cfg.device)
+    changes = {}
+    if cfg.chunk_size != "default":
+        changes["chunk_size"] = cfg.chunk_size
+    if cfg.left_chunks != "default":
+        changes["left_chunks"] = cfg.left_chunks
+    module, train_cfg, tokenizer, ckpt = load_trained(cfg.checkpoint, device, **changes)
+    if tokenizer is None:
+        raise ValueError(f"{ckpt} is a {train_cfg.task.kind} checkpoint with no ASR head: fine-tune it first")
+    data = replace(
+        train_cfg.data,
+        manifest_dir=cfg.manifest_dir or train_cfg.data.manifest_dir,
+        corpus=cfg.corpus or train_cfg.data.corpus,
+        max_duration=cfg.max_duration,
+    )
+    # Normalization statistics come from the training data the model was trained with.
+    stats = load_or_compute_stats(
+        load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus),
+        train_cfg.data,
+    )
+    results: dict[str, Any] = {
+        "checkpoint": str(ckpt),
+        "decode": cfg.decode,
+        "beam_size": cfg.beam_size,
+        "chunk_size": module.encoder.cfg.chunk_size if hasattr(module, "encoder") else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sets": {},
+    }
+    for name in cfg.test_sets:
+        cuts = load_cuts(data.manifest_dir, name, corpus=data.corpus)
+        cuts, report = validate_cuts(cuts, require_text=True, on_bad=data.on_bad_input)
+        if report.num_skipped:
+            log.warning("%s: %s", name, report.summary())
+        loader = make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False)
+        records, seconds = transcribe_batches(
+            module, loader, tokenizer, mode=cfg.decode, beam_size=cfg.beam_size, device=device, norm=cfg.norm
+        )
+        audio_s = sum(r["frames"] for r in records) * data.features.frame_shift_ms / 1000
+        entry = score([r["ref"] for r in records], [r["hyp"] for r in records]).as_dict()
+        entry |= {"audio_seconds": audio_s, "decode_seconds": seconds, "rtf": seconds / max(audio_s, 1e-9)}
+        languages = sorted({r["language"] for r in records if r["language"]})
+        if len(languages) > 1:
+            entry["per_language"] = {
+                lang: score(
+                    [r["ref"] for r in records if r["language"] == lang],
+                    [r["hyp"] for r in records if r["language"] == lang],
+                ).as_dict()
+                for lang in languages
+            }
+        entry["examples"] = records[:5]
+        results["sets"][name] = entry
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{results['checkpoint']} ({results['decode']})")
+    for col in ("set", "lang", "utts", "WER %", "CER %", "sub", "del", "ins", "RTF"):
+        table.add_column(col, justify="left" if col in ("set", "lang") else "right")
+    for name, e in results["sets"].items():
+        rows = [("all", e)] + sorted(e.get("per_language", {}).items())
+        for lang, s in rows:
+            rtf = f"{e['rtf']:.3f}" if lang == "all" else ""
+            table.add_row(
+                name if lang == "all" else "",
+                lang,
+                str(s["utterances"]),
+                f"{100 * s['wer']:.2f}",
+                f"{100 * s['cer']:.2f}",
+                str(s["substitutions"]),
+                str(s["deletions"]),
+                str(s["insertions"]),
+                rtf,
+            )
+    Console().print(table)
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(dcfg: DictConfig) -> None:
+    cfg = from_dict(EvalConfig, OmegaConf.to_container(dcfg, resolve=True))
+    results = evaluate(cfg)
+    print_table(results)
+    out = Path(cfg.output) if cfg.output else Path(results["checkpoint"]) / f"eval_{cfg.decode}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Builds the module a recipe trains (``Batch -> StepOutput``) and its dev evaluation.
+
+This is where configuration meets model classes: one explicit branch per task kind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from usmkit.config import TaskConfig
+from usmkit.data.batch import Batch
+from usmkit.metrics import TextNormConfig, normalize_text, score
+from usmkit.models.config import ConformerConfig
+from usmkit.models.conformer import ConformerEncoder
+
+
+def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) -> torch.nn.Module:
+    encoder = ConformerEncoder(encoder_cfg)
+    if task.kind in ("ctc", "las"):
+        from usmkit.models.asr import AsrHeadConfig, AsrModel
+        from usmkit.models.las import LASConfig
+
+        las = None
+        if task.kind == "las":
+            s = task.las
+            las = LASConfig(
+                num_layers=s.num_layers,
+                num_heads=s.num_heads,
+                ff_mult=s.ff_mult,
+                dropout=s.dropout,
+                label_smoothing=s.label_smoothing,
+            )
+        ctc_weight = task.ctc_weight if task.kind == "las" else 1.0
+        return AsrModel(encoder, vocab_size, AsrHeadConfig(ctc_weight=ctc_weight, las=las))
+    if task.kind == "bestrq":
+        from usmkit.ssl.bestrq import BestRQConfig, BestRQModel
+
+        return BestRQModel(encoder, BestRQConfig(**task.bestrq), input_dim=encoder_cfg.input_dim)
+    raise ValueError(f"unknown task.kind {task.kind!r}; choose ctc, las or bestrq")
+
+
+def transcribe_batches(
+    module: torch.nn.Module,
+    batches,
+    tokenizer,
+    mode: str = "ctc_greedy",
+    beam_size: int = 10,
+    device: torch.device | None = None,
+    max_batches: int = 0,
+    norm: TextNormConfig = TextNormConfig(),
+) -> tuple[list[dict], float]:
+    """Decode every batch; returns per-utterance records and the decoding wall time in seconds."""
+    device = device or next(module.parameters()).device
+    records: list[dict] = []
+    seconds = 0.0
+    for i, batch in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        batch = batch.to(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            ids = module.decode(batch.features, batch.feature_lens, mode=mode, beam_size=beam_size)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - start
+        for j, hyp_ids in enumerate(ids):
+            records.append(
+                {
+                    "id": batch.cut_ids[j] if batch.cut_ids else str(len(records)),
+                    "language": batch.languages[j] if batch.languages else "",
+                    "ref": normalize_text(batch.texts[j], norm),
+                    "hyp": normalize_text(tokenizer.decode(hyp_ids), norm),
+                    "frames": int(batch.feature_lens[j]),
+                }
+            )
+    return records, seconds
+
+
+def make_dev_eval(dev_batches_factory: Callable, tokenizer, task_kind: str, max_batches: int = 0):
+    """Dev loss (every task) and greedy-CTC dev WER (ASR tasks), computed on rank 0."""
+
+    def dev_eval(module: torch.nn.Module) -> dict[str, float]:
+        device = next(module.parameters()).device
+        total, n = 0.0, 0
+        for i, batch in enumerate(dev_batches_factory()):
+            if max_batches and i >= max_batches:
+                break
+            out = module(batch.to(device))
+            total += float(out.loss) * batch.size
+            n += batch.size
+        results = {"dev_loss": total / max(n, 1)}
+        if task_kind in ("ctc", "las"):
+            records, _ = transcribe_batches(module, dev_batches_factory(), tokenizer, max_batches=max_batches)
+            stats = score([r["ref"] for r in records], [r["hyp"] for r in records])
+            results |= {"dev_wer": stats.wer, "dev_cer": stats.cer}
+        return results
+
+    return dev_eval
+
+
+def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_changes):
+    """Rebuild a trained module from a checkpoint dir (or experiment dir) and its saved config.
+
+    ``model_changes`` replace fields of the model section that do not change the weights, e.g.
+    ``chunk_size=None`` to decode with full attention a model trained with chunk-wise attention.
+
+    Returns ``(module in eval mode, TrainConfig, Tokenizer | None, checkpoint path)``.
+    """
+    from pathlib import Path
+
+    import yaml
+
+    from usmkit.checkpoint import CONFIG_FILE, load_weights, resolve_checkpoint
+    from usmkit.config import TrainConfig, from_dict
+    from usmkit.data.tokenizer import Tokenizer
+
+    ckpt = resolve_checkpoint(checkpoint)
+    cfg = from_dict(TrainConfig, yaml.safe_load((ckpt / CONFIG_FILE).read_text()))
+    if model_changes:
+        from dataclasses import replace
+
+        cfg = replace(cfg, model=replace(cfg.model, **model_changes))
+    tokenizer = None
+    vocab = 0
+    if cfg.task.kind != "bestrq":
+        tok_path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
+        if not tok_path.is_file():
+            raise FileNotFoundError(
+                f"the tokenizer this checkpoint was trained with is missing: {tok_path} (rebuild the corpus, "
+                f"or run from the directory the model was trained in)"
+            )
+        tokenizer = Tokenizer.load(tok_path)
+        vocab = tokenizer.vocab_size
+    module = build_task(cfg.task, cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), vocab)
+    load_weights(module, ckpt)
+    return module.to(device).eval(), cfg, tokenizer, ckpt

@@ -1,0 +1,127 @@
+"""Training entry point: ``python -m usmkit.train recipe=stage3_ctc [model=small] [trainer.max_steps=...]``.
+
+Hydra composes ``usmkit/conf/train.yaml`` with the chosen recipe and overrides; the composed config
+is converted to ``TrainConfig`` once, here, and everything below sees only dataclasses.
+Several processes: ``torchrun --nproc-per-node 2 -m usmkit.train recipe=...`` (DDP; gloo on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import hydra
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
+from usmkit.config import TrainConfig, from_dict
+from usmkit.data.loader import make_loader
+from usmkit.data.manifests import load_cuts
+from usmkit.data.normalize import load_or_compute_stats
+from usmkit.data.tokenizer import Tokenizer
+from usmkit.data.validate import validate_cuts
+from usmkit.tasks import build_task, make_dev_eval
+from usmkit.trainer import Trainer, resolve_device
+
+log = logging.getLogger("usmkit.train")
+
+
+def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
+    """Init torch.distributed when launched by torchrun; returns (rank, world_size, device)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = resolve_device(device_name)
+    if world > 1 and not dist.is_initialized():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if device.type == "cuda":
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return rank, world, device
+
+
+def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
+    path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
+    if not path.is_file():
+        if rank == 0:
+            log.info("no tokenizer at %s: training one (vocab %d) on the training transcripts", path, cfg.vocab_size)
+            cuts = load_cuts(cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus)
+            texts = [s.text for c in cuts for s in c.supervisions if s.text]
+            Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size)
+        if dist.is_initialized():
+            dist.barrier()
+    return Tokenizer.load(path)
+
+
+def run(cfg: TrainConfig, config_yaml: str) -> dict:
+    """Build data, model and trainer from ``cfg`` and train; returns a small summary."""
+    rank, world, device = setup_distributed(cfg.trainer.device)
+    torch.manual_seed(cfg.trainer.seed + rank)
+    exp_dir = Path(cfg.trainer.exp_dir)
+    if not cfg.resume and latest_checkpoint(exp_dir / "checkpoints") is not None:
+        raise SystemExit(
+            f"{exp_dir} already holds checkpoints: pass resume=true to continue that run, "
+            f"or choose another trainer.exp_dir"
+        )
+    data = cfg.data
+    audio_only = cfg.task.kind == "bestrq"
+    tokenizer = None if audio_only else load_tokenizer(cfg, rank)
+    train_cuts = load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus)
+    train_cuts, report = validate_cuts(train_cuts, require_text=not audio_only, on_bad=data.on_bad_input)
+    if rank == 0 and report.num_skipped:
+        log.warning("%s", report.summary())
+    stats = load_or_compute_stats(train_cuts, data)
+    loader = make_loader(
+        train_cuts, data, tokenizer=tokenizer, stats=stats, train=True, rank=rank, world_size=world, seed=cfg.trainer.seed
+    )
+    dev_eval = None
+    if cfg.trainer.eval_every and data.dev_split:
+        dev_cuts = load_cuts(data.manifest_dir, data.dev_split, corpus=data.corpus)
+        dev_cuts, _ = validate_cuts(dev_cuts, require_text=not audio_only, on_bad=data.on_bad_input)
+
+        def dev_batches():
+            return make_loader(dev_cuts, data, tokenizer=tokenizer, stats=stats, train=False)
+
+        dev_eval = make_dev_eval(dev_batches, tokenizer, cfg.task.kind, max_batches=cfg.trainer.dev_max_batches)
+
+    encoder_cfg = cfg.model.build_config(input_dim=data.features.num_mel_bins)
+    vocab = tokenizer.vocab_size if tokenizer else 0
+    module = build_task(cfg.task, encoder_cfg, vocab)
+    if cfg.init_from and not (cfg.resume and latest_checkpoint(exp_dir / "checkpoints")):
+        src = resolve_checkpoint(cfg.init_from)
+        loaded = load_weights(module, src, prefix="encoder.")
+        if rank == 0:
+            log.info("initialized %d encoder tensors from %s", len(loaded), src)
+    if rank == 0:
+        n = sum(p.numel() for p in module.parameters())
+        log.info("task %s, encoder %s: %.2fM parameters, device %s, world %d", cfg.task.kind, cfg.model.preset, n / 1e6, device, world)
+
+    trainer_cfg = cfg.trainer
+    if str(device) != trainer_cfg.device:
+        from dataclasses import replace
+
+        trainer_cfg = replace(trainer_cfg, device=str(device))
+    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval)
+    if cfg.resume and not trainer.resume():
+        log.warning("resume=true but %s has no checkpoint yet: starting from step 0", exp_dir)
+    result = trainer.fit()
+    summary = {"step": result.step, "last_loss": result.last_loss, "best": result.best, "bad_steps": result.bad_steps}
+    if rank == 0:
+        log.info("done: %s", summary)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(dcfg: DictConfig) -> None:
+    container = OmegaConf.to_container(dcfg, resolve=True)
+    cfg = from_dict(TrainConfig, container)
+    run(cfg, OmegaConf.to_yaml(container))
+
+
+if __name__ == "__main__":
+    main()

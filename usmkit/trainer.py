@@ -1,0 +1,342 @@
+"""The training loop: step, evaluate, checkpoint, resume. It knows nothing of model internals.
+
+The task module maps a ``Batch`` to a ``StepOutput`` (loss + metrics); the loop does the rest:
+AdamW with warm-up and decay, gradient accumulation and clipping, bf16 autocast on CUDA, skipping of
+non-finite steps, TensorBoard scalars, a progress bar, periodic dev evaluation, atomic checkpoints
+(keep last N and the best), exact resume and DDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from usmkit.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_weights,
+    prune_checkpoints,
+    read_best,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    write_best,
+)
+from usmkit.config import OptimConfig, TrainerConfig
+from usmkit.data.batch import Batch
+from usmkit.models.output import StepOutput
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive steps with a non-finite loss or gradient."""
+
+
+class ResumableLoader(Protocol):
+    def __iter__(self) -> Iterator[Batch]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, sd: dict[str, Any]) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+DevEval = Callable[[torch.nn.Module], dict[str, float]]
+
+
+@dataclass
+class TrainResult:
+    step: int
+    last_loss: float
+    best: dict | None
+    bad_steps: int
+    losses: list[tuple[int, float]]  # (step, loss) at every optimizer step, for tests and plots
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    if use_bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
+    """Linear warm-up to 1, then cosine decay to ``min_lr_ratio`` (or constant / Noam's inverse sqrt)."""
+    warmup = max(cfg.warmup_steps, 1)
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        if cfg.schedule == "noam":
+            return math.sqrt(warmup / (step + 1))
+        progress = min(1.0, (step - warmup) / max(1, max_steps - warmup))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases and norm gains (1-d parameters)."""
+    decay, no_decay = [], []
+    for p in module.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=None)
+
+
+def is_main_process() -> bool:
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+class Trainer:
+    """Runs ``max_steps`` optimizer steps of ``module`` over ``train_loader``.
+
+    ``module(batch) -> StepOutput``. ``dev_eval(module)`` (rank 0 only) returns dev metrics such as
+    ``{"dev_loss": ..., "dev_wer": ...}``. ``config_yaml`` is saved with every checkpoint.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        optim_cfg: OptimConfig,
+        module: torch.nn.Module,
+        train_loader: ResumableLoader,
+        config_yaml: str,
+        dev_eval: DevEval | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.optim_cfg = optim_cfg
+        self.device = resolve_device(cfg.device)
+        self.module = module.to(self.device)
+        self.train_loader = train_loader
+        self.dev_eval = dev_eval
+        self.config_yaml = config_yaml
+        self.exp_dir = Path(cfg.exp_dir)
+        self.ckpt_root = self.exp_dir / "checkpoints"
+        self.optimizer = make_optimizer(self.module, optim_cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim_cfg, cfg.max_steps))
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.step_module: torch.nn.Module = self.module
+        if self.distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.step_module = DistributedDataParallel(self.module, device_ids=ids)
+        if cfg.compile:
+            self.step_module = torch.compile(self.step_module)
+        self.step = 0
+        self.epoch = 0
+        self.best: dict | None = None
+        self.bad_steps_total = 0
+        self.bad_steps_in_row = 0
+
+    # ---------------------------------------------------------------- state
+    def train_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "loader": self.train_loader.state_dict(),
+            "rng": rng_state(),
+            "best": self.best,
+            "bad_steps_total": self.bad_steps_total,
+        }
+
+    def resume(self) -> bool:
+        """Continue from the newest checkpoint in ``exp_dir``; False if there is none."""
+        last = latest_checkpoint(self.ckpt_root)
+        if last is None:
+            return False
+        load_weights(self.module, last.path)
+        state = torch.load(last.path / "train_state.pt", map_location="cpu", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.train_loader.load_state_dict(state["loader"])
+        set_rng_state(state["rng"])
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.best = state.get("best") or read_best(self.ckpt_root)
+        self.bad_steps_total = state.get("bad_steps_total", 0)
+        log.info("resumed from %s at step %d (epoch %d)", last.path, self.step, self.epoch)
+        return True
+
+    def save(self) -> Path | None:
+        if not is_main_process():
+            return None
+        try:
+            path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
+        except CheckpointError as e:
+            # Keep training: the previous checkpoint is intact and the next save may succeed.
+            log.error("%s", e)
+            return None
+        keep = {self.ckpt_root / self.best["path"]} if self.best else set()
+        prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
+        return path
+
+    # ---------------------------------------------------------------- loop
+    def _batches(self) -> Iterator[Batch]:
+        while True:
+            got_any = False
+            for batch in self.train_loader:
+                got_any = True
+                yield batch
+            if not got_any:
+                raise RuntimeError("the training loader yielded no batch: is the training split empty?")
+            self.epoch += 1
+            self.train_loader.set_epoch(self.epoch)
+
+    def _forward_backward(self, batch: Batch, sync: bool) -> StepOutput:
+        batch = batch.to(self.device)
+        no_sync = (
+            self.step_module.no_sync
+            if (self.distributed and not sync and hasattr(self.step_module, "no_sync"))
+            else contextlib.nullcontext
+        )
+        with no_sync():
+            with autocast_context(self.device, self.cfg.precision):
+                out: StepOutput = self.step_module(batch)
+            (out.loss / self.optim_cfg.accum_steps).backward()
+        return out
+
+    def _all_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        ok = torch.isfinite(loss.detach()).float() * torch.isfinite(grad_norm).float()
+        if self.distributed:
+            dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # one bad rank skips the step everywhere
+        return bool(ok.item())
+
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        main = is_main_process()
+        writer = None
+        if main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.exp_dir.mkdir(parents=True, exist_ok=True)
+            writer = SummaryWriter(str(self.exp_dir / "tensorboard"), purge_step=self.step or None)
+        metrics_log = open(self.exp_dir / "metrics.jsonl", "a") if main else None  # noqa: SIM115
+        progress = _progress(cfg, self.step) if (main and cfg.progress) else None
+        batches = self._batches()
+        losses: list[tuple[int, float]] = []
+        window_frames, window_start = 0, time.perf_counter()
+        last_loss = float("nan")
+        self.module.train()
+        try:
+            while self.step < cfg.max_steps:
+                self.optimizer.zero_grad(set_to_none=True)
+                loss_sum = torch.zeros((), device=self.device)
+                metric_sums: dict[str, torch.Tensor] = {}
+                for micro in range(self.optim_cfg.accum_steps):
+                    out = self._forward_backward(next(batches), sync=micro == self.optim_cfg.accum_steps - 1)
+                    loss_sum += out.loss.detach().float()
+                    window_frames += out.num_frames
+                    for k, v in out.metrics.items():
+                        metric_sums[k] = metric_sums.get(k, 0) + v.detach().float()
+                loss = loss_sum / self.optim_cfg.accum_steps
+                clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
+                if not self._all_finite(loss, grad_norm):
+                    self.bad_steps_total += 1
+                    self.bad_steps_in_row += 1
+                    log.warning(
+                        "step %d: non-finite loss or gradient (loss=%s); step skipped (%d in a row, %d in all)",
+                        self.step + 1,
+                        loss.item(),
+                        self.bad_steps_in_row,
+                        self.bad_steps_total,
+                    )
+                    if self.bad_steps_in_row >= cfg.max_bad_steps:
+                        raise TrainingDiverged(
+                            f"{self.bad_steps_in_row} consecutive steps had a non-finite loss or gradient "
+                            f"(last at step {self.step + 1}); stopping. Lower optim.lr, raise optim.warmup_steps, "
+                            f"check the data, or resume from the last checkpoint in {self.ckpt_root}."
+                        )
+                    continue
+                self.bad_steps_in_row = 0
+                self.optimizer.step()
+                self.scheduler.step()
+                self.step += 1
+                last_loss = loss.item()
+                losses.append((self.step, last_loss))
+
+                if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
+                    elapsed = time.perf_counter() - window_start
+                    fps = window_frames / max(elapsed, 1e-9)
+                    window_frames, window_start = 0, time.perf_counter()
+                    scalars = {
+                        "train/loss": last_loss,
+                        "train/lr": self.scheduler.get_last_lr()[0],
+                        "train/grad_norm": float(grad_norm),
+                        "train/frames_per_s": fps,
+                        "train/bad_steps": float(self.bad_steps_total),
+                    }
+                    scalars |= {f"train/{k}": float(v) / self.optim_cfg.accum_steps for k, v in metric_sums.items()}
+                    self._log(writer, metrics_log, scalars)
+                    if progress:
+                        progress.set_postfix(loss=f"{last_loss:.3f}", lr=f"{scalars['train/lr']:.2e}", fps=f"{fps:.0f}")
+                if progress:
+                    progress.update(1)
+
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    self._evaluate(writer, metrics_log)
+                if cfg.save_every and self.step % cfg.save_every == 0:
+                    self.save()
+            if cfg.eval_every and self.step % cfg.eval_every != 0:
+                self._evaluate(writer, metrics_log)
+            if not cfg.save_every or self.step % cfg.save_every != 0:
+                self.save()
+        finally:
+            if progress:
+                progress.close()
+            if writer:
+                writer.close()
+            if metrics_log:
+                metrics_log.close()
+        return TrainResult(self.step, last_loss, self.best, self.bad_steps_total, losses)
+
+    def _log(self, writer, metrics_log, scalars: dict[str, float]) -> None:
+        for k, v in scalars.items():
+            writer.add_scalar(k, v, self.step)
+        metrics_log.write(json.dumps({"step": self.step, **scalars}) + "\n")
+        metrics_log.flush()
+
+    def _evaluate(self, writer, metrics_log) -> None:
+        if self.dev_eval is None:
+            return
+        if is_main_process():
+            self.module.eval()
+            with torch.no_grad(), autocast_context(self.device, self.cfg.precision):
+                results = self.dev_eval(self.module)
+            self.module.train()
+            self._log(writer, metrics_log, {f"dev/{k}": v for k, v in results.items()})
+            log.info("step %d dev: %s", self.step, ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
+            value = results.get(self.cfg.best_metric)
+            if value is not None and (self.best is None or value < self.best["value"]):
+                path = self.save()
+                if path is not None:
+                    self.best = {"path": path.name, "metric": self.cfg.best_metric, "value": value, "step": self.step}
+                    write_best(self.ckpt_root, path, self.cfg.best_metric, value, self.step)
+        if self.distributed:
+            dist.barrier()
+
+
+def _progress(cfg: TrainerConfig, start: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.max_steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
