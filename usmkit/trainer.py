@@ -202,7 +202,8 @@ class Trainer:
             self.epoch += 1
             self.train_loader.set_epoch(self.epoch)
 
-    def _forward_backward(self, batch: Batch, sync: bool) -> StepOutput:
+    def _forward_backward(self, batch: Batch, sync: bool) -> tuple[StepOutput, int]:
+        frames = batch.num_frames  # counted on the host copy: no device sync
         batch = batch.to(self.device)
         no_sync = (
             self.step_module.no_sync
@@ -213,7 +214,7 @@ class Trainer:
             with autocast_context(self.device, self.cfg.precision):
                 out: StepOutput = self.step_module(batch)
             (out.loss / self.optim_cfg.accum_steps).backward()
-        return out
+        return out, frames
 
     def _all_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         ok = torch.isfinite(loss.detach()).float() * torch.isfinite(grad_norm).float()
@@ -243,9 +244,9 @@ class Trainer:
                 loss_sum = torch.zeros((), device=self.device)
                 metric_sums: dict[str, torch.Tensor] = {}
                 for micro in range(self.optim_cfg.accum_steps):
-                    out = self._forward_backward(next(batches), sync=micro == self.optim_cfg.accum_steps - 1)
+                    out, frames = self._forward_backward(next(batches), sync=micro == self.optim_cfg.accum_steps - 1)
                     loss_sum += out.loss.detach().float()
-                    window_frames += out.num_frames
+                    window_frames += frames
                     for k, v in out.metrics.items():
                         metric_sums[k] = metric_sums.get(k, 0) + v.detach().float()
                 loss = loss_sum / self.optim_cfg.accum_steps

@@ -1,0 +1,161 @@
+"""The ASR model: an encoder with a CTC head, a LAS attention decoder, or both (joint CTC/attention).
+
+Shapes: B batch, T feature frames, F feature bins, T' encoder frames, D encoder dim, U tokens,
+V vocabulary (0 = blank, 1 = <unk>, 2 = <s>, 3 = </s>).
+
+loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att, both summed over tokens and divided by
+the batch size. ``ctc_weight=1`` without a decoder is a pure CTC model (USM's long-form choice);
+``ctc_weight=0.3`` with a decoder is the joint training of WeNet / ESPnet (the CTC branch speeds up
+and regularizes the attention decoder's alignment learning and enables two-pass rescoring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from usmkit.data.batch import Batch
+from usmkit.decoding import (
+    Hypothesis,
+    attention_rescore_batch,
+    ctc_greedy_hypotheses,
+    ctc_prefix_beam_search_batch,
+    las_beam_search,
+)
+from usmkit.models.ctc import CTCHead, ctc_loss
+from usmkit.models.las import LASConfig, LASDecoder
+from usmkit.models.output import StepOutput
+
+DecodeMode = Literal["ctc_greedy", "ctc_beam", "las_beam", "rescore"]
+DECODE_MODES: tuple[str, ...] = ("ctc_greedy", "ctc_beam", "las_beam", "rescore")
+
+
+@dataclass(frozen=True)
+class AsrHeadConfig:
+    """Which heads sit on the encoder and how their losses mix.
+
+    ctc_weight=1.0, las=None: pure CTC. 0 < ctc_weight < 1 with las: joint CTC/attention.
+    ctc_weight=0.0 with las: attention only (no CTC head; CTC decode modes unavailable).
+    """
+
+    ctc_weight: float = 1.0
+    las: LASConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.ctc_weight <= 1.0:
+            raise ValueError(f"AsrHeadConfig.ctc_weight must be in [0, 1], got {self.ctc_weight}")
+        if self.las is None and self.ctc_weight != 1.0:
+            raise ValueError(
+                f"AsrHeadConfig.ctc_weight={self.ctc_weight} without a LAS decoder would only rescale the CTC "
+                "loss; set ctc_weight=1.0 for pure CTC or add las=LASConfig(...) for joint training"
+            )
+        if self.las is not None and self.ctc_weight == 1.0:
+            raise ValueError(
+                "AsrHeadConfig has a LAS decoder but ctc_weight=1.0 gives it no loss (its weights would never "
+                "train); use e.g. ctc_weight=0.3, or las=None for pure CTC"
+            )
+
+
+class AsrModel(nn.Module):
+    """Encoder + CTC head and/or LAS decoder. ``forward`` trains, ``decode`` transcribes.
+
+    encoder: any module with ``forward(features (B, T, F), lengths (B,)) -> (enc (B, T', D), enc_lens (B,))``
+    and an ``output_dim`` attribute (``usmkit.models.conformer.ConformerEncoder``).
+    """
+
+    def __init__(self, encoder: nn.Module, vocab_size: int, cfg: AsrHeadConfig) -> None:
+        super().__init__()
+        dim = getattr(encoder, "output_dim", None)
+        if not isinstance(dim, int):
+            raise ValueError(f"encoder {type(encoder).__name__} must expose an int `output_dim`, got {dim!r}")
+        if vocab_size < 5:
+            raise ValueError(f"vocab_size={vocab_size} leaves no room for tokens after blank, <unk>, <s>, </s>")
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.encoder = encoder
+        self.ctc = CTCHead(dim, vocab_size) if cfg.ctc_weight > 0 else None
+        self.las = LASDecoder(dim, vocab_size, cfg.las) if cfg.las is not None else None
+
+    def encode(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> enc (B, T', D), enc_lens (B,)."""
+        return self.encoder(features, lengths)
+
+    def losses(
+        self, features: torch.Tensor, feature_lens: torch.Tensor, tokens: torch.Tensor, token_lens: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The training losses as tensors only (no ``.item()``, no data-dependent branches: compilable).
+
+        Keys: ``loss`` (to backpropagate), ``loss_ctc`` (if CTC), ``loss_att`` and ``acc_att`` (if LAS).
+        """
+        enc, enc_lens = self.encode(features, feature_lens)
+        out: dict[str, torch.Tensor] = {}
+        w = self.cfg.ctc_weight
+        loss = enc.new_zeros((), dtype=torch.float32)
+        if self.ctc is not None:
+            out["loss_ctc"] = ctc_loss(self.ctc(enc), enc_lens, tokens, token_lens)
+            loss = loss + w * out["loss_ctc"]
+        if self.las is not None:
+            out["loss_att"], out["acc_att"] = self.las.loss(enc, enc_lens, tokens, token_lens)
+            loss = loss + (1.0 - w) * out["loss_att"]
+        out["loss"] = loss
+        return out
+
+    def forward(self, batch: Batch) -> StepOutput:
+        losses = self.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
+        metrics = {name: value.detach() for name, value in losses.items()}
+        return StepOutput(loss=losses["loss"], metrics=metrics, num_frames=batch.num_frames)
+
+    # ----------------------------------------------------------------- inference
+    @torch.no_grad()
+    def decode_hypotheses(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        mode: DecodeMode = "ctc_greedy",
+        beam_size: int = 10,
+        rescore_ctc_weight: float = 0.3,
+        length_penalty: float = 0.0,
+        max_len: int | None = None,
+    ) -> list[Hypothesis]:
+        """Best hypothesis per utterance, with scores (and timestamps for the CTC modes).
+
+        Modes: ``ctc_greedy`` (best path), ``ctc_beam`` (prefix beam search), ``las_beam`` (attention
+        beam search; ``length_penalty``, ``max_len`` apply), ``rescore`` (CTC prefix beam n-best
+        rescored by the decoder, ``rescore_ctc_weight`` mixes the two). Call ``model.eval()`` first.
+        """
+        if mode not in DECODE_MODES:
+            raise ValueError(f"unknown decode mode {mode!r}; choose one of {DECODE_MODES}")
+        if mode in ("las_beam", "rescore") and self.las is None:
+            raise ValueError(
+                f"decode mode {mode!r} needs a LAS decoder, but this model is CTC-only (AsrHeadConfig.las=None)"
+            )
+        if mode != "las_beam" and self.ctc is None:
+            raise ValueError(f"decode mode {mode!r} needs a CTC head, but this model has ctc_weight=0; use 'las_beam'")
+        enc, enc_lens = self.encode(features, lengths)
+        if mode == "las_beam":
+            nbests = las_beam_search(self.las, enc, enc_lens, beam_size, max_len=max_len, length_penalty=length_penalty)
+            return [nbest[0] for nbest in nbests]
+        log_probs = self.ctc(enc)  # (B, T', V)
+        if mode == "ctc_greedy":
+            return ctc_greedy_hypotheses(log_probs, enc_lens)
+        nbests = ctc_prefix_beam_search_batch(log_probs, enc_lens, beam_size)
+        if mode == "ctc_beam":
+            return [nbest[0] for nbest in nbests]
+        return attention_rescore_batch(self.las, enc, enc_lens, nbests, ctc_weight=rescore_ctc_weight)
+
+    def decode(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        mode: DecodeMode = "ctc_greedy",
+        beam_size: int = 10,
+        rescore_ctc_weight: float = 0.3,
+        length_penalty: float = 0.0,
+        max_len: int | None = None,
+    ) -> list[list[int]]:
+        """Token ids of the best hypothesis per utterance (the caller detokenizes); see ``decode_hypotheses``."""
+        hyps = self.decode_hypotheses(features, lengths, mode, beam_size, rescore_ctc_weight, length_penalty, max_len)
+        return [list(h.tokens) for h in hyps]

@@ -1,0 +1,68 @@
+"""CTC head and loss.
+
+Shapes: B batch, T encoder frames, D encoder dim, V vocabulary (id 0 = blank), U target tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BLANK_ID = 0
+
+
+class CTCHead(nn.Module):
+    """Linear projection to the vocabulary, then log-softmax (in fp32, also under autocast)."""
+
+    def __init__(self, d_model: int, vocab_size: int) -> None:
+        super().__init__()
+        if vocab_size < 2:
+            raise ValueError(f"CTC needs a vocabulary of blank plus at least one token, got vocab_size={vocab_size}")
+        self.vocab_size = vocab_size
+        self.proj = nn.Linear(d_model, vocab_size)
+
+    def forward(self, enc: torch.Tensor) -> torch.Tensor:
+        """enc (B, T, D) -> log-probs (B, T, V), float32."""
+        return self.proj(enc).float().log_softmax(dim=-1)
+
+
+def ctc_loss(
+    log_probs: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, token_lens: torch.Tensor
+) -> torch.Tensor:
+    """CTC loss summed over utterances and divided by the batch size (a scalar).
+
+    log_probs (B, T, V) from ``CTCHead``; lengths (B,) valid frames; tokens (B, U) padded with -1;
+    token_lens (B,). Runs in fp32 with autocast off (the forward-backward recursion underflows in
+    half precision).
+
+    Normalization: sum / B, i.e. the mean per-utterance negative log-likelihood (as WeNet). The
+    alternative, PyTorch's ``reduction="mean"``, divides each utterance by its target length, which
+    weighs a token of a short utterance more than one of a long utterance; sum / B keeps every
+    token equal and stays on the same scale as the attention loss (also sum / B) it is mixed with.
+    ``zero_infinity=True``: an utterance with fewer frames than its CTC alignment needs contributes 0
+    instead of inf.
+    """
+    if log_probs.dim() != 3:
+        raise ValueError(f"log_probs must be (B, T, V), got shape {tuple(log_probs.shape)}")
+    if tokens.dim() != 2 or tokens.shape[0] != log_probs.shape[0]:
+        raise ValueError(f"tokens must be (B, U) with B={log_probs.shape[0]}, got shape {tuple(tokens.shape)}")
+    B = log_probs.shape[0]
+    with torch.autocast(device_type=log_probs.device.type, enabled=False):
+        loss = _ctc_loss_sum(
+            log_probs.float().transpose(0, 1),  # (T, B, V)
+            tokens.clamp(min=0),  # padding -1 -> 0; positions >= token_lens are ignored by ctc_loss
+            lengths,
+            token_lens,
+        )
+    return loss / B
+
+
+# aten._ctc_loss allocates its alignment table from the *values* of the lengths, which torch.compile
+# cannot trace (a "dynamic shape operator"). Keeping it out of the graph makes that one op eager and
+# lets the encoder and decoder around it compile; the op runs the same fused kernel either way.
+@torch.compiler.disable
+def _ctc_loss_sum(
+    log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
+) -> torch.Tensor:
+    return F.ctc_loss(log_probs, tokens, lengths, token_lens, blank=BLANK_ID, reduction="sum", zero_infinity=True)
