@@ -1,0 +1,249 @@
+"""The Conformer encoder: shapes, lengths, padding, chunk isolation, causality, and its parts."""
+
+import os
+
+import pytest
+import torch
+
+from usmkit.models.config import ConformerConfig
+from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.convolution import ConvolutionModule
+from usmkit.models.masks import lengths_to_padding_mask
+from usmkit.models.rotary import apply_rotary
+from usmkit.models.subsampling import Conv2dSubsampling, conv_out_size, output_lengths
+
+F_BINS = 16
+
+
+def _encoder(**overrides) -> ConformerEncoder:
+    args = dict(input_dim=F_BINS, d_model=32, num_layers=2, num_heads=2, subsampling_channels=8, dropout=0.0)
+    torch.manual_seed(0)
+    return ConformerEncoder(ConformerConfig(**{**args, **overrides})).eval()
+
+
+def _features(B, T, seed=1):
+    return torch.randn(B, T, F_BINS, generator=torch.Generator().manual_seed(seed))
+
+
+# ---- subsampling
+
+
+def test_subsampling_lengths_formula_matches_the_convolutions():
+    sub = Conv2dSubsampling(F_BINS, channels=4, d_model=8)
+    for T in range(7, 40):
+        y, lens = sub(torch.zeros(1, T, F_BINS), torch.tensor([T]))
+        assert y.shape[1] == conv_out_size(T) == ((T - 1) // 2 - 1) // 2
+        assert lens.tolist() == [y.shape[1]]
+    assert output_lengths(torch.arange(0, 12)).tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2]
+
+
+def test_subsampling_rejects_bad_features():
+    sub = Conv2dSubsampling(F_BINS, channels=4, d_model=8)
+    with pytest.raises(ValueError, match="at least 7"):
+        sub(torch.zeros(1, 6, F_BINS), torch.tensor([6]))
+    with pytest.raises(ValueError, match="mel bins"):
+        sub(torch.zeros(1, 20, F_BINS + 1), torch.tensor([20]))
+
+
+# ---- encoder shapes, padding, masks
+
+
+def test_output_shapes_lengths_and_zeroed_padding():
+    enc = _encoder(chunk_size=4)
+    lengths = torch.tensor([57, 40, 7])
+    y, out_lens = enc(_features(3, 57), lengths)
+    assert enc.output_dim == 32
+    assert y.shape == (3, conv_out_size(57), 32)
+    assert out_lens.tolist() == output_lengths(lengths).tolist() == [13, 9, 1]
+    assert torch.isfinite(y).all()
+    assert (y.masked_select(lengths_to_padding_mask(out_lens, y.shape[1])[..., None]) == 0).all()
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (3, 0), (3, 1), (4, -1)])
+def test_valid_output_does_not_depend_on_padding(chunk_size, left_chunks):
+    enc = _encoder(chunk_size=chunk_size, left_chunks=left_chunks)
+    x = _features(1, 45)
+    alone, alone_len = enc(x, torch.tensor([45]))
+    padded = torch.cat([x, 5 * _features(1, 30, seed=9)], dim=1)  # garbage, not zeros, in the padding
+    batch = torch.cat([padded, _features(1, 75, seed=2)])
+    y, lens = enc(batch, torch.tensor([45, 75]))
+    assert lens[0] == alone_len[0] == alone.shape[1]
+    torch.testing.assert_close(y[0, : alone.shape[1]], alone[0], atol=1e-5, rtol=1e-5)
+
+
+def test_padded_input_frames_get_no_gradient():
+    enc = _encoder(chunk_size=3, left_chunks=1)
+    x = (5 * _features(2, 45)).requires_grad_(True)
+    y, _ = enc(x, torch.tensor([45, 29]))
+    y.pow(2).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert (x.grad[1, 29:] == 0).all()
+    assert (x.grad[1, :29] != 0).any()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in enc.parameters())
+
+
+def test_full_attention_equals_a_chunk_covering_everything():
+    enc = _encoder(chunk_size=None)
+    x, lengths = _features(2, 61), torch.tensor([61, 50])
+    full, _ = enc(x, lengths)
+    T = full.shape[1]
+    for chunk_size in (T, 1000):
+        y, _ = enc(x, lengths, chunk_size=chunk_size, left_chunks=0)
+        assert torch.equal(y, full)
+
+
+def test_per_call_mask_override():
+    enc = _encoder(chunk_size=3)
+    x, lengths = _features(1, 61), torch.tensor([61])
+    default, _ = enc(x, lengths)
+    assert torch.equal(enc(x, lengths, chunk_size=3, left_chunks=0)[0], default)
+    assert not torch.allclose(enc(x, lengths, chunk_size=None)[0], default)
+    with pytest.raises(ValueError, match="chunk_size"):
+        enc(x, lengths, chunk_size="full")
+    with pytest.raises(ValueError, match="left_chunks"):
+        enc(x, lengths, left_chunks=-2)
+
+
+def _changed_frames(enc, x, lo, hi, **mask):
+    """Which encoder frames change when input feature frames [lo, hi) are perturbed: (T',) bool."""
+    y1, _ = enc(x, torch.tensor([x.shape[1]]), **mask)
+    x2 = x.clone()
+    x2[:, lo:hi] += 3.0 * _features(1, hi - lo, seed=7)
+    y2, _ = enc(x2, torch.tensor([x.shape[1]]), **mask)
+    return (y1 - y2).abs().amax(dim=-1)[0] > 0
+
+
+def test_disjoint_chunks_are_isolated_without_convolution_reach():
+    """conv_kernel=1: with left_chunks=0 nothing crosses a chunk edge, so isolation is exact."""
+    cs = 4
+    enc = _encoder(conv_kernel=1, chunk_size=cs, left_chunks=0)
+    x = _features(1, 4 * 24 + 3)  # T' = 24: 6 chunks
+    # Encoder frame t reads feature frames 4t .. 4t+6, so chunk 2 (frames 8..11) reads features 32..50.
+    changed = _changed_frames(enc, x, 0, 4 * 2 * cs)  # everything before chunk 2
+    changed |= _changed_frames(enc, x, 4 * 3 * cs + 3, x.shape[1])  # everything after chunk 2
+    assert not changed[2 * cs : 3 * cs].any()
+    assert changed[: 2 * cs].all() and changed[3 * cs :].all()
+
+
+@pytest.mark.parametrize("num_layers", [1, 3])
+def test_disjoint_chunk_influence_is_confined_to_convolution_reach(num_layers):
+    """conv_kernel=5: influence spreads over whole chunks (attention) and 2 frames per layer (conv), no more."""
+    cs, T2 = 5, 40
+    enc = _encoder(conv_kernel=5, chunk_size=cs, left_chunks=0, num_layers=num_layers)
+    x = _features(1, 4 * T2 + 3)
+    lo, hi = 4 * 22, 4 * 22 + 1  # one feature frame: touches encoder frames 21, 22
+    reach = torch.zeros(T2, dtype=torch.bool)
+    reach[(lo - 6 + 3) // 4 : hi // 4 + 1] = True  # frames t with 4t <= lo <= 4t + 6
+    chunk = torch.arange(T2) // cs
+    for _ in range(num_layers):
+        reach = torch.isin(chunk, chunk[reach])  # attention: whole chunks
+        reach = torch.nn.functional.max_pool1d(reach[None].float(), 5, stride=1, padding=2)[0].bool()  # conv: +-2
+    assert torch.equal(_changed_frames(enc, x, lo, hi), reach)
+
+
+@pytest.mark.parametrize("left_chunks", [-1, 1])
+def test_causal_conv_with_left_context_ignores_the_future(left_chunks):
+    cs = 4
+    enc = _encoder(causal_conv=True, chunk_size=cs, left_chunks=left_chunks)
+    x = _features(1, 4 * 24 + 3)
+    for c in (0, 2, 4):
+        # Frames of chunks <= c read feature frames < 4 (c + 1) cs + 3.
+        changed = _changed_frames(enc, x, 4 * (c + 1) * cs + 3, x.shape[1])
+        assert not changed[: (c + 1) * cs].any()
+        assert changed[(c + 1) * cs :].any()
+
+
+def _triton_available() -> bool:
+    """The Triton kernel is another module's; run it when it is importable and can execute here."""
+    try:
+        from usmkit.kernels.chunk_attention.triton import chunk_attention_triton  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("impl", ["sdpa", "flex", "triton"])
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (3, 0), (3, 1), (5, -1)])
+def test_every_attention_impl_gives_the_reference_encoder_output(impl, chunk_size, left_chunks):
+    if impl == "triton" and not _triton_available():
+        pytest.skip("triton chunk attention not present, or no CUDA and TRITON_INTERPRET!=1")
+    ref_enc = _encoder(attention_impl="reference", chunk_size=chunk_size, left_chunks=left_chunks)
+    enc = _encoder(attention_impl=impl, chunk_size=chunk_size, left_chunks=left_chunks)
+    enc.load_state_dict(ref_enc.state_dict())
+    x, lengths = _features(3, 50), torch.tensor([50, 37, 9])
+    with torch.no_grad():  # flex has no CPU backward in torch 2.11
+        ref, ref_lens = ref_enc(x, lengths)
+        y, lens = enc(x, lengths)
+    assert torch.equal(lens, ref_lens)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+
+
+# ---- parts
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_convolution_valid_frames_ignore_appended_padding(causal):
+    torch.manual_seed(0)
+    conv = ConvolutionModule(8, kernel_size=5, causal=causal, dropout=0.0)
+    x = torch.randn(1, 10, 8)
+    short = conv(x, torch.ones(1, 10, dtype=torch.bool))
+    longer = torch.cat([x, 10 * torch.randn(1, 6, 8)], dim=1)
+    valid = torch.arange(16)[None] < 10
+    torch.testing.assert_close(conv(longer, valid)[:, :10], short, atol=1e-6, rtol=1e-6)
+
+
+def test_causal_convolution_context_equals_the_full_sequence():
+    """depthwise(y[:, t0:], context=y[:, t0-K+1:t0]) == depthwise(y)[:, t0:] (the streaming contract)."""
+    torch.manual_seed(0)
+    conv = ConvolutionModule(8, kernel_size=5, causal=True, dropout=0.0)
+    y = torch.randn(2, 12, 8)
+    full = conv.depthwise(y)
+    t0 = 7
+    part = conv.depthwise(y[:, t0:], context=y[:, t0 - conv.left_context : t0])
+    torch.testing.assert_close(part, full[:, t0:], atol=1e-6, rtol=1e-6)
+
+
+def test_rotary_scores_depend_only_on_relative_position():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)
+
+    def score(m, n):
+        return (apply_rotary(q, torch.tensor([m])) * apply_rotary(k, torch.tensor([n]))).sum()
+
+    torch.testing.assert_close(score(3, 1), score(103, 101), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(score(3, 1), score(1, 3))
+    x = torch.randn(2, 3, 5, 16, generator=g)
+    torch.testing.assert_close(apply_rotary(x, torch.arange(5)).norm(dim=-1), x.norm(dim=-1))
+    offset = torch.arange(5)[None].repeat(2, 1) + torch.tensor([[0], [7]])  # (B, T): per-row offsets
+    torch.testing.assert_close(apply_rotary(x, offset)[1], apply_rotary(x[1:], torch.arange(7, 12))[0])
+    torch.testing.assert_close(apply_rotary(x, torch.zeros(5)), x)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(d_model=30, num_heads=4), "divisible"),
+        (dict(d_model=36, num_heads=4), "even head dim"),
+        (dict(attention_impl="fast"), "attention_impl"),
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(left_chunks=-5), "left_chunks"),
+        (dict(conv_kernel=4), "odd"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(input_dim=5), "input_dim"),
+    ],
+)
+def test_config_rejects_bad_values(overrides, match):
+    args = dict(d_model=32, num_layers=2, num_heads=2)
+    with pytest.raises(ValueError, match=match):
+        ConformerConfig(**{**args, **overrides})
+    assert ConformerConfig(**{**args, "conv_kernel": 4, "causal_conv": True}).conv_kernel == 4
+
+
+@pytest.mark.slow
+def test_forward_compiles_with_fullgraph():
+    enc = _encoder(chunk_size=3, left_chunks=1)
+    x, lengths = _features(2, 45), torch.tensor([45, 30])
+    compiled = torch.compile(enc, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, lengths)[0], enc(x, lengths)[0], atol=1e-5, rtol=1e-5)

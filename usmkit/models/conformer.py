@@ -1,0 +1,116 @@
+"""The chunk-wise-attention Conformer encoder (USM's encoder).
+
+Shapes: B batch, T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), D model dim.
+
+features (B, T, F) -> 4x conv2d subsampling -> num_layers x ConformerBlock -> (B, T', D).
+Block (pre-norm, macaron): x + 0.5 FF(x); x + MHSA(x); x + Conv(x); x + 0.5 FF(x); LayerNorm.
+Attention sees only what the chunk mask allows (``usmkit.models.masks``); convolution crosses chunk
+edges. Padded frames never influence valid ones: attention masks padded keys, the convolution
+zeroes them first, the rest works frame by frame. The forward has no data-dependent Python control
+flow (no ``.item()``), so ``torch.compile(fullgraph=True)`` can trace it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from usmkit.models.attention import MultiHeadSelfAttention
+from usmkit.models.config import ConformerConfig
+from usmkit.models.convolution import ConvolutionModule
+from usmkit.models.feedforward import FeedForward
+from usmkit.models.masks import check_chunk_args, lengths_to_padding_mask
+from usmkit.models.subsampling import SUBSAMPLING_FACTOR, Conv2dSubsampling, output_lengths
+
+
+class ConformerBlock(nn.Module):
+    """One Conformer layer; its four modules are attributes so a streaming step can call them one by one."""
+
+    def __init__(self, cfg: ConformerConfig) -> None:
+        super().__init__()
+        self.ff1 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout)
+        self.mhsa = MultiHeadSelfAttention(
+            cfg.d_model, cfg.num_heads, cfg.dropout, impl=cfg.attention_impl, rotary_base=cfg.rotary_base
+        )
+        self.conv = ConvolutionModule(cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout)
+        self.ff2 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout)
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        chunk_size: int | None,
+        left_chunks: int,
+    ) -> torch.Tensor:
+        """x (B, T', D), lengths (B,), valid (B, T') bool, positions (T',) -> (B, T', D)."""
+        x = x + 0.5 * self.ff1(x)
+        x = x + self.mhsa(x, lengths, positions, chunk_size, left_chunks)
+        x = x + self.conv(x, valid)
+        x = x + 0.5 * self.ff2(x)
+        return self.norm(x)
+
+
+class ConformerEncoder(nn.Module):
+    """Chunk-wise-attention Conformer: (B, T, F) features, (B,) lengths -> (B, T', D), (B,) lengths."""
+
+    subsampling_factor = SUBSAMPLING_FACTOR
+
+    def __init__(self, cfg: ConformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.subsampling = Conv2dSubsampling(cfg.input_dim, cfg.conv_channels, cfg.d_model, cfg.dropout)
+        self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.num_layers))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform linear projections with zero bias; convolutions and norms keep PyTorch's defaults."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    @property
+    def output_dim(self) -> int:
+        return self.cfg.d_model
+
+    @staticmethod
+    def output_lengths(lengths: torch.Tensor) -> torch.Tensor:
+        """Encoder frames for ``lengths`` feature frames, (B,) -> (B,)."""
+        return output_lengths(lengths)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        chunk_size: int | None | Literal["config"] = "config",
+        left_chunks: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode a padded batch.
+
+        features (B, T, F) zero-padded, lengths (B,) valid feature frames -> (B, T', D) with padded
+        frames set to 0, and (B,) valid encoder frames. ``chunk_size`` / ``left_chunks`` default to the
+        config's; pass them to evaluate the same weights under another mask (``chunk_size=None`` is full
+        attention).
+        """
+        if isinstance(chunk_size, str):
+            if chunk_size != "config":
+                raise ValueError(f"chunk_size must be an int, None (full attention) or 'config', got {chunk_size!r}")
+            chunk_size = self.cfg.chunk_size
+        left_chunks = self.cfg.left_chunks if left_chunks is None else left_chunks
+        check_chunk_args(chunk_size, left_chunks)
+        if lengths.dim() != 1 or lengths.shape[0] != features.shape[0]:
+            raise ValueError(
+                f"lengths must be (batch,) = ({features.shape[0]},) valid frames per row, got {tuple(lengths.shape)}"
+            )
+        x, lengths = self.subsampling(features, lengths)  # (B, T', D), (B,)
+        T = x.shape[1]
+        valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
+        positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
+        for block in self.blocks:
+            x = block(x, lengths, valid, positions, chunk_size, left_chunks)
+        return x.masked_fill(~valid[:, :, None], 0.0), lengths

@@ -1,0 +1,68 @@
+"""The Conformer convolution module, with a causal option and padding that never leaks.
+
+Shapes: B batch, T frames, D model dim, K kernel.
+
+LayerNorm -> pointwise (D -> 2D) -> GLU -> zero padded frames -> depthwise conv (K) -> LayerNorm
+-> Swish -> pointwise (D -> D) -> dropout. The norm after the depthwise conv is a LayerNorm over
+channels, not BatchNorm: it is per frame, so batch composition, padding and streaming cannot change
+a frame's output. Pointwise convolutions are ``nn.Linear`` on (B, T, D) (the same operation as a
+kernel-1 Conv1d, without the transposes).
+
+Streaming: the three stages are separate methods. ``depthwise(y, context)`` takes the last K - 1
+frames of the previous chunk's ``pointwise_in`` output as ``context`` (for ``causal=True``); the full
+forward passes no context, which is zero padding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ConvolutionModule(nn.Module):
+    def __init__(self, d_model: int, kernel_size: int, causal: bool, dropout: float) -> None:
+        super().__init__()
+        if not causal and kernel_size % 2 == 0:
+            raise ValueError(f"a centred depthwise convolution needs an odd kernel, got {kernel_size}")
+        self.kernel_size = kernel_size
+        self.causal = causal
+        self.norm_in = nn.LayerNorm(d_model)
+        self.pointwise1 = nn.Linear(d_model, 2 * d_model)
+        self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model)  # unpadded; see depthwise()
+        self.norm_mid = nn.LayerNorm(d_model)
+        self.pointwise2 = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    @property
+    def left_context(self) -> int:
+        """Frames of left context the depthwise convolution reads (the streaming tail length)."""
+        return self.kernel_size - 1 if self.causal else (self.kernel_size - 1) // 2
+
+    def pointwise_in(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D): norm, pointwise + GLU; frames where ``valid`` (B, T) is False are zeroed."""
+        y = F.glu(self.pointwise1(self.norm_in(x)), dim=-1)  # (B, T, D)
+        return y.masked_fill(~valid[:, :, None], 0.0)
+
+    def depthwise(self, y: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """Depthwise conv over time, (B, T, D) -> (B, T, D).
+
+        ``context`` (B, left_context, D) replaces the zero left padding (streaming); right padding
+        (non-causal only) is always zeros, i.e. what follows the last valid frame.
+        """
+        left = self.left_context
+        right = self.kernel_size - 1 - left
+        y = y.transpose(1, 2)  # (B, D, T)
+        if context is None:
+            y = F.pad(y, (left, right))  # (B, D, left + T + right)
+        else:
+            y = F.pad(torch.cat([context.transpose(1, 2), y], dim=2), (0, right))  # (B, D, left + T + right)
+        return self.depthwise_conv(y).transpose(1, 2)  # (B, T, D)
+
+    def pointwise_out(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D): norm, Swish, pointwise, dropout."""
+        return self.dropout(self.pointwise2(F.silu(self.norm_mid(y))))
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """x (B, T, D), valid (B, T) bool -> residual branch (B, T, D)."""
+        return self.pointwise_out(self.depthwise(self.pointwise_in(x, valid)))

@@ -1,0 +1,28 @@
+"""The Conformer's (macaron) feed-forward module: pre-norm, expand, Swish, project back.
+
+Shapes: B batch, T frames, D model dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class FeedForward(nn.Module):
+    """LayerNorm -> Linear(D, ff_mult * D) -> Swish -> dropout -> Linear(ff_mult * D, D) -> dropout.
+
+    Returns the residual branch (B, T, D); the block adds it (scaled by 0.5) to its input.
+    Works frame by frame, so padding and chunking never matter here.
+    """
+
+    def __init__(self, d_model: int, ff_mult: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.up = nn.Linear(d_model, ff_mult * d_model)
+        self.down = nn.Linear(ff_mult * d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dropout(nn.functional.silu(self.up(self.norm(x))))  # (B, T, ff_mult * D)
+        return self.dropout(self.down(h))  # (B, T, D)
