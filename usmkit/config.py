@@ -109,7 +109,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tokenizer: str | None = None  # sentencepiece model; default: <manifest_dir>/tokenizer/tokenizer.model
-    vocab_size: int = 256  # used when the tokenizer is trained here because none exists
+    vocab_size: int = 512  # used when the tokenizer is trained here because none exists
     resume: bool = False  # continue the run in trainer.exp_dir from its last checkpoint
     init_from: str | None = None  # checkpoint dir whose encoder weights start this run
 

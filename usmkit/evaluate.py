@@ -18,12 +18,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from usmkit.config import from_dict
-from usmkit.data.loader import make_loader
+from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import load_cuts
-from usmkit.data.normalize import load_or_compute_stats
-from usmkit.data.validate import validate_cuts
 from usmkit.metrics import TextNormConfig, score
-from usmkit.tasks import load_trained, transcribe_batches
+from usmkit.tasks import load_feature_stats, load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
 log = logging.getLogger("usmkit.evaluate")
@@ -68,11 +66,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         corpus=cfg.corpus or train_cfg.data.corpus,
         max_duration=cfg.max_duration,
     )
-    # Normalization statistics come from the training data the model was trained with.
-    stats = load_or_compute_stats(
-        load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus),
-        train_cfg.data,
-    )
+    stats = load_feature_stats(ckpt, train_cfg)
     results: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "decode": cfg.decode,
@@ -83,8 +77,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "sets": {},
     }
     for name in cfg.test_sets:
-        cuts = load_cuts(data.manifest_dir, name, corpus=data.corpus)
-        cuts, report = validate_cuts(cuts, require_text=True, on_bad=data.on_bad_input)
+        cuts, report = prepare_cuts(load_cuts(data.manifest_dir, name, corpus=data.corpus), data, split=name, require_text=True)
         if report.num_skipped:
             log.warning("%s: %s", name, report.summary())
         loader = make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False)

@@ -18,11 +18,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
 from usmkit.config import TrainConfig, from_dict
-from usmkit.data.loader import make_loader
+from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import load_or_compute_stats
 from usmkit.data.tokenizer import Tokenizer
-from usmkit.data.validate import validate_cuts
 from usmkit.tasks import build_task, make_dev_eval
 from usmkit.trainer import Trainer, resolve_device
 
@@ -69,18 +68,35 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     data = cfg.data
     audio_only = cfg.task.kind == "bestrq"
     tokenizer = None if audio_only else load_tokenizer(cfg, rank)
-    train_cuts = load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus)
-    train_cuts, report = validate_cuts(train_cuts, require_text=not audio_only, on_bad=data.on_bad_input)
-    if rank == 0 and report.num_skipped:
-        log.warning("%s", report.summary())
-    stats = load_or_compute_stats(train_cuts, data)
+
+
+    def prepare(split: str):
+        # Rank 0 validates and stores features first (cached on disk); the other ranks then reuse them.
+        for turn in (0, 1):
+            if (rank == 0) == (turn == 0):
+                cuts, report = prepare_cuts(
+                    load_cuts(data.manifest_dir, split, corpus=data.corpus), data, split=split, require_text=not audio_only
+                )
+                if rank == 0 and report.num_skipped:
+                    log.warning("%s: %s", split, report.summary())
+            if dist.is_initialized():
+                dist.barrier()
+        return cuts
+
+    train_cuts = prepare(data.train_split)
+    stats = load_or_compute_stats(train_cuts, data) if rank == 0 else None
+    if dist.is_initialized():
+        dist.barrier()
+        stats = stats or load_or_compute_stats(train_cuts, data)
+    if rank == 0:
+        exp_dir.mkdir(parents=True, exist_ok=True)
+        stats.save(exp_dir / "feature_stats.safetensors", data.features)  # travels with the checkpoints
     loader = make_loader(
         train_cuts, data, tokenizer=tokenizer, stats=stats, train=True, rank=rank, world_size=world, seed=cfg.trainer.seed
     )
     dev_eval = None
     if cfg.trainer.eval_every and data.dev_split:
-        dev_cuts = load_cuts(data.manifest_dir, data.dev_split, corpus=data.corpus)
-        dev_cuts, _ = validate_cuts(dev_cuts, require_text=not audio_only, on_bad=data.on_bad_input)
+        dev_cuts = prepare(data.dev_split)
 
         def dev_batches():
             return make_loader(dev_cuts, data, tokenizer=tokenizer, stats=stats, train=False)

@@ -1,0 +1,123 @@
+"""Features, normalization and augmentation: fbank shape, stored == on-the-fly, caching, stats, masks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from lhotse import CutSet
+
+from usmkit.data.augment import SpecAugment
+from usmkit.data.config import DataConfig, FeatureConfig, SpecAugmentConfig
+from usmkit.data.dataset import AsrDataset
+from usmkit.data.features import fbank_extractor, feature_storage_dir, precompute_features
+from usmkit.data.normalize import FeatureStats, compute_global_stats, load_or_compute_stats, stats_path
+from usmkit.data.validate import validate_cuts
+
+ON_THE_FLY = FeatureConfig(precomputed=False)
+STORED = FeatureConfig(precomputed=True)
+
+
+def test_fbank_is_80_bins_at_10ms(audio_corpus):
+    cut = audio_corpus[0]
+    feats = fbank_extractor(ON_THE_FLY).extract(cut.load_audio(), 16000)
+    assert feats.shape[1] == 80
+    assert abs(feats.shape[0] - cut.duration * 100) <= 1
+
+
+def test_stored_features_equal_on_the_fly(audio_corpus, tmp_path):
+    stored = precompute_features(audio_corpus, STORED, feature_storage_dir(tmp_path, "train"))
+    assert [c.id for c in stored] == [c.id for c in audio_corpus]
+    a = AsrDataset(ON_THE_FLY)[audio_corpus.subset(first=4)]
+    b = AsrDataset(STORED)[stored.subset(first=4)]
+    assert a.features.shape == b.features.shape
+    assert a.feature_lens.tolist() == b.feature_lens.tolist() == [c.num_frames for c in stored.subset(first=4)]
+    for i, L in enumerate(a.feature_lens.tolist()):
+        # lhotse's batched on-the-fly extraction zero-pads shorter waveforms, so the last frame of all but
+        # the longest cut sees zeros where the stored path sees the reflected edge: compare the rest.
+        torch.testing.assert_close(a.features[i, : L - 1], b.features[i, : L - 1], atol=1e-4, rtol=1e-5)
+
+
+def test_feature_cache_is_reused_extended_and_rebuilt(audio_corpus, tmp_path):
+    out = feature_storage_dir(tmp_path, "train")
+    first = precompute_features(audio_corpus.subset(first=6), STORED, out)
+    manifest = out / "cuts.jsonl.gz"
+    stamp = manifest.stat().st_mtime_ns
+    again = precompute_features(audio_corpus.subset(first=6), STORED, out)
+    assert manifest.stat().st_mtime_ns == stamp, "a complete cache must not be rewritten"
+    assert [c.features.storage_key for c in again] == [c.features.storage_key for c in first]
+    grown = precompute_features(audio_corpus, STORED, out)  # 6 more cuts: computed and appended
+    assert len(grown) == len(audio_corpus) and all(c.has_features for c in grown)
+    assert len(CutSet.from_file(manifest)) == len(audio_corpus)
+    rebuilt = precompute_features(audio_corpus, FeatureConfig(num_mel_bins=40, precomputed=True), out)
+    assert rebuilt[0].load_features().shape[1] == 40
+
+
+def test_8khz_input_is_resampled_to_16khz(tmp_path, build_corpus):
+    cuts8k = build_corpus(tmp_path, {"en": 2}, sr=8000)
+    assert cuts8k[0].sampling_rate == 8000
+    cuts, report = validate_cuts(cuts8k, require_text=True)
+    assert report.num_skipped == 0 and all(c.sampling_rate == 16000 for c in cuts)
+    batch = AsrDataset(ON_THE_FLY)[cuts]
+    assert batch.feature_lens.tolist() == [round(c.duration * 100) for c in cuts]
+    stored = precompute_features(cuts, STORED, feature_storage_dir(tmp_path, "dev"))
+    assert stored[0].load_features().shape == (stored[0].num_frames, 80)
+
+
+def test_global_stats_match_direct_computation_and_round_trip(audio_corpus, tmp_path):
+    stats = compute_global_stats(audio_corpus, ON_THE_FLY, max_cuts=5)
+    ex = fbank_extractor(ON_THE_FLY)
+    frames = torch.cat(
+        [torch.from_numpy(ex.extract(c.load_audio(), 16000)) for c in audio_corpus.subset(first=5)]
+    ).double()
+    torch.testing.assert_close(stats.mean, frames.mean(0).float(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(stats.std, frames.std(0, unbiased=False).float(), atol=1e-4, rtol=1e-4)
+
+    cfg = DataConfig(manifest_dir=str(tmp_path), features=ON_THE_FLY)
+    loaded = load_or_compute_stats(audio_corpus, cfg, max_cuts=5)  # computes and saves
+    assert stats_path(tmp_path).is_file()
+    torch.testing.assert_close(FeatureStats.load(stats_path(tmp_path)).mean, loaded.mean)
+    torch.testing.assert_close(load_or_compute_stats(audio_corpus.subset(first=1), cfg).std, loaded.std)  # reused
+    other = load_or_compute_stats(
+        audio_corpus, replace(cfg, features=FeatureConfig(num_mel_bins=40, precomputed=False))
+    )
+    assert other.num_bins == 40, "stats made for another feature config must be recomputed"
+
+
+def test_normalization_centers_valid_frames_and_zeroes_padding():
+    stats = FeatureStats(mean=torch.full((3,), 2.0), std=torch.full((3,), 4.0))
+    x = torch.full((2, 4, 3), 10.0)
+    out = stats.normalize(x, torch.tensor([4, 2]))
+    assert torch.all(out[0] == 2.0) and torch.all(out[1, :2] == 2.0) and torch.all(out[1, 2:] == 0.0)
+
+
+def test_spec_augment_masks_inside_bounds():
+    torch.manual_seed(0)
+    x = torch.ones(3, 200, 80)
+    lens = torch.tensor([200, 120, 60])
+    time_only = SpecAugment(SpecAugmentConfig(freq_masks=0, time_masks=1, time_width_ratio=0.05))(x, lens)
+    for i, L in enumerate(lens.tolist()):
+        masked_frames = int((time_only[i, :L] == 0).all(dim=1).sum())
+        assert masked_frames <= int(0.05 * L)
+        assert torch.all(time_only[i, L:] == 1.0), "padding is not the augmenter's business"
+    many = SpecAugment(SpecAugmentConfig(freq_masks=0, time_masks=10, time_width_ratio=0.05))(x, lens)
+    masked = (many == 0).all(dim=2)  # (B, T)
+    assert 0 < int(masked[0].sum()) <= 10 * int(0.05 * 200)
+    assert not masked[1, 120:].any() and not masked[2, 60:].any()
+    freq_only = SpecAugment(SpecAugmentConfig(freq_masks=2, freq_width=27, time_masks=0))(x, lens)
+    masked_bins = (freq_only[0] == 0).all(dim=0).sum()
+    assert 0 < masked_bins <= 2 * 27
+    heavy = SpecAugment(SpecAugmentConfig(freq_masks=2, freq_width=27, time_masks=10))(x, lens)
+    assert (heavy == 0).any() and heavy.shape == x.shape
+    off = SpecAugment(SpecAugmentConfig(enabled=False))(x, lens)
+    assert torch.equal(off, x)
+
+
+def test_speed_perturbation_changes_length(audio_corpus):
+    cuts = audio_corpus.subset(first=3)
+    plain = AsrDataset(ON_THE_FLY)[cuts].feature_lens.float()
+    slow = AsrDataset(ON_THE_FLY, speed_perturb=(0.9,))[cuts].feature_lens.float()
+    fast = AsrDataset(ON_THE_FLY, speed_perturb=(1.1,))[cuts].feature_lens.float()
+    torch.testing.assert_close(slow, plain / 0.9, atol=2.0, rtol=0)
+    torch.testing.assert_close(fast, plain / 1.1, atol=2.0, rtol=0)
+    assert AsrDataset(ON_THE_FLY, speed_perturb=(1.1,))[cuts].cut_ids == [c.id for c in cuts]

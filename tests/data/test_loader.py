@@ -1,0 +1,153 @@
+"""The whole loader: Batch contract, audio-only cuts, exact resume (with and without workers), eval mode."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import pytest
+import torch
+from lhotse import CutSet
+
+from usmkit.data.config import DataConfig, FeatureConfig
+from usmkit.data.loader import make_loader, prepare_cuts
+from usmkit.data.normalize import compute_global_stats
+from usmkit.data.sampling import language_balanced, make_sampler
+
+
+@pytest.fixture
+def stats(audio_corpus):
+    return compute_global_stats(audio_corpus, FeatureConfig(precomputed=False))
+
+
+def test_batch_contract(audio_corpus, stats, tiny_tokenizer, build_config):
+    cfg = build_config()
+    loader = make_loader(audio_corpus, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True)
+    seen = []
+    for batch in loader:
+        B, T, F = batch.features.shape
+        assert F == 80 and batch.features.dtype == torch.float32
+        assert batch.feature_lens.dtype == torch.int64 and int(batch.feature_lens.max()) == T
+        for i, L in enumerate(batch.feature_lens.tolist()):
+            assert torch.all(batch.features[i, L:] == 0), "padding is zero"
+        assert batch.tokens.dtype == torch.int64 and batch.tokens.shape[0] == B
+        for i, text in enumerate(batch.texts):
+            ids = tiny_tokenizer.encode(text)
+            U = int(batch.token_lens[i])
+            assert U == len(ids) > 0 and batch.tokens[i, :U].tolist() == ids
+            assert torch.all(batch.tokens[i, U:] == -1)
+        by_id = {c.id: c for c in audio_corpus}
+        assert batch.texts == [by_id[i].supervisions[0].text for i in batch.cut_ids]
+        assert batch.languages == [by_id[i].supervisions[0].language for i in batch.cut_ids]
+        assert sum(by_id[i].duration for i in batch.cut_ids) <= cfg.max_duration or B == 1
+        seen += batch.cut_ids
+    assert sorted(seen) == sorted(audio_corpus.ids)
+
+
+def test_audio_only_cuts_give_empty_tokens(audio_corpus, stats, tiny_tokenizer, build_config):
+    unlabeled = CutSet.from_cuts(c.drop_supervisions() for c in audio_corpus)
+    cuts, report = prepare_cuts(unlabeled, build_config(), split="pool", require_text=False)
+    assert report.num_skipped == 0
+    for tok in (None, tiny_tokenizer):
+        batch = next(iter(make_loader(cuts, build_config(), tokenizer=tok, stats=stats, train=True)))
+        assert batch.tokens.shape == (batch.size, 0) and batch.token_lens.tolist() == [0] * batch.size
+        assert batch.texts == [""] * batch.size and batch.languages == [""] * batch.size
+
+
+def test_eval_loader_is_deterministic_and_covers_every_cut_once(audio_corpus, stats, tiny_tokenizer, build_config):
+    cfg = build_config()
+    runs = []
+    for _ in range(2):
+        batches = list(make_loader(audio_corpus, cfg, tokenizer=tiny_tokenizer, stats=stats, train=False))
+        runs.append(batches)
+    ids = [i for b in runs[0] for i in b.cut_ids]
+    assert sorted(ids) == sorted(audio_corpus.ids) and len(ids) == len(set(ids))
+    for a, b in zip(*runs, strict=True):
+        assert a.cut_ids == b.cut_ids
+        assert torch.equal(a.features, b.features), "no augmentation at eval time"
+
+
+def _ids(batches) -> list[list[str]]:
+    return [b.cut_ids for b in batches]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_from_state_dict_yields_the_same_batches(audio_corpus, stats, tiny_tokenizer, tmp_path, num_workers):
+    cfg = DataConfig(
+        manifest_dir=str(tmp_path),
+        max_duration=2.5,
+        num_buckets=2,
+        num_workers=num_workers,
+        features=FeatureConfig(precomputed=True),
+    )
+    cuts, _ = prepare_cuts(audio_corpus, cfg, split="train", require_text=True)
+
+    def build():
+        return make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=7)
+
+    full = build()
+    full.set_epoch(1)
+    reference = _ids(full)
+    assert len(reference) >= 4
+
+    k = 2
+    first = build()
+    first.set_epoch(1)
+    it = iter(first)
+    head = _ids(islice(it, k))
+    state = first.state_dict()
+    del it  # the interrupted run ends here (its workers may have prefetched further)
+
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert head + _ids(resumed) == reference
+
+    resumed.set_epoch(2)  # the next epoch starts from its beginning, reshuffled
+    nxt = _ids(resumed)
+    assert sorted(i for b in nxt for i in b) == sorted(i for b in reference for i in b) and nxt != reference
+
+
+def test_resume_language_balanced_infinite_stream(build_metadata_cuts, build_config):
+    cuts = build_metadata_cuts({"en": 40, "de": 10})
+    cfg = build_config(language_temperature=3.0, max_duration=10.0)
+
+    def sampler():
+        return make_sampler(language_balanced(cuts, cfg.language_temperature, seed=5), cfg, train=True, seed=5)
+
+    reference = [[c.id for c in b] for b in islice(sampler(), 40)]
+    assert sum(map(len, reference)) > len(cuts), "the stream runs past one pass over the corpus"
+    s = sampler()
+    _ = list(islice(s, 25))
+    state = s.state_dict()
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    assert [[c.id for c in b] for b in islice(resumed, 15)] == reference[25:]
+
+
+def test_train_loader_options(audio_corpus, stats, tiny_tokenizer, build_config, build_corpus, tmp_path):
+    half = make_loader(
+        audio_corpus, build_config(labeled_fraction=0.5), tokenizer=tiny_tokenizer, stats=stats, train=True
+    )
+    assert len([i for b in half for i in b.cut_ids]) == 6
+    unlabeled = make_loader(audio_corpus, build_config(labeled_fraction=0.5), stats=stats, train=True)
+    assert len([i for b in unlabeled for i in b.cut_ids]) == 12, "labeled_fraction only thins labeled loaders"
+    short = make_loader(
+        audio_corpus, build_config(max_cut_duration=1.0), tokenizer=tiny_tokenizer, stats=stats, train=True
+    )
+    kept = [i for b in short for i in b.cut_ids]
+    assert kept and all(c.duration <= 1.0 for c in audio_corpus.subset(cut_ids=kept))
+    everything = make_loader(
+        audio_corpus, build_config(max_cut_duration=1.0), tokenizer=tiny_tokenizer, stats=stats, train=False
+    )
+    assert len([i for b in everything for i in b.cut_ids]) == 12, "evaluation never drops cuts"
+
+
+def test_config_and_loader_reject_inconsistent_setups(audio_corpus, stats, build_config):
+    with pytest.raises(ValueError, match="speed_perturb"):
+        DataConfig(speed_perturb=(0.9, 1.0, 1.1), features=FeatureConfig(precomputed=True))
+    with pytest.raises(ValueError, match="on_bad_input"):
+        DataConfig(on_bad_input="ignore")
+    with pytest.raises(ValueError, match="no stored features"):
+        make_loader(audio_corpus, build_config(features=FeatureConfig(precomputed=True)), stats=stats, train=True)
+    perturbed = build_config(speed_perturb=(0.9, 1.0, 1.1), num_workers=1)
+    loader = make_loader(audio_corpus, perturbed, stats=stats, train=True)
+    assert sum(b.size for b in loader) == len(audio_corpus)

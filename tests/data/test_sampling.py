@@ -1,0 +1,111 @@
+"""Sampling: language temperature, labeled subsets, bucketing by duration, rank sharding (metadata only)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from itertools import islice
+
+import pytest
+from lhotse import CutSet
+
+from usmkit.data.sampling import (
+    cut_language,
+    labeled_subset,
+    language_balanced,
+    language_probabilities,
+    make_sampler,
+)
+
+
+def test_language_probabilities_follow_the_temperature_formula():
+    counts = {"en": 800, "de": 150, "sw": 50}
+    assert language_probabilities(counts, 1.0) == pytest.approx({"en": 0.8, "de": 0.15, "sw": 0.05})
+    for T in (2.0, 5.0):
+        w = {k: n ** (1 / T) for k, n in counts.items()}
+        assert language_probabilities(counts, T) == pytest.approx({k: v / sum(w.values()) for k, v in w.items()})
+    flat = language_probabilities(counts, 1e6)
+    assert max(flat.values()) - min(flat.values()) < 1e-3, "T -> inf is uniform"
+    with pytest.raises(ValueError, match="temperature"):
+        language_probabilities(counts, 0.0)
+
+
+@pytest.mark.parametrize("temperature", [2.0, 5.0])
+def test_sampled_language_proportions_follow_temperature(build_metadata_cuts, build_config, temperature):
+    counts = {"en": 400, "de": 80, "sw": 20}
+    cuts = build_metadata_cuts(counts)
+    stream = language_balanced(cuts, temperature, seed=1)
+    sampler = make_sampler(stream, build_config(max_duration=200.0), train=True, seed=1)
+    drawn = [cut_language(c) for batch in islice(sampler, 70) for c in batch]
+    n = len(drawn)
+    assert n > 4000, "the balanced stream is infinite: it must outlast the 500-cut corpus"
+    seen = Counter(drawn)
+    for lang, p in language_probabilities(counts, temperature).items():
+        sigma = math.sqrt(p * (1 - p) / n)
+        assert abs(seen[lang] / n - p) < 5 * sigma + 0.01, (lang, seen[lang] / n, p)
+    natural = counts["sw"] / sum(counts.values())
+    assert seen["sw"] / n > 2 * natural, "T > 1 must up-sample the rare language"
+
+
+def test_temperature_one_keeps_the_finite_corpus(build_metadata_cuts):
+    cuts = build_metadata_cuts({"en": 30, "de": 10})
+    assert language_balanced(cuts, 1.0, seed=0) is cuts
+    single = build_metadata_cuts({"en": 30})
+    assert language_balanced(single, 3.0, seed=0) is single
+
+
+def test_labeled_subset_is_deterministic_nested_and_exact(build_metadata_cuts):
+    cuts = build_metadata_cuts({"en": 150, "de": 50})
+    ten = labeled_subset(cuts, 0.1, seed=0)
+    twenty = labeled_subset(cuts, 0.2, seed=0)
+    assert len(ten) == 20 and len(twenty) == 40
+    assert set(ten.ids) <= set(twenty.ids)
+    assert list(labeled_subset(cuts, 0.1, seed=0).ids) == list(ten.ids)
+    assert set(labeled_subset(cuts, 0.1, seed=1).ids) != set(ten.ids)
+    assert labeled_subset(cuts, 1.0, seed=0) is cuts
+
+
+def test_batches_respect_max_duration_and_eval_sees_every_cut_once(build_metadata_cuts, build_config):
+    cuts = build_metadata_cuts({"en": 60, "de": 20})
+    cfg = build_config(max_duration=10.0, num_buckets=4)
+    sampler = make_sampler(cuts, cfg, train=False)
+    batches = list(sampler)
+    assert all(sum(c.duration for c in b) <= 10.0 for b in batches)
+    ids = [c.id for b in batches for c in b]
+    assert sorted(ids) == sorted(cuts.ids)
+    assert ids == [c.id for b in make_sampler(cuts, cfg, train=False) for c in b], "eval order is fixed"
+
+
+def test_training_shuffles_per_epoch(build_metadata_cuts, build_config):
+    cuts = build_metadata_cuts({"en": 60})
+    sampler = make_sampler(cuts, build_config(max_duration=10.0), train=True, seed=0)
+    epoch0 = [c.id for b in sampler for c in b]
+    sampler.set_epoch(1)
+    epoch1 = [c.id for b in sampler for c in b]
+    assert sorted(epoch0) == sorted(epoch1) == sorted(cuts.ids)
+    assert epoch0 != epoch1
+
+
+def test_ranks_see_disjoint_batches(build_metadata_cuts, build_config):
+    cuts = build_metadata_cuts({"en": 70, "de": 30})
+    cfg = build_config(max_duration=10.0)
+    per_rank = []
+    for rank in (0, 1):
+        sampler = make_sampler(cuts, cfg, train=True, rank=rank, world_size=2, seed=3)
+        per_rank.append([[c.id for c in b] for b in sampler])
+    assert len(per_rank[0]) == len(per_rank[1]), "equal step counts keep DDP ranks in lockstep"
+    ids0 = {i for b in per_rank[0] for i in b}
+    ids1 = {i for b in per_rank[1] for i in b}
+    real0 = {i for i in ids0 if "_dup" not in i}
+    real1 = {i for i in ids1 if "_dup" not in i}
+    assert not real0 & real1
+    assert real0 | real1 == set(cuts.ids)
+    with pytest.raises(ValueError, match="rank"):
+        make_sampler(cuts, cfg, train=True, rank=2, world_size=2)
+
+
+def test_tiny_and_empty_cut_sets(build_metadata_cuts, build_config):
+    one = build_metadata_cuts({"en": 1})
+    assert [c.id for b in make_sampler(one, build_config(max_duration=10.0), train=True) for c in b] == list(one.ids)
+    with pytest.raises(ValueError, match="empty"):
+        make_sampler(CutSet.from_cuts([]), build_config(), train=False)

@@ -1,0 +1,129 @@
+"""Typed configs for the data pipeline: features, SpecAugment and the loader.
+
+The lead composes these into the top-level Hydra config; library code only ever sees these frozen
+dataclasses. Validation happens in ``__post_init__`` so a bad value fails at construction, naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+OnBadInput = Literal["error", "skip"]
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """Kaldi-compatible log-mel filterbank (lhotse ``Fbank``).
+
+    ``precomputed=True`` reads features stored once with lhotse (``LilcomChunkyWriter``) under
+    ``{manifest_dir}/feats_{split}``; ``False`` computes them in the loader workers on every batch.
+    Precomputed is the default because it is the faster path: on the 2-core dev CPU the whole train
+    loader gives ~3000 vs ~520 s of audio per second in-process and ~1500 vs ~560 with one worker
+    (``bench/data_throughput.py``, ``bench/results/data_throughput.json``).
+    Speed perturbation changes the waveform, so it needs on-the-fly features: combining
+    ``precomputed=True`` with ``DataConfig.speed_perturb`` is rejected by ``DataConfig``.
+    """
+
+    num_mel_bins: int = 80
+    frame_shift_ms: float = 10.0
+    frame_length_ms: float = 25.0
+    sample_rate: int = 16000
+    precomputed: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_mel_bins <= 0:
+            raise ValueError(f"FeatureConfig.num_mel_bins must be > 0, got {self.num_mel_bins}")
+        if not 0 < self.frame_shift_ms <= self.frame_length_ms:
+            raise ValueError(
+                f"FeatureConfig needs 0 < frame_shift_ms <= frame_length_ms, got "
+                f"frame_shift_ms={self.frame_shift_ms}, frame_length_ms={self.frame_length_ms}"
+            )
+        if self.sample_rate <= 0:
+            raise ValueError(f"FeatureConfig.sample_rate must be > 0, got {self.sample_rate}")
+
+
+@dataclass(frozen=True)
+class SpecAugmentConfig:
+    """SpecAugment (Park et al. 2019), adaptive time masks as in the Conformer/USM recipes.
+
+    Each utterance gets ``freq_masks`` frequency masks of width ~U[0, freq_width] bins and
+    ``time_masks`` time masks of width ~U[0, time_width_ratio * its own length] frames.
+    Applied to normalized features (mask value 0 = the global mean), training only.
+    """
+
+    freq_masks: int = 2
+    freq_width: int = 27
+    time_masks: int = 10
+    time_width_ratio: float = 0.05
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.freq_masks < 0 or self.time_masks < 0:
+            raise ValueError(
+                f"SpecAugmentConfig mask counts must be >= 0, got freq_masks={self.freq_masks}, "
+                f"time_masks={self.time_masks}"
+            )
+        if self.freq_width < 0:
+            raise ValueError(f"SpecAugmentConfig.freq_width must be >= 0, got {self.freq_width}")
+        if not 0.0 <= self.time_width_ratio <= 1.0:
+            raise ValueError(f"SpecAugmentConfig.time_width_ratio must be in [0, 1], got {self.time_width_ratio}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the manifests are and how training/eval batches are drawn from them.
+
+    - ``max_duration``: seconds of audio per batch (lhotse ``DynamicBucketingSampler``).
+    - ``num_workers``: DataLoader worker processes; 1 overlaps loading with the training step.
+    - ``speed_perturb``: factors drawn per cut in training, e.g. ``(0.9, 1.0, 1.1)``; ``()`` (the
+      default, to go with precomputed features) disables it. Needs ``features.precomputed=False``.
+    - ``language_temperature`` T: language l is drawn with probability proportional to n_l^(1/T)
+      (n_l = its number of cuts), as USM samples its languages. T=1 keeps natural proportions and
+      finite epochs; T>1 flattens towards uniform and makes the training stream infinite
+      (every language repeats), so training is counted in steps, not epochs.
+    - ``labeled_fraction``: keep this fraction of the labeled training cuts (low-label studies);
+      the subset is deterministic by seed and nested (10% is inside 20%).
+    - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
+    - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
+      cut and logs one summary line of everything dropped.
+    """
+
+    manifest_dir: str = "data/synth"
+    corpus: str = "synth"
+    train_split: str = "train"
+    dev_split: str = "dev"
+    max_duration: float = 200.0
+    num_buckets: int = 10
+    shuffle: bool = True
+    num_workers: int = 1
+    speed_perturb: tuple[float, ...] = ()
+    language_temperature: float = 1.0
+    on_bad_input: OnBadInput = "error"
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
+    labeled_fraction: float = 1.0
+    max_cut_duration: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_duration <= 0:
+            raise ValueError(f"DataConfig.max_duration must be > 0 seconds, got {self.max_duration}")
+        if self.num_buckets < 1:
+            raise ValueError(f"DataConfig.num_buckets must be >= 1, got {self.num_buckets}")
+        if self.num_workers < 0:
+            raise ValueError(f"DataConfig.num_workers must be >= 0, got {self.num_workers}")
+        if any(f <= 0 for f in self.speed_perturb):
+            raise ValueError(f"DataConfig.speed_perturb factors must be > 0, got {self.speed_perturb}")
+        if self.speed_perturb and self.features.precomputed:
+            raise ValueError(
+                f"DataConfig.speed_perturb={self.speed_perturb} changes the waveform, so it needs on-the-fly "
+                "features: set features.precomputed=False, or speed_perturb=() to keep precomputed features"
+            )
+        if self.language_temperature <= 0:
+            raise ValueError(f"DataConfig.language_temperature must be > 0, got {self.language_temperature}")
+        if self.on_bad_input not in ("error", "skip"):
+            raise ValueError(f"DataConfig.on_bad_input must be 'error' or 'skip', got {self.on_bad_input!r}")
+        if not 0.0 < self.labeled_fraction <= 1.0:
+            raise ValueError(f"DataConfig.labeled_fraction must be in (0, 1], got {self.labeled_fraction}")
+        if self.max_cut_duration <= 0:
+            raise ValueError(f"DataConfig.max_cut_duration must be > 0 seconds, got {self.max_cut_duration}")

@@ -1,0 +1,118 @@
+"""Map-style dataset in the lhotse style: a sampled ``CutSet`` in, one typed ``Batch`` out.
+
+Shapes: B batch, T feature frames, F mel bins, U tokens.
+
+Per batch (in a loader worker): speed perturbation (train, lhotse) -> features (lhotse input
+strategy: stored or on-the-fly fbank) -> global mean/variance normalization -> SpecAugment (train,
+torchaudio) -> tokens from the supervision text.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from typing import Protocol
+
+import torch
+from lhotse import CutSet
+from lhotse.cut import Cut
+
+from usmkit.data.augment import SpecAugment, speed_perturbation
+from usmkit.data.batch import Batch
+from usmkit.data.config import FeatureConfig, SpecAugmentConfig
+from usmkit.data.features import input_strategy, to_sample_rate
+from usmkit.data.normalize import FeatureStats
+from usmkit.data.sampling import cut_language
+
+TOKEN_PAD = -1
+
+
+class TextEncoder(Protocol):
+    """What the dataset needs of ``usmkit.data.tokenizer.Tokenizer``."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+def cut_text(cut: Cut) -> str:
+    """The cut's transcript: its supervisions' texts in time order, joined by spaces ("" if none)."""
+    sups = sorted(cut.supervisions, key=lambda s: s.start)
+    return " ".join(s.text.strip() for s in sups if s.text and s.text.strip())
+
+
+class AsrDataset(torch.utils.data.Dataset):
+    """``dataset[cuts] -> Batch``; pass it to a DataLoader with a lhotse sampler and ``batch_size=None``.
+
+    ``tokenizer=None`` gives audio-only batches (tokens (B, 0)). ``stats=None`` leaves features
+    unnormalized (only for computing the stats themselves; training always passes them).
+    ``spec_augment`` / ``speed_perturb`` are for training; leave them off for evaluation.
+    """
+
+    def __init__(
+        self,
+        features: FeatureConfig,
+        *,
+        tokenizer: TextEncoder | None = None,
+        stats: FeatureStats | None = None,
+        spec_augment: SpecAugmentConfig | None = None,
+        speed_perturb: tuple[float, ...] = (),
+        seed: int = 0,
+    ) -> None:
+        if speed_perturb and features.precomputed:
+            raise ValueError(
+                f"speed_perturb={speed_perturb} needs on-the-fly features (FeatureConfig.precomputed=False)"
+            )
+        if stats is not None and stats.num_bins != features.num_mel_bins:
+            raise ValueError(
+                f"feature stats have {stats.num_bins} bins but FeatureConfig.num_mel_bins={features.num_mel_bins}; "
+                "recompute feature_stats.safetensors"
+            )
+        self.features = features
+        self.tokenizer = tokenizer
+        self.stats = stats
+        self.spec_augment = SpecAugment(spec_augment) if spec_augment is not None and spec_augment.enabled else None
+        self.perturb = speed_perturbation(speed_perturb, seed)
+        self.input = input_strategy(features)
+
+    def reseed(self, seed: int) -> None:
+        """Give this copy its own speed-perturbation stream (called in each loader worker)."""
+        if self.perturb is not None:
+            self.perturb.random = random.Random(seed)
+
+    def __getitem__(self, cuts: CutSet) -> Batch:
+        if len(cuts) == 0:
+            raise ValueError("AsrDataset got an empty CutSet for a batch")
+        if self.perturb is not None:
+            cuts = self.perturb(cuts)
+        if not self.features.precomputed:
+            cuts = cuts.map(partial(to_sample_rate, sample_rate=self.features.sample_rate))
+        feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
+        feats, feat_lens = feats.float(), feat_lens.long()
+        if self.stats is not None:
+            feats = self.stats.normalize(feats, feat_lens)  # padding -> 0
+        else:
+            valid = torch.arange(feats.shape[1]) < feat_lens[:, None]  # (B, T)
+            feats = feats.masked_fill(~valid[:, :, None], 0.0)
+        if self.spec_augment is not None:
+            feats = self.spec_augment(feats, feat_lens)
+        texts = [cut_text(c) for c in cuts]
+        tokens, token_lens = self._tokenize(texts)
+        return Batch(
+            features=feats,
+            feature_lens=feat_lens,
+            tokens=tokens,
+            token_lens=token_lens,
+            texts=texts,
+            languages=[cut_language(c) for c in cuts],
+            cut_ids=[c.id for c in cuts],
+        )
+
+    def _tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, U) int64 padded with -1, and (B,) lengths; (B, 0) without a tokenizer."""
+        if self.tokenizer is None:
+            return torch.empty(len(texts), 0, dtype=torch.int64), torch.zeros(len(texts), dtype=torch.int64)
+        ids = [self.tokenizer.encode(t) if t else [] for t in texts]
+        lens = torch.tensor([len(i) for i in ids], dtype=torch.int64)
+        tokens = torch.full((len(ids), max(map(len, ids), default=0)), TOKEN_PAD, dtype=torch.int64)
+        for row, seq in enumerate(ids):
+            tokens[row, : len(seq)] = torch.tensor(seq, dtype=torch.int64)
+        return tokens, lens

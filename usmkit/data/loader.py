@@ -1,0 +1,159 @@
+"""The training/eval loader: cuts + DataConfig -> an iterable of ``Batch`` that resumes exactly.
+
+Usage (the trainer's side)::
+
+    cuts, report = prepare_cuts(load_cuts(cfg.manifest_dir, "train"), cfg, split="train", require_text=True)
+    stats = load_or_compute_stats(cuts, cfg)
+    loader = make_loader(cuts, cfg, tokenizer=tok, stats=stats, train=True, rank=rank, world_size=world)
+    loader.load_state_dict(ckpt["loader"])      # on resume
+    for batch in loader: ...; ckpt["loader"] = loader.state_dict()
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from lhotse import CutSet
+from lhotse.dataset import DynamicBucketingSampler
+
+from usmkit.data.batch import Batch
+from usmkit.data.config import DataConfig
+from usmkit.data.dataset import AsrDataset, TextEncoder
+from usmkit.data.features import feature_storage_dir, precompute_features
+from usmkit.data.normalize import FeatureStats
+from usmkit.data.sampling import labeled_subset, language_balanced, make_sampler
+from usmkit.data.validate import ValidationReport, validate_cuts
+
+log = logging.getLogger(__name__)
+
+
+def prepare_cuts(
+    cuts: CutSet, cfg: DataConfig, *, split: str, require_text: bool, num_jobs: int = 1
+) -> tuple[CutSet, ValidationReport]:
+    """Once per run, before any loader: validate (``cfg.on_bad_input``), resample to the feature rate,
+    and attach stored features when ``cfg.features.precomputed`` (cached in ``feats_{split}``)."""
+    cuts, report = validate_cuts(
+        cuts, require_text=require_text, on_bad=cfg.on_bad_input, expected_sample_rate=cfg.features.sample_rate
+    )
+    if cfg.features.precomputed:
+        cuts = precompute_features(cuts, cfg.features, feature_storage_dir(cfg.manifest_dir, split), num_jobs=num_jobs)
+    return cuts, report
+
+
+class _SnapshotSampler(torch.utils.data.Sampler):
+    """Records the lhotse sampler's state right after it hands out each batch.
+
+    The DataLoader draws batches ahead of the consumer (prefetching in workers), so the sampler's own
+    state runs ahead of training. The loader pops one snapshot per batch it yields, which pins the
+    state to the batch the trainer actually received.
+    """
+
+    def __init__(self, sampler: DynamicBucketingSampler) -> None:
+        self.sampler = sampler
+        self.snapshots: deque[dict[str, Any]] = deque()
+
+    def __iter__(self) -> Iterator[CutSet]:
+        for cuts in self.sampler:
+            self.snapshots.append(self.sampler.state_dict())
+            yield cuts
+
+
+class AsrLoader:
+    """Iterable of ``Batch``; wraps ``DataLoader(dataset, sampler=..., batch_size=None)``.
+
+    ``state_dict()`` after k batches of an epoch, loaded into a fresh loader built the same way,
+    makes it yield exactly the batches (cut ids) an uninterrupted loader yields after k.
+    """
+
+    def __init__(self, dataset: AsrDataset, sampler: DynamicBucketingSampler, *, num_workers: int, seed: int) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self._tracker = _SnapshotSampler(sampler)
+        self._state: dict[str, Any] | None = None
+        self._loader = torch.utils.data.DataLoader(
+            dataset,
+            sampler=self._tracker,
+            batch_size=None,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            generator=torch.Generator().manual_seed(seed),  # worker seeds -> reproducible augmentation
+            worker_init_fn=_reseed_worker,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._tracker.snapshots.clear()
+        for batch in self._loader:
+            self._state = self._tracker.snapshots.popleft()
+            yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+        self._state = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler state as of the last batch this loader yielded (lhotse's format)."""
+        return copy.deepcopy(self._state if self._state is not None else self.sampler.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(copy.deepcopy(state))  # lhotse consumes the dict it gets
+        self._state = copy.deepcopy(state)
+
+
+def _reseed_worker(worker_id: int) -> None:
+    """Each worker's dataset copy draws its own speed factors (torch already seeds SpecAugment's RNG)."""
+    info = torch.utils.data.get_worker_info()
+    info.dataset.reseed(info.seed)
+
+
+def make_loader(
+    cuts: CutSet,
+    cfg: DataConfig,
+    *,
+    tokenizer: TextEncoder | None = None,
+    stats: FeatureStats | None,
+    train: bool,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+) -> AsrLoader:
+    """Loader over ``cuts`` (already through ``prepare_cuts``).
+
+    Training: ``labeled_fraction`` subset (only for labeled loaders, i.e. with a tokenizer), cuts over
+    ``max_cut_duration`` left out, language temperature sampling, shuffled duration buckets, speed
+    perturbation and SpecAugment. Evaluation: every cut once, in bucket order, no augmentation.
+    """
+    if cfg.features.precomputed:
+        bare = next((c.id for c in cuts if not c.has_features), None)
+        if bare is not None:
+            raise ValueError(
+                f"features.precomputed=True but cut {bare!r} has no stored features: pass the cuts through "
+                "usmkit.data.loader.prepare_cuts first, or set features.precomputed=False"
+            )
+    if train:
+        if tokenizer is not None:
+            cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
+        cuts = _drop_long(cuts, cfg.max_cut_duration)
+        cuts = language_balanced(cuts, cfg.language_temperature, seed=seed)
+    sampler = make_sampler(cuts, cfg, train=train, rank=rank, world_size=world_size, seed=seed)
+    dataset = AsrDataset(
+        cfg.features,
+        tokenizer=tokenizer,
+        stats=stats,
+        spec_augment=cfg.spec_augment if train else None,
+        speed_perturb=cfg.speed_perturb if train else (),
+        seed=seed + rank,
+    )
+    return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)
+
+
+def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:
+    long = sum(1 for c in cuts if c.duration > max_duration)
+    if long == 0:
+        return cuts
+    log.warning("training leaves out %d cuts longer than max_cut_duration=%gs", long, max_duration)
+    return CutSet.from_cuts(c for c in cuts if c.duration <= max_duration)

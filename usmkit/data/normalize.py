@@ -1,0 +1,119 @@
+"""Global mean/variance normalization of log-mel features.
+
+Shapes: B batch, T frames, F mel bins.
+
+Stats are computed once over (a prefix of) the training cuts and stored next to the manifests as
+``{manifest_dir}/feature_stats.safetensors``; the dataset applies them after feature extraction and
+before SpecAugment, so masked regions (value 0) sit at the global mean.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from itertools import islice
+from pathlib import Path
+
+import torch
+from lhotse import CutSet
+from lhotse.features.base import StatsAccumulator
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from usmkit.data.config import DataConfig, FeatureConfig
+from usmkit.data.features import fbank_extractor, to_sample_rate
+
+log = logging.getLogger(__name__)
+
+STATS_FILE = "feature_stats.safetensors"
+MIN_STD = 1e-5  # floor: a constant mel bin (e.g. above the band of 8 kHz audio) must not divide by 0
+
+
+@dataclass(frozen=True)
+class FeatureStats:
+    mean: torch.Tensor  # (F,) float32
+    std: torch.Tensor  # (F,) float32, >= MIN_STD
+
+    def __post_init__(self) -> None:
+        if self.mean.shape != self.std.shape or self.mean.dim() != 1:
+            raise ValueError(
+                f"FeatureStats needs mean and std of the same shape (F,), got {tuple(self.mean.shape)} "
+                f"and {tuple(self.std.shape)}"
+            )
+
+    @property
+    def num_bins(self) -> int:
+        return self.mean.shape[0]
+
+    def normalize(self, features: torch.Tensor, feature_lens: torch.Tensor) -> torch.Tensor:
+        """(x - mean) / std on valid frames, 0 on padding.
+
+        features: (B, T, F); feature_lens: (B,). Returns (B, T, F) float32.
+        """
+        if features.shape[-1] != self.num_bins:
+            raise ValueError(
+                f"features have {features.shape[-1]} bins but the stats have {self.num_bins}; "
+                "recompute feature_stats.safetensors for this feature config"
+            )
+        valid = torch.arange(features.shape[1]) < feature_lens[:, None]  # (B, T)
+        x = (features - self.mean) / self.std
+        return x.masked_fill(~valid[:, :, None], 0.0)
+
+    def save(self, path: str | Path, cfg: FeatureConfig) -> None:
+        save_file(
+            {"mean": self.mean.contiguous(), "std": self.std.contiguous()},
+            str(path),
+            metadata={"feature_config": _config_key(cfg)},
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> FeatureStats:
+        t = load_file(str(path))
+        return cls(mean=t["mean"], std=t["std"])
+
+
+def compute_global_stats(cuts: CutSet, cfg: FeatureConfig, *, max_cuts: int = 2000) -> FeatureStats:
+    """Per-bin mean and std of log-mel features over the first ``max_cuts`` cuts.
+
+    Uses stored features when a cut has them, else computes them (lhotse ``Fbank``); the running
+    sums are lhotse's ``StatsAccumulator`` (float64).
+    """
+    extractor = fbank_extractor(cfg)
+    acc = StatsAccumulator(cfg.num_mel_bins)
+    for cut in islice(cuts, max_cuts):
+        if cut.has_features:
+            feats = cut.load_features()
+        else:
+            cut = to_sample_rate(cut, cfg.sample_rate)
+            feats = extractor.extract(cut.load_audio(), cfg.sample_rate)
+        acc.update(feats)
+    if acc.total_frames == 0:
+        raise ValueError("compute_global_stats got no feature frames: the CutSet is empty")
+    mean = torch.from_numpy(acc.norm_means).float()
+    std = torch.from_numpy(acc.norm_stds).float().clamp_min(MIN_STD)
+    return FeatureStats(mean=mean, std=std)
+
+
+def stats_path(manifest_dir: str | Path) -> Path:
+    return Path(manifest_dir) / STATS_FILE
+
+
+def load_or_compute_stats(cuts: CutSet, cfg: DataConfig, *, max_cuts: int = 2000) -> FeatureStats:
+    """Stats from ``{cfg.manifest_dir}/feature_stats.safetensors``; computed from ``cuts`` (the training
+    cuts) and saved when absent or when they were made with another feature config."""
+    path = stats_path(cfg.manifest_dir)
+    if path.is_file():
+        with safe_open(str(path), framework="pt") as f:
+            made_with = (f.metadata() or {}).get("feature_config")
+        if made_with == _config_key(cfg.features):
+            return FeatureStats.load(path)
+        log.warning("%s was computed for another feature config: recomputing it", path)
+    stats = compute_global_stats(cuts, cfg.features, max_cuts=max_cuts)
+    stats.save(path, cfg.features)
+    return stats
+
+
+def _config_key(cfg: FeatureConfig) -> str:
+    # Storage choice does not change the features themselves.
+    return json.dumps(asdict(cfg) | {"precomputed": None}, sort_keys=True)

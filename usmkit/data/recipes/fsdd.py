@@ -1,0 +1,202 @@
+"""Free Spoken Digit Dataset (FSDD): real human speech, speaker-split manifests.
+
+The corpus: ``{corpus_dir}/recordings/{digit}_{speaker}_{index}.wav``, 8 kHz mono, one spoken
+digit per file (transcript: the English word, ``7`` -> ``"seven"``). The copy we use lives at
+``/work/shared/data/fsdd`` (five speakers, 500 files each; see its README for the license).
+
+Splits (corpus name ``fsdd``):
+
+- ``test``: every recording of ``test_speakers`` (default ``theo``): a voice the model never heard.
+- ``dev``: with ``dev_speakers`` given, every recording of those speakers; by default (no dev
+  speakers) the takes with index 0-4 of the training speakers, FSDD's own documented held-out
+  convention ("recordings numbered 0-4 are the test set"), so training keeps four speakers.
+- ``train``: all other recordings.
+
+Audio stays 8 kHz on disk; the manifests carry lhotse's lazy ``resample(16000)``, so every cut
+loads at 16 kHz.
+
+CLI: ``python -m usmkit.data.recipes.fsdd out=data/fsdd [corpus_dir=...] [test_speakers=theo]
+[dev_speakers=lucas] [limit=N]``
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+from usmkit.data.manifests import manifest_path
+from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
+
+CORPUS = "fsdd"
+SAMPLE_RATE = 16000
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DEV_TAKES = range(5)  # FSDD's convention: takes 0-4 of each digit and speaker are held out
+_FILE_NAME = re.compile(r"^(?P<digit>\d)_(?P<speaker>[A-Za-z]+)_(?P<index>\d+)\.wav$")
+
+
+def default_fsdd_dir() -> Path:
+    """``<repo root>/../shared/data/fsdd``: found from any working directory."""
+    repo_root = Path(__file__).resolve().parents[3]
+    return repo_root.parent / "shared" / "data" / "fsdd"
+
+
+@dataclass(frozen=True)
+class FsddFile:
+    path: Path
+    digit: int
+    speaker: str
+    index: int
+
+    @property
+    def id(self) -> str:
+        return f"{CORPUS}-{self.path.stem}"
+
+
+def _recordings_dir(corpus_dir: Path) -> Path:
+    for candidate in (corpus_dir / "recordings", corpus_dir):
+        if candidate.is_dir() and any(candidate.glob("*.wav")):
+            return candidate
+    raise FileNotFoundError(
+        f"no FSDD recordings (*.wav) in {corpus_dir} or {corpus_dir / 'recordings'}; pass corpus_dir=DIR "
+        f"pointing at a Free Spoken Digit Dataset copy (default {default_fsdd_dir()})"
+    )
+
+
+def scan_fsdd(corpus_dir: Path, limit: int | None = None) -> list[FsddFile]:
+    """Every ``{digit}_{speaker}_{index}.wav``, sorted; ``limit`` keeps takes with index < limit."""
+    files = []
+    for path in sorted(_recordings_dir(corpus_dir).glob("*.wav")):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise ValueError(
+                f"{path}: FSDD file names must look like '{{digit}}_{{speaker}}_{{index}}.wav' (e.g. 7_theo_12.wav); "
+                "move other files out of the recordings directory"
+            )
+        item = FsddFile(path, int(match["digit"]), match["speaker"], int(match["index"]))
+        if limit is None or item.index < limit:
+            files.append(item)
+    return files
+
+
+def _assign(item: FsddFile, test_speakers: set[str], dev_speakers: set[str]) -> str:
+    if item.speaker in test_speakers:
+        return "test"
+    if dev_speakers:
+        return "dev" if item.speaker in dev_speakers else "train"
+    return "dev" if item.index in DEV_TAKES else "train"
+
+
+def _check_speakers(found: set[str], test_speakers: set[str], dev_speakers: set[str]) -> None:
+    for name, chosen in (("test_speakers", test_speakers), ("dev_speakers", dev_speakers)):
+        unknown = chosen - found
+        if unknown:
+            raise ValueError(f"{name} {sorted(unknown)} are not in the corpus; its speakers are {sorted(found)}")
+    if not test_speakers:
+        raise ValueError(f"test_speakers must name at least one speaker of {sorted(found)}")
+    both = test_speakers & dev_speakers
+    if both:
+        raise ValueError(f"speakers {sorted(both)} are in both test_speakers and dev_speakers; pick one split each")
+    if not found - test_speakers - dev_speakers:
+        raise ValueError(
+            f"no training speaker left: corpus speakers {sorted(found)}, test {sorted(test_speakers)}, dev {sorted(dev_speakers)}"
+        )
+
+
+def _cut(item: FsddFile) -> MonoCut:
+    recording = Recording.from_file(item.path, recording_id=item.id).resample(SAMPLE_RATE)
+    supervision = SupervisionSegment(
+        id=item.id,
+        recording_id=item.id,
+        start=0.0,
+        duration=recording.duration,
+        channel=0,
+        text=DIGIT_WORDS[item.digit],
+        language="en",
+        speaker=item.speaker,
+    )
+    return MonoCut(item.id, 0.0, recording.duration, 0, recording=recording, supervisions=[supervision])
+
+
+def prepare_fsdd(
+    corpus_dir: str | Path | None = None,
+    out_dir: str | Path = Path("data/fsdd"),
+    test_speakers: Sequence[str] = ("theo",),
+    dev_speakers: Sequence[str] = (),
+    limit: int | None = None,
+) -> dict[str, CutSet]:
+    """Write ``fsdd_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` to ``out_dir``.
+
+    ``corpus_dir`` defaults to :func:`default_fsdd_dir`. ``limit`` (tests) keeps only takes with
+    index < limit of every digit and speaker. Returns the CutSets by split.
+    """
+    corpus_dir = Path(corpus_dir) if corpus_dir is not None else default_fsdd_dir()
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
+    files = scan_fsdd(corpus_dir, limit)
+    test_set, dev_set = set(test_speakers), set(dev_speakers)
+    _check_speakers({f.speaker for f in files}, test_set, dev_set)
+    by_split: dict[str, list[MonoCut]] = {"train": [], "dev": [], "test": []}
+    for item in files:
+        by_split[_assign(item, test_set, dev_set)].append(_cut(item))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {}
+    for split, cuts in by_split.items():
+        if not cuts:
+            raise ValueError(f"split {split!r} is empty (limit={limit}); raise limit or change the speaker split")
+        cut_set = CutSet.from_cuts(cuts)
+        RecordingSet.from_recordings(c.recording for c in cuts).to_file(
+            manifest_path(out_dir, CORPUS, "recordings", split)
+        )
+        SupervisionSet.from_segments(c.supervisions[0] for c in cuts).to_file(
+            manifest_path(out_dir, CORPUS, "supervisions", split)
+        )
+        cut_set.to_file(manifest_path(out_dir, CORPUS, "cuts", split))
+        result[split] = cut_set
+    return result
+
+
+@dataclass(frozen=True)
+class FsddArgs:
+    out: Path = Path("data/fsdd")
+    corpus_dir: str = ""  # empty: <repo>/../shared/data/fsdd
+    test_speakers: str = "theo"  # comma-separated
+    dev_speakers: str = ""  # comma-separated; empty: takes 0-4 of the training speakers
+    limit: int | None = None
+
+
+USAGE = """\
+usage: python -m usmkit.data.recipes.fsdd [key=value ...]
+
+  out=PATH               output directory (default data/fsdd)
+  corpus_dir=PATH        FSDD copy (default <repo>/../shared/data/fsdd)
+  test_speakers=a,b      held-out test speakers (default theo)
+  dev_speakers=a,b       dev speakers (default none: takes 0-4 of the training speakers)
+  limit=N                keep only takes 0..N-1 of each digit and speaker
+"""
+
+
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in value.split(",") if name.strip())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_key_value_args(FsddArgs, sys.argv[1:] if argv is None else argv, USAGE)
+    cut_sets = prepare_fsdd(
+        corpus_dir=args.corpus_dir or None,
+        out_dir=args.out,
+        test_speakers=_names(args.test_speakers),
+        dev_speakers=_names(args.dev_speakers),
+        limit=args.limit,
+    )
+    print_split_table(f"fsdd manifests in {args.out}", split_rows(cut_sets))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

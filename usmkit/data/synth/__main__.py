@@ -1,0 +1,40 @@
+"""``python -m usmkit.data.synth out=data/synth size=default seed=0 [force=true] [workers=N] [vocab_size=512]``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from usmkit.data.recipes import parse_key_value_args
+from usmkit.data.synth.build import SynthConfig, build_corpus, print_summary
+
+USAGE = """\
+usage: python -m usmkit.data.synth [key=value ...]
+
+Synthesize the embedded multi-voice corpus (espeak-ng; no download) and train its tokenizer.
+
+  out=PATH            output directory (default data/synth)
+  size=default|tiny   default: ~3 h train + dev/test/test_other/test_textonly + 1 h unlabeled + 20k texts;
+                      tiny: a few dozen utterances per split (tests)
+  seed=INT            corpus seed (default 0): same seed, same texts, voices and audio bytes
+  force=true          rebuild even if out/corpus.json shows this seed and size already built
+  workers=INT         synthesis processes (default 0 = all cores)
+  vocab_size=INT      tokenizer pieces incl. 4 specials and 256 byte pieces (default 512)
+  external_engines=false   do not add flite/festival voices even if installed
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    cfg = parse_key_value_args(SynthConfig, sys.argv[1:] if argv is None else argv, USAGE)
+    result = build_corpus(cfg)
+    if result.skipped:
+        print(
+            f"{cfg.out}/corpus.json: the corpus with seed={cfg.seed} size={cfg.size} is already built; "
+            "nothing to do (force=true rebuilds it)"
+        )
+    print_summary(result.summary)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
