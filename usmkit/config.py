@@ -35,7 +35,7 @@ class ModelSection:
     causal_conv: bool = False
     attention_impl: str = "sdpa"
     dropout: float = 0.1
-    overrides: dict[str, Any] = field(default_factory=dict)  # any other ConformerConfig field
+    overrides: dict[str, Any] | None = None  # any other ConformerConfig field, e.g. {d_model: 192}
 
     def build_config(self, input_dim: int) -> ConformerConfig:
         from usmkit.models.presets import preset
@@ -48,7 +48,7 @@ class ModelSection:
             causal_conv=self.causal_conv,
             attention_impl=self.attention_impl,
             dropout=self.dropout,
-            **self.overrides,
+            **(self.overrides or {}),
         )
 
 
