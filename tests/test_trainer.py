@@ -59,7 +59,7 @@ class ToyTask(torch.nn.Module):
     def forward(self, batch):
         y = self.net(batch.features).squeeze(-1)  # (B, T)
         loss = (y - 1).pow(2).mean()
-        return StepOutput(loss=loss, metrics={"ymean": y.mean().detach()}, num_frames=batch.num_frames)
+        return StepOutput(loss=loss, metrics={"ymean": y.mean().detach()})
 
 
 def _trainer(tmp_path, max_steps, loader=None, **kw):

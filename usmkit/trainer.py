@@ -138,7 +138,8 @@ class Trainer:
         self.step_module: torch.nn.Module = self.module
         if self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            self.step_module = DistributedDataParallel(self.module, device_ids=ids)
+            # No BatchNorm anywhere: buffers (e.g. BEST-RQ's frozen codebooks) need no per-step broadcast.
+            self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
         if cfg.compile:
             self.step_module = torch.compile(self.step_module)
         self.step = 0

@@ -106,7 +106,7 @@ class AsrModel(nn.Module):
     def forward(self, batch: Batch) -> StepOutput:
         losses = self.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
         metrics = {name: value.detach() for name, value in losses.items()}
-        return StepOutput(loss=losses["loss"], metrics=metrics, num_frames=batch.num_frames)
+        return StepOutput(loss=losses["loss"], metrics=metrics)
 
     # ----------------------------------------------------------------- inference
     @torch.no_grad()

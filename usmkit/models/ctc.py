@@ -58,11 +58,54 @@ def ctc_loss(
     return loss / B
 
 
-# aten._ctc_loss allocates its alignment table from the *values* of the lengths, which torch.compile
-# cannot trace (a "dynamic shape operator"). Keeping it out of the graph makes that one op eager and
-# lets the encoder and decoder around it compile; the op runs the same fused kernel either way.
-@torch.compiler.disable
+# aten._ctc_loss allocates its alignment table (log_alpha) from the *values* of the target lengths,
+# which torch.compile cannot trace (a "dynamic shape operator": a graph break, so no fullgraph).
+# Wrapping it as a custom op with static output shapes hides that from the tracer: the forward
+# returns only the per-utterance loss (B,), and the backward recomputes log_alpha inside a second
+# custom op (one extra CTC forward, small next to the encoder) instead of saving it.
+@torch.library.custom_op("usmkit::ctc_nll", mutates_args=())
+def ctc_nll(
+    log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
+) -> torch.Tensor:
+    """log_probs (T, B, V) fp32, tokens (B, U) >= 0 -> per-utterance negative log-likelihood (B,)."""
+    nll, _ = torch.ops.aten._ctc_loss(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
+    # zero_infinity: an impossible alignment (too few frames) contributes 0, as F.ctc_loss does.
+    return torch.where(torch.isinf(nll), torch.zeros_like(nll), nll)
+
+
+@ctc_nll.register_fake
+def _(log_probs, tokens, lengths, token_lens):
+    return log_probs.new_empty(log_probs.shape[1])
+
+
+@torch.library.custom_op("usmkit::ctc_nll_backward", mutates_args=())
+def ctc_nll_backward(
+    grad: torch.Tensor, log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
+) -> torch.Tensor:
+    nll, log_alpha = torch.ops.aten._ctc_loss(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
+    return torch.ops.aten._ctc_loss_backward(
+        grad.contiguous(), log_probs, tokens, lengths, token_lens, nll, log_alpha, BLANK_ID, True
+    )
+
+
+@ctc_nll_backward.register_fake
+def _(grad, log_probs, tokens, lengths, token_lens):
+    return torch.empty_like(log_probs)
+
+
+def _ctc_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _ctc_backward(ctx, grad):
+    log_probs, tokens, lengths, token_lens = ctx.saved_tensors
+    return ctc_nll_backward(grad, log_probs, tokens, lengths, token_lens), None, None, None
+
+
+ctc_nll.register_autograd(_ctc_backward, setup_context=_ctc_setup_context)
+
+
 def _ctc_loss_sum(
     log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
-    return F.ctc_loss(log_probs, tokens, lengths, token_lens, blank=BLANK_ID, reduction="sum", zero_infinity=True)
+    return ctc_nll(log_probs, tokens.long(), lengths.long(), token_lens.long()).sum()

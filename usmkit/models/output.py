@@ -11,4 +11,3 @@ import torch
 class StepOutput:
     loss: torch.Tensor  # scalar to backpropagate
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # detached scalars to log (no .item() in the hot path)
-    num_frames: int = 0  # valid input feature frames in the batch, for frames/s

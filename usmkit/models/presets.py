@@ -40,6 +40,11 @@ def base(**overrides: Any) -> ConformerConfig:
     return _build(dict(d_model=512, num_layers=16, num_heads=8), overrides, "base")
 
 
+def large(**overrides: Any) -> ConformerConfig:
+    """16 layers x 1024 dim x 8 heads (head dim 128): 415.8M parameters (USM 0.6B's width, 2/3 its depth)."""
+    return _build(dict(d_model=1024, num_layers=16, num_heads=8), overrides, "large")
+
+
 def usm600m(**overrides: Any) -> ConformerConfig:
     """USM's 0.6B Conformer: 24 layers x 1024 dim x 8 heads (head dim 128), conv kernel 5: 609.0M parameters."""
     return _build(dict(d_model=1024, num_layers=24, num_heads=8), overrides, "usm600m")
@@ -58,6 +63,7 @@ PRESETS: dict[str, Callable[..., ConformerConfig]] = {
     "tiny": tiny,
     "small": small,
     "base": base,
+    "large": large,
     "usm600m": usm600m,
     "usm2b": usm2b,
 }

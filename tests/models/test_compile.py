@@ -1,0 +1,80 @@
+"""Compiled against eager: the CTC custom op, and the whole ASR model under fullgraph=True."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from usmkit.models.asr import AsrHeadConfig, AsrModel
+from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.ctc import ctc_loss
+from usmkit.models.las import LASConfig
+from usmkit.models.presets import tiny
+
+
+def _ctc_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 20, 10, generator=g).requires_grad_()
+    lengths = torch.tensor([20, 15, 4])  # the last one is too short for its 6 tokens: loss 0 (zero_infinity)
+    tokens = torch.randint(1, 10, (3, 6), generator=g)
+    tokens[1, 3:] = -1
+    return x, lengths, tokens, torch.tensor([6, 3, 6])
+
+
+def test_ctc_custom_op_matches_functional_ctc_loss():
+    x, lengths, tokens, token_lens = _ctc_inputs()
+    ours = ctc_loss(x.log_softmax(-1), lengths, tokens, token_lens)
+    ref = F.ctc_loss(x.log_softmax(-1).transpose(0, 1), tokens.clamp(min=0), lengths, token_lens, reduction="sum", zero_infinity=True) / 3
+    (g_ours,) = torch.autograd.grad(ours, x)
+    (g_ref,) = torch.autograd.grad(ref, x)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(g_ours, g_ref)
+    assert torch.isfinite(ours)
+
+
+def test_ctc_custom_op_passes_opcheck():
+    x, lengths, tokens, token_lens = _ctc_inputs()
+    lp = x.detach().log_softmax(-1).transpose(0, 1).contiguous().requires_grad_()
+    torch.library.opcheck(torch.ops.usmkit.ctc_nll.default, (lp, tokens.clamp(min=0), lengths, token_lens))
+
+
+def _model(las: bool) -> AsrModel:
+    torch.manual_seed(0)
+    enc = ConformerEncoder(tiny(d_model=64, num_layers=2, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1))
+    head = AsrHeadConfig(ctc_weight=0.3, las=LASConfig(num_layers=1, num_heads=2, dropout=0.0)) if las else AsrHeadConfig()
+    return AsrModel(enc, vocab_size=40, cfg=head)
+
+
+def _batch(B, T, U, seed):
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(B, T, 80, generator=g)
+    lens = torch.randint(T // 2, T + 1, (B,), generator=g)
+    lens[0] = T
+    tokens = torch.randint(4, 40, (B, U), generator=g)
+    token_lens = torch.randint(1, U + 1, (B,), generator=g)
+    tokens[torch.arange(U)[None, :] >= token_lens[:, None]] = -1
+    return feats, lens, tokens, token_lens
+
+
+@pytest.mark.parametrize("las", [False, True], ids=["ctc", "ctc+las"])
+def test_whole_model_compiles_fullgraph_without_recompiling(las):
+    """No graph break (fullgraph=True) and one graph for three batch shapes (dynamic shapes)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model(las)
+    compiled = torch.compile(model.losses, fullgraph=True, dynamic=True, backend="aot_eager")
+    for B, T, U, seed in ((3, 64, 5, 0), (2, 96, 7, 1), (4, 80, 4, 2)):
+        batch = _batch(B, T, U, seed)
+        model.zero_grad()
+        eager = model.losses(*batch)
+        eager["loss"].backward()
+        g_eager = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        comp = compiled(*batch)
+        comp["loss"].backward()
+        for k in eager:
+            torch.testing.assert_close(comp[k], eager[k], rtol=1e-4, atol=1e-4)
+        for a, b in zip([p.grad for p in model.parameters()], g_eager, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -1,0 +1,201 @@
+"""BEST-RQ self-supervised pre-training (stage 1): predict frozen random-projection codes of masked audio.
+
+Shapes: B batch, T feature frames (10 ms), F feature bins, S stacked frames (4), T2 = T // S target
+frames, T' encoder frames (40 ms, ~T / 4), D encoder dim, N codebooks, K codebook size,
+M masked encoder frames in the batch.
+
+One step (``BestRQModel.forward``):
+
+1. targets: ``RandomProjectionQuantizer`` on the *unmasked* features -> codes (B, T2, N);
+2. masking: spans of ``mask_span_ms`` start at each valid frame with probability ``mask_prob``;
+   masked frames are replaced by N(0, ``noise_std``) noise (``usmkit.ssl.masking``);
+3. the encoder reads the masked features; encoder frame t is "masked" when any of the S input frames
+   of target t is masked;
+4. N softmax heads (one ``Linear(D, N * K)``) predict the codes at the masked frames only; the loss is
+   the cross-entropy averaged over masked frames and codebooks.
+
+The quantizer is stored as persistent buffers (``quantizer.*`` in the state dict) and the heads as
+``heads.*``; only ``encoder.*`` is meant to be carried to later stages (``init_from`` loads that
+prefix), so neither leaks into fine-tuning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from usmkit.data.batch import Batch
+from usmkit.models.output import StepOutput
+from usmkit.ssl.masking import mask_spans, valid_mask
+from usmkit.ssl.quantizer import RandomProjectionQuantizer
+
+__all__ = ["BestRQConfig", "BestRQModel", "RandomProjectionQuantizer", "mask_spans", "code_perplexity"]
+
+_EVAL_MASK_SEED_OFFSET = 1  # eval masks use seed + 1: a stream of their own, apart from the quantizer's
+
+
+@dataclass(frozen=True)
+class BestRQConfig:
+    """BEST-RQ hyper-parameters; defaults are the BEST-RQ / USM paper's (``min_one_span`` is ours).
+
+    ``frame_shift_ms`` must be the feature hop (the recipe ties it to ``data.features.frame_shift_ms``);
+    a span covers ``round(mask_span_ms / frame_shift_ms)`` frames. ``seed`` seeds the quantizer's own
+    generator (and the fixed masks used in eval mode), so targets never depend on the global RNG.
+    """
+
+    num_codebooks: int = 16
+    codebook_size: int = 8192
+    code_dim: int = 16
+    stack_frames: int = 4
+    mask_prob: float = 0.01
+    mask_span_ms: float = 400.0
+    frame_shift_ms: float = 10.0
+    noise_std: float = 0.1
+    min_one_span: bool = True  # an utterance that drew no span gets one, so every utterance adds to the loss
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_codebooks", "codebook_size", "code_dim", "stack_frames"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"BestRQConfig.{name} must be a positive int, got {value!r}")
+        if self.codebook_size < 2:
+            raise ValueError(f"BestRQConfig.codebook_size must be >= 2 codes, got {self.codebook_size}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"BestRQConfig.seed must be a non-negative int, got {self.seed!r}")
+        if not 0.0 < self.mask_prob <= 1.0:
+            raise ValueError(
+                f"BestRQConfig.mask_prob must be in (0, 1] (probability that a frame starts a masked span; "
+                f"BEST-RQ uses 0.01), got {self.mask_prob}"
+            )
+        if self.frame_shift_ms <= 0:
+            raise ValueError(f"BestRQConfig.frame_shift_ms must be > 0 (the feature hop), got {self.frame_shift_ms}")
+        if self.mask_span_ms < self.frame_shift_ms:
+            raise ValueError(
+                f"BestRQConfig.mask_span_ms={self.mask_span_ms} must cover at least one frame "
+                f"(frame_shift_ms={self.frame_shift_ms}); BEST-RQ uses 400 ms"
+            )
+        if self.noise_std < 0:
+            raise ValueError(f"BestRQConfig.noise_std must be >= 0, got {self.noise_std}")
+        if not isinstance(self.min_one_span, bool):
+            raise ValueError(f"BestRQConfig.min_one_span must be true or false, got {self.min_one_span!r}")
+
+    @property
+    def span_frames(self) -> int:
+        """Frames masked from each span start (400 ms / 10 ms = 40)."""
+        return max(1, round(self.mask_span_ms / self.frame_shift_ms))
+
+
+def code_perplexity(codes: torch.Tensor, weights: torch.Tensor, codebook_size: int) -> torch.Tensor:
+    """Per-codebook perplexity ``exp(entropy)`` of the code-usage histogram.
+
+    codes (..., N) int64, weights (...) float (1 = counted, 0 = ignored) -> (N,). It is K when every
+    code is used equally and 1 when one code takes everything (collapse); 1 also when nothing is counted.
+    Histogram by ``index_add_`` into a fixed (N * K) vector (no data-dependent shapes).
+    """
+    N = codes.shape[-1]
+    offsets = torch.arange(N, device=codes.device) * codebook_size  # (N,)
+    flat = (codes + offsets).reshape(-1)  # (... * N,)
+    w = weights.to(torch.float32).unsqueeze(-1).expand(codes.shape).reshape(-1)  # (... * N,)
+    hist = torch.zeros(N * codebook_size, device=codes.device).index_add_(0, flat, w)
+    hist = hist.view(N, codebook_size)  # (N, K)
+    p = hist / hist.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    entropy = -torch.special.xlogy(p, p).sum(dim=-1)  # (N,), 0 * log 0 = 0
+    return entropy.exp()
+
+
+class BestRQModel(nn.Module):
+    """Encoder + frozen quantizer + N softmax heads; ``forward(batch) -> StepOutput``.
+
+    ``encoder``: ``forward(features (B, T, F), lengths (B,)) -> (enc (B, T', D), enc_lens (B,))`` with
+    an ``output_dim`` property (``ConformerEncoder``); T' may be shorter than T // S by a frame or so,
+    the two are aligned on their common prefix.
+
+    Logits are computed only at the M masked encoder frames (gathered first): with the defaults
+    (N * K = 131072 outputs) a dense (B, T', N * K) tensor would not fit. The gather has a
+    data-dependent size M, which ``torch.compile`` handles as a dynamic shape (or a graph break);
+    ``forward`` has no data-dependent Python branch.
+
+    Every non-empty utterance gets at least one span (``cfg.min_one_span``); a batch that still has no
+    masked encoder frame (``min_one_span=False``, or utterances too short for the encoder) gives loss 0
+    with zero gradients, not NaN: the mean over masked frames divides by ``max(M, 1)``.
+
+    In eval mode the masks and noise come from a generator of the module's own, restarted from
+    ``cfg.seed + 1`` at every switch between train and eval mode: one dev pass draws different masks
+    for its batches, every dev pass draws the same ones (the dev loss is comparable across evaluations),
+    and evaluation takes nothing from the global RNG (which resume restores).
+    """
+
+    def __init__(self, encoder: nn.Module, cfg: BestRQConfig, input_dim: int) -> None:
+        super().__init__()
+        if not isinstance(cfg, BestRQConfig):
+            raise TypeError(f"BestRQModel needs a BestRQConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.encoder = encoder
+        self.quantizer = RandomProjectionQuantizer(input_dim, cfg)
+        self.heads = nn.Linear(encoder.output_dim, cfg.num_codebooks * cfg.codebook_size)
+        self._eval_generator: torch.Generator | None = None
+
+    def train(self, mode: bool = True) -> BestRQModel:
+        self._eval_generator = None  # the next eval pass restarts its masks from cfg.seed + 1
+        return super().train(mode)
+
+    def _mask_generator(self, device: torch.device) -> torch.Generator | None:
+        """None (the global RNG) in training; the module's eval-pass generator in eval mode."""
+        if self.training:
+            return None
+        if self._eval_generator is None or self._eval_generator.device != device:
+            self._eval_generator = torch.Generator(device=device).manual_seed(self.cfg.seed + _EVAL_MASK_SEED_OFFSET)
+        return self._eval_generator
+
+    def mask_features(
+        self, features: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> (masked features (B, T, F), mask (B, T) bool).
+
+        Masked valid frames are replaced by N(0, noise_std) noise; padding stays as it was.
+        """
+        mask = mask_spans(lengths, features.shape[1], self.cfg, generator)  # (B, T)
+        noise = torch.randn(features.shape, generator=generator, device=features.device, dtype=features.dtype)
+        return torch.where(mask.unsqueeze(-1), noise * self.cfg.noise_std, features), mask
+
+    def forward(self, batch: Batch) -> StepOutput:
+        cfg = self.cfg
+        N, K, S = cfg.num_codebooks, cfg.codebook_size, cfg.stack_frames
+        features, lengths = batch.features, batch.feature_lens
+        B, T, _ = features.shape
+
+        codes, target_lens = self.quantizer.targets(features, lengths)  # (B, T2, N), (B,)
+        generator = self._mask_generator(features.device)
+        masked_features, mask = self.mask_features(features, lengths, generator)  # (B, T, F), (B, T)
+        enc, enc_lens = self.encoder(masked_features, lengths)  # (B, T', D), (B,)
+
+        T2 = T // S
+        Tc = min(enc.shape[1], T2)  # common prefix of encoder and target frames (static ints)
+        frame_masked = mask[:, : T2 * S].reshape(B, T2, S).any(dim=-1)[:, :Tc]  # (B, Tc)
+        frame_valid = valid_mask(torch.minimum(enc_lens, target_lens), Tc)  # (B, Tc)
+        selected = frame_masked & frame_valid  # (B, Tc)
+        codes = codes[:, :Tc]  # (B, Tc, N)
+
+        hidden = enc[:, :Tc][selected]  # (M, D)
+        targets = codes[selected]  # (M, N)
+        logits = self.heads(hidden).view(-1, N, K).float()  # (M, N, K)
+        ce = F.cross_entropy(logits.reshape(-1, K), targets.reshape(-1), reduction="none").view(-1, N)  # (M, N)
+        num_masked = selected.sum().clamp(min=1).to(torch.float32)
+        loss = ce.sum() / (num_masked * N)
+
+        with torch.no_grad():
+            predictions = logits.argmax(dim=-1)  # (M, N)
+            acc = (predictions == targets).to(torch.float32).sum(dim=0) / num_masked  # (N,)
+            target_ppl = code_perplexity(codes, frame_valid, K)  # (N,)
+            pred_ppl = code_perplexity(predictions, torch.ones(predictions.shape[0], device=features.device), K)
+            input_valid = valid_mask(lengths, T)  # (B, T)
+            mask_frac = mask.sum().to(torch.float32) / input_valid.sum().clamp(min=1).to(torch.float32)
+        metrics = {"loss": loss.detach(), "acc_mean": acc.mean(), "perplexity_mean": target_ppl.mean()}
+        metrics |= {f"acc_cb{i}": acc[i] for i in range(N)}
+        metrics |= {f"perplexity_cb{i}": target_ppl[i] for i in range(N)}
+        metrics |= {"pred_perplexity_mean": pred_ppl.mean(), "mask_frac": mask_frac}
+        return StepOutput(loss=loss, metrics=metrics)
