@@ -1,0 +1,106 @@
+"""Baseline WER on this CPU: tiny CTC models trained on the embedded corpus and on FSDD.
+
+    python bench/baseline_wer.py synth   # needs data/synth (python -m usmkit.data.synth out=data/synth)
+    python bench/baseline_wer.py fsdd    # builds data/fsdd from ../shared/data/fsdd (theo held out)
+    python bench/baseline_wer.py plot    # training curves of both runs -> bench/results/baseline_curves.png
+
+Each run trains with the command recorded in the JSON, times it, evaluates the held-out voices /
+speaker, and merges its entry into bench/results/baseline_wer.json.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results" / "baseline_wer.json"
+
+RUNS = {
+    "synth": {
+        "key": "synth_test",
+        "exp": "exp/baseline_synth",
+        "train": [
+            "recipe=stage3_ctc", "model=tiny", "data=synth", "data.manifest_dir=data/synth",
+            "trainer.max_steps=450", "optim.lr=2e-3", "optim.warmup_steps=60",
+            "data.spec_augment.time_masks=2", "data.spec_augment.freq_width=15",
+            "trainer.eval_every=150", "trainer.save_every=150", "trainer.dev_max_batches=4", "data.num_workers=1",
+        ],
+        "test_sets": ["test", "test_other", "dev"],
+        "main_set": "test",
+        "main_language": "en",
+    },
+    "fsdd": {
+        "key": "fsdd_heldout_speaker",
+        "exp": "exp/baseline_fsdd",
+        "prepare": [sys.executable, "-m", "usmkit.data.recipes.fsdd", "out=data/fsdd", "test_speakers=theo"],
+        "train": [
+            "recipe=stage3_ctc", "model=tiny", "data=fsdd", "data.manifest_dir=data/fsdd",
+            "trainer.max_steps=400", "optim.lr=2e-3", "optim.warmup_steps=60", "data.max_duration=60",
+            "data.spec_augment.time_masks=2", "data.spec_augment.freq_width=15",
+            "trainer.eval_every=100", "trainer.save_every=100", "data.num_workers=1",
+        ],
+        "test_sets": ["test"],
+        "main_set": "test",
+        "main_language": None,
+    },
+}
+
+
+def sh(cmd: list[str]) -> None:
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True)
+
+
+def run(name: str) -> None:
+    spec = RUNS[name]
+    if "prepare" in spec:
+        sh(spec["prepare"])
+    train = [sys.executable, "-m", "usmkit.train", *spec["train"], f"trainer.exp_dir={spec['exp']}"]
+    start = time.perf_counter()
+    sh(train)
+    minutes = (time.perf_counter() - start) / 60
+    out_json = REPO / spec["exp"] / "eval_baseline.json"
+    sh([sys.executable, "-m", "usmkit.evaluate", f"checkpoint={spec['exp']}",
+        f"test_sets=[{','.join(spec['test_sets'])}]", f"output={out_json}"])  # fmt: skip
+    ev = json.loads(out_json.read_text())
+    main = ev["sets"][spec["main_set"]]
+    entry = {
+        "wer": main["wer"],
+        "cer": main["cer"],
+        "model": "tiny",
+        "train_minutes": round(minutes, 1),
+        "command": "python -m usmkit.train " + shlex.join(train[3:]),
+        "eval_command": f"python -m usmkit.evaluate checkpoint={spec['exp']} test_sets=[{','.join(spec['test_sets'])}]",
+        "sets": {k: {m: v[m] for m in ("wer", "cer", "utterances", "rtf")} for k, v in ev["sets"].items()},
+    }
+    if spec["main_language"]:
+        per_lang = main.get("per_language", {})
+        entry["per_language"] = {k: {"wer": v["wer"], "cer": v["cer"], "utterances": v["utterances"]} for k, v in per_lang.items()}
+        entry["wer_" + spec["main_language"]] = per_lang[spec["main_language"]]["wer"]
+    entry["machine"] = f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
+    entry["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    results[spec["key"]] = entry
+    RESULTS.write_text(json.dumps(results, indent=2))
+    print(json.dumps({spec["key"]: {k: entry[k] for k in entry if k != "sets"}}, indent=2))
+
+
+def plot() -> None:
+    sys.path.insert(0, str(REPO))
+    from usmkit.plots import plot_training_curves
+
+    runs = {n: REPO / s["exp"] / "metrics.jsonl" for n, s in RUNS.items() if (REPO / s["exp"] / "metrics.jsonl").is_file()}
+    print(plot_training_curves(runs, REPO / "bench" / "results" / "baseline_curves.png", "tiny CTC baselines (CPU)"))
+
+
+if __name__ == "__main__":
+    what = sys.argv[1:] or ["synth", "fsdd", "plot"]
+    for w in what:
+        plot() if w == "plot" else run(w)

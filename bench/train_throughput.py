@@ -1,0 +1,215 @@
+"""Training-step throughput on the GPU: eager vs compiled vs compiled + Triton attention, against
+torchaudio's Conformer of the same width and depth (same conv front end and CTC head, compiled).
+
+    PYTHONPATH=. python bench/train_throughput.py [--sizes base,large] [--steps 12] [--json OUT]
+
+One step = forward, CTC loss, backward and a fused AdamW update, bf16 autocast with fp32 weights.
+Frames are encoder frames (40 ms). MFU = 6 x parameters x frames / step time / peak, with the peak
+both the datasheet's dense bf16 rate (989 TFLOP/s, H100/H200 SXM) and a bf16 matmul measured here.
+``static`` compiles for one fixed shape (what bucketed padding to a few lengths gives: one compile
+per bucket); ``dynamic`` compiles once with symbolic batch and time (``dynamic=True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from usmkit.models.conformer import ConformerEncoder  # noqa: E402
+from usmkit.models.ctc import CTCHead, ctc_loss  # noqa: E402
+from usmkit.models.presets import preset  # noqa: E402
+from usmkit.models.subsampling import Conv2dSubsampling, output_lengths  # noqa: E402
+
+SHAPES = {  # size -> (B, T encoder frames); the issue's reference shapes
+    "base": (32, 512),
+    "large": (16, 768),
+}
+DATASHEET_BF16 = 989e12
+VOCAB = 512
+
+
+class OursCTC(torch.nn.Module):
+    def __init__(self, size: str, impl: str, chunk: int | None):
+        super().__init__()
+        self.encoder = ConformerEncoder(preset(size, attention_impl=impl, chunk_size=chunk, left_chunks=0, dropout=0.0))
+        self.head = CTCHead(self.encoder.output_dim, VOCAB)
+
+    def forward(self, feats, lens, tokens, token_lens):
+        enc, enc_lens = self.encoder(feats, lens)
+        return ctc_loss(self.head(enc), enc_lens, tokens, token_lens)
+
+
+class TorchaudioCTC(torch.nn.Module):
+    """torchaudio.models.Conformer between the same conv subsampling and CTC head as ours."""
+
+    def __init__(self, size: str):
+        super().__init__()
+        import torchaudio
+
+        cfg = preset(size)
+        self.subsampling = Conv2dSubsampling(cfg.input_dim, cfg.conv_channels, cfg.d_model, 0.0)
+        self.conformer = torchaudio.models.Conformer(
+            input_dim=cfg.d_model,
+            num_heads=cfg.num_heads,
+            ffn_dim=cfg.ff_mult * cfg.d_model,
+            num_layers=cfg.num_layers,
+            depthwise_conv_kernel_size=cfg.conv_kernel,
+            dropout=0.0,
+        )
+        self.head = CTCHead(cfg.d_model, VOCAB)
+
+    def forward(self, feats, lens, tokens, token_lens):
+        x, x_lens = self.subsampling(feats, lens)
+        x, x_lens = self.conformer(x, x_lens)
+        return ctc_loss(self.head(x), x_lens, tokens, token_lens)
+
+
+def make_batch(B: int, T: int, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n_feat = 4 * T + 3  # -> exactly T encoder frames
+    feats = torch.randn(B, n_feat, 80, generator=g)
+    lens = torch.full((B,), n_feat, dtype=torch.long)
+    assert int(output_lengths(lens)[0]) == T
+    U = T // 4
+    tokens = torch.randint(4, VOCAB, (B, U), generator=g)
+    token_lens = torch.full((B,), U, dtype=torch.long)
+    return [t.to(device) for t in (feats, lens, tokens, token_lens)]
+
+
+def measure_peak(device) -> float:
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return 2 * 8192**3 / statistics.median(times)
+
+
+def time_steps(model, batch, steps: int, compile_mode: str | None) -> dict:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    fn = model
+    if compile_mode == "static":
+        fn = torch.compile(model, dynamic=False)
+    elif compile_mode == "dynamic":
+        fn = torch.compile(model, dynamic=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = fn(*batch)
+        loss.backward()
+        opt.step()
+        return loss
+
+    t0 = time.perf_counter()
+    for _ in range(3):
+        loss = step()
+    torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        step()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return {
+        "step_ms": statistics.median(times),
+        "step_ms_min": min(times),
+        "warmup_s": round(warmup_s, 1),
+        "loss_finite": bool(torch.isfinite(loss).item()),
+        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="base,large")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--chunk", type=int, default=128, help="encoder-frame chunk of our model (left_chunks=0)")
+    ap.add_argument("--variants", default="eager,static,dynamic,triton,ta_eager,ta_static")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "train_throughput.json"))
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    peak = measure_peak(device)
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "command": "PYTHONPATH=. python bench/train_throughput.py " + " ".join(sys.argv[1:]),
+        "measured_bf16_matmul_tflops": round(peak / 1e12, 1),
+        "chunk_size": args.chunk,
+        "sizes": {},
+    }
+    variants = args.variants.split(",")
+    for size in args.sizes.split(","):
+        B, T = SHAPES[size]
+        batch = make_batch(B, T, device)
+        frames = B * T
+        entry = {"B": B, "T": T, "frames_per_step": frames, "variants": {}}
+        result["sizes"][size] = entry
+        for v in variants:
+            torch.manual_seed(0)
+            torch._dynamo.reset()
+            torch.cuda.reset_peak_memory_stats()
+            try:
+                if v.startswith("ta_"):
+                    model = TorchaudioCTC(size).to(device)
+                    mode = v[3:] if v != "ta_eager" else None
+                else:
+                    impl = "triton" if v == "triton" else "sdpa"
+                    model = OursCTC(size, impl, args.chunk).to(device)
+                    mode = {"eager": None, "static": "static", "dynamic": "dynamic", "triton": "static"}[v]
+                params = sum(p.numel() for p in model.parameters())
+                r = time_steps(model, batch, args.steps, mode)
+                r["params_M"] = round(params / 1e6, 1)
+                r["frames_per_s"] = round(frames / (r["step_ms"] / 1e3))
+                flops = 6 * params * frames
+                r["mfu_datasheet"] = round(flops / (r["step_ms"] / 1e3) / DATASHEET_BF16, 3)
+                r["mfu_measured_peak"] = round(flops / (r["step_ms"] / 1e3) / peak, 3)
+            except Exception as e:  # record and go on: one failing variant must not lose the others
+                r = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+            entry["variants"][v] = r
+            del model
+            torch.cuda.empty_cache()
+            print(f"{size:6s} {v:10s} {json.dumps(r)}", flush=True)
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result, indent=2))
+        ok = entry["variants"]
+        if "ta_static" in ok and "step_ms" in ok["ta_static"]:
+            best = min((ok[v]["step_ms"], v) for v in ("static", "dynamic", "triton") if "step_ms" in ok.get(v, {}))
+            entry["best_ours"] = best[1]
+            entry["speedup_vs_torchaudio_compiled"] = round(ok["ta_static"]["step_ms"] / best[0], 2)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    print(f"\n{'size':6s} {'variant':10s} {'ms/step':>9s} {'frames/s':>10s} {'MFU(989)':>9s} {'MFU(meas)':>9s}")
+    for size, entry in result["sizes"].items():
+        for v, r in entry["variants"].items():
+            if "step_ms" in r:
+                print(f"{size:6s} {v:10s} {r['step_ms']:9.1f} {r['frames_per_s']:10d} {r['mfu_datasheet']:9.3f} {r['mfu_measured_peak']:9.3f}")
+            else:
+                print(f"{size:6s} {v:10s} {r['error'][:60]}")
+        if "speedup_vs_torchaudio_compiled" in entry:
+            print(f"{size}: best ours ({entry['best_ours']}) is {entry['speedup_vs_torchaudio_compiled']}x torchaudio compiled")
+
+
+if __name__ == "__main__":
+    main()
