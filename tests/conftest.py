@@ -1,6 +1,8 @@
 import os
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see usmkit/__init__.py: spinning OpenMP threads stall a shared CPU
+
+import torch  # noqa: E402
 
 # Triton kernels run on the CPU under the interpreter (slow but exact); it must be set before any
 # @triton.jit function is defined.
