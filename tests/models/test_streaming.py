@@ -1,0 +1,159 @@
+"""The streaming encoder: chunk-by-chunk output equals the full forward under the same chunk mask."""
+
+import pytest
+import torch
+
+from usmkit.models.config import ConformerConfig
+from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.presets import tiny
+from usmkit.models.streaming import (
+    FEATURE_CONTEXT,
+    NotStreamableError,
+    StreamingEncoder,
+    check_streamable,
+    init_state,
+    stream_step,
+)
+from usmkit.models.subsampling import output_lengths
+
+F_BINS = 16
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Chunks of a few frames are too small to share out over threads: one is fastest (and steady under load)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _encoder(**overrides) -> ConformerEncoder:
+    args = dict(
+        input_dim=F_BINS,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        subsampling_channels=8,
+        dropout=0.0,
+        causal_conv=True,
+        chunk_size=4,
+        left_chunks=2,
+    )
+    torch.manual_seed(0)
+    return ConformerEncoder(ConformerConfig(**{**args, **overrides})).eval()
+
+
+def _features(B, T, F=F_BINS, seed=1):
+    return torch.randn(B, T, F, generator=torch.Generator().manual_seed(seed))
+
+
+def _stream(streamer: StreamingEncoder, feats: torch.Tensor, seed: int) -> torch.Tensor:
+    """Feed feats (B, T, F) in random pieces of 1..12 frames, then flush; returns (B, T', D)."""
+    g = torch.Generator().manual_seed(seed)
+    outs, i = [], 0
+    while i < feats.shape[1]:
+        n = int(torch.randint(1, 13, (1,), generator=g))
+        outs.append(streamer.accept(feats[:, i : i + n]))
+        i += n
+    outs.append(streamer.flush())
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize(
+    "chunk_size,left_chunks,conv_kernel",
+    [(1, 3, 5), (2, 1, 5), (3, 0, 3), (4, 2, 5), (5, 4, 4), (8, 1, 5)],
+)
+@pytest.mark.parametrize("T", [7, 33, 101])  # 101: not 3 + a multiple of 4 x chunk for any chunk here
+def test_chunk_by_chunk_equals_full_forward(chunk_size, left_chunks, conv_kernel, T):
+    enc = _encoder(chunk_size=chunk_size, left_chunks=left_chunks, conv_kernel=conv_kernel)
+    feats = _features(2, T)
+    full, lens = enc(feats, torch.tensor([T, T]))
+    streamed = _stream(StreamingEncoder(enc), feats, seed=T)
+    assert streamed.shape == full.shape == (2, int(output_lengths(torch.tensor(T))), 32)
+    torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+
+
+def test_tiny_preset_streaming_config_matches_full_forward():
+    torch.manual_seed(0)
+    enc = ConformerEncoder(tiny(causal_conv=True, chunk_size=4, left_chunks=2, dropout=0.0)).eval()
+    feats = _features(1, 150, F=80)
+    full, _ = enc(feats, torch.tensor([150]))
+    torch.testing.assert_close(_stream(StreamingEncoder(enc), feats, seed=0), full, atol=1e-5, rtol=1e-5)
+
+
+def test_state_has_fixed_shapes_and_rolls_the_cache():
+    enc = _encoder(chunk_size=3, left_chunks=2, conv_kernel=5)
+    feats = _features(2, 3 + 12 * 5)
+    state = init_state(enc, feats[:, :FEATURE_CONTEXT])
+    L, H, Dh, D = 2, 2, 16, 32
+    shapes = (state.kv.shape, state.conv_tail.shape, state.feat_ctx.shape)
+    assert shapes == ((L, 2, 2, H, 2 * 3, Dh), (L, 2, 4, D), (2, FEATURE_CONTEXT, F_BINS))
+    for i in range(5):
+        chunk = feats[:, FEATURE_CONTEXT + 12 * i : FEATURE_CONTEXT + 12 * (i + 1)]
+        prev = state
+        out, out_lens, state = stream_step(enc, chunk, state)
+        assert out.shape == (2, 3, D) and out_lens.tolist() == [3, 3]
+        assert (state.kv.shape, state.conv_tail.shape, state.feat_ctx.shape) == shapes
+        assert int(state.offset) == 3 * (i + 1) and int(state.cached) == min(3 * (i + 1), 6)
+        # Rolling: the newer half of the old cache is now the older half.
+        torch.testing.assert_close(state.kv[..., :3, :], prev.kv[..., 3:, :])
+
+
+def test_rows_ending_in_different_chunks_match_the_padded_batch():
+    """The low-level API with per-row lengths: each row's last chunk is partial, then the row is padding."""
+    enc = _encoder(chunk_size=2, left_chunks=1)
+    lengths = torch.tensor([45, 30])
+    feats = _features(2, 45)
+    feats[1, 30:] = 0.0
+    full, full_lens = enc(feats, lengths)
+    state = init_state(enc, feats[:, :FEATURE_CONTEXT])
+    outs, i = [], FEATURE_CONTEXT
+    while i < 45:
+        chunk = torch.nn.functional.pad(feats[:, i : i + 8], (0, 0, 0, 8 - feats[:, i : i + 8].shape[1]))
+        out, _, state = stream_step(enc, chunk, state, (lengths - i).clamp(0, 8))
+        outs.append(out)
+        i += 8
+    streamed = torch.cat(outs, dim=1)
+    for b, n in enumerate(full_lens.tolist()):
+        torch.testing.assert_close(streamed[b, :n], full[b, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_unbounded_history_is_refused_unless_capped_explicitly():
+    enc = _encoder(chunk_size=3, left_chunks=-1)
+    with pytest.raises(NotStreamableError, match="left_chunks=-1"):
+        StreamingEncoder(enc)
+    feats = _features(1, 80)
+    capped, _ = enc(feats, torch.tensor([80]), chunk_size=3, left_chunks=2)  # the approximation, as a mask
+    torch.testing.assert_close(
+        _stream(StreamingEncoder(enc, left_chunks=2), feats, seed=3), capped, atol=1e-5, rtol=1e-5
+    )
+
+
+def test_non_streaming_encoders_are_refused_with_the_reason():
+    with pytest.raises(NotStreamableError, match="not causal"):
+        check_streamable(_encoder(causal_conv=False).cfg)
+    with pytest.raises(NotStreamableError, match="full attention"):
+        check_streamable(_encoder(chunk_size=None).cfg)
+    assert check_streamable(_encoder().cfg) == (4, 2)
+    assert check_streamable(_encoder().cfg, chunk_size=6, left_chunks=0) == (6, 0)
+
+
+def test_bad_chunk_shapes_raise():
+    enc = _encoder()
+    state = init_state(enc, _features(1, FEATURE_CONTEXT))
+    with pytest.raises(ValueError, match="4 x chunk_size = 16"):
+        stream_step(enc, _features(1, 15), state)
+    with pytest.raises(ValueError, match=r"first \(B, 3, 16\)"):
+        init_state(enc, _features(1, 4))
+
+
+def test_short_streams():
+    enc = _encoder()
+    s = StreamingEncoder(enc)
+    assert s.accept(_features(1, 2)).shape == (1, 0, 32)
+    assert s.flush().shape == (1, 0, 32)  # 2 frames: less than the subsampling's 7
+    s.reset()
+    feats = _features(1, 7)
+    out = torch.cat([s.accept(feats), s.flush()], dim=1)
+    torch.testing.assert_close(out, enc(feats, torch.tensor([7]))[0], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,148 @@
+"""Incremental log-mel features: the frames lhotse's ``Fbank`` computes offline, as the samples arrive.
+
+Shapes: N samples, t feature frames (10 ms hop), F mel bins.
+
+The offline extractor (``usmkit.data.features.fbank_extractor``, lhotse, ``snip_edges=False``) pads
+the signal by reflection, ``(L - S) // 2`` samples at the start (L window, S shift, in samples) and
+up to the frame count ``(N + S // 2) // S`` at the end, then cuts frames every S samples. Every
+frame depends only on its own window, so the frames can be computed as soon as their window is
+complete. lhotse's ``Wav2LogFilterBank.online_inference`` does exactly that (the same module and
+arithmetic as the offline path, including the start reflection); what it leaves out is the end
+reflection, which ``flush`` adds. Thus ``accept`` + ``flush`` frames equal the offline frames.
+
+Then the global mean/variance normalization the model was trained with (``FeatureStats``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from usmkit.data.config import FeatureConfig
+from usmkit.data.features import fbank_extractor
+from usmkit.data.normalize import STATS_FILE, FeatureStats
+
+
+class StatsNotFoundError(FileNotFoundError):
+    """No ``feature_stats.safetensors`` where the checkpoint's training run would have left one."""
+
+
+def find_feature_stats(ckpt_path: str | Path, manifest_dir: str | Path) -> Path:
+    """The normalization stats of a checkpoint: ``<exp_dir>/feature_stats.safetensors`` (exp_dir = the
+    checkpoint's grandparent, ``<exp_dir>/checkpoints/step-N``), else ``<manifest_dir>/feature_stats.safetensors``."""
+    candidates = [Path(ckpt_path).parent.parent / STATS_FILE, Path(manifest_dir) / STATS_FILE]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise StatsNotFoundError(
+        f"no feature normalization stats for checkpoint {ckpt_path}: looked for {candidates[0]} and "
+        f"{candidates[1]}; copy the training run's {STATS_FILE} next to the checkpoints (into the experiment "
+        "directory) or run from the directory the model was trained in"
+    )
+
+
+def load_feature_stats(path: str | Path, cfg: FeatureConfig) -> FeatureStats:
+    """``FeatureStats`` from ``path``, checked against the feature config's number of mel bins."""
+    try:
+        stats = FeatureStats.load(path)
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise ValueError(f"cannot read feature stats {path}: {e}") from e
+    if stats.num_bins != cfg.num_mel_bins:
+        raise ValueError(
+            f"feature stats {path} have {stats.num_bins} bins but the model's features have {cfg.num_mel_bins} "
+            "mel bins; use the stats of the run that trained this checkpoint"
+        )
+    return stats
+
+
+class StreamingFbank:
+    """Samples in (float in [-1, 1], at ``cfg.sample_rate``), in blocks of any size; feature frames out.
+
+    ``accept`` returns the frames whose window is complete, ``flush`` the last ones (they need the
+    end of the signal). Buffers fewer than L + S samples. With ``stats`` the frames are normalized.
+
+    >>> cfg = FeatureConfig()
+    >>> x = torch.randn(16000) * 0.1
+    >>> fb = StreamingFbank(cfg)
+    >>> frames = torch.cat([fb.accept(b) for b in x.split(1234)] + [fb.flush()])
+    >>> offline = torch.as_tensor(fbank_extractor(cfg).extract(x.numpy(), 16000))
+    >>> frames.shape == offline.shape and torch.allclose(frames, offline, atol=1e-4)
+    True
+    """
+
+    def __init__(self, cfg: FeatureConfig, stats: FeatureStats | None = None) -> None:
+        if stats is not None and stats.num_bins != cfg.num_mel_bins:
+            raise ValueError(f"stats have {stats.num_bins} bins, the feature config {cfg.num_mel_bins}")
+        self.cfg = cfg
+        self.stats = stats
+        self._fbank = fbank_extractor(cfg)
+        # Window and shift in samples, rounded as lhotse's Wav2Win rounds them.
+        self.window = int(math.floor(cfg.frame_length_ms / 1000.0 * cfg.sample_rate))
+        self.shift = int(math.floor(cfg.frame_shift_ms / 1000.0 * cfg.sample_rate))
+        self.reset()
+
+    def reset(self) -> None:
+        self.num_samples = 0  # samples accepted so far
+        self.num_frames = 0  # frames returned so far
+        self._started = False  # online_inference has consumed the start (and its reflection)
+        self._buffer = torch.zeros(1, 0)  # (1, n): before the start, all samples; after, lhotse's remainder
+        self._tail = torch.zeros(0)  # the last `window` samples of the signal, for the end reflection
+
+    def _finish(self, frames: torch.Tensor) -> torch.Tensor:
+        """(t, F) raw log-mel -> normalized (t, F); counts them."""
+        self.num_frames += frames.shape[0]
+        if self.stats is None:
+            return frames
+        return (frames - self.stats.mean) / self.stats.std
+
+    def _empty(self) -> torch.Tensor:
+        return torch.zeros(0, self.cfg.num_mel_bins)
+
+    def accept(self, samples: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """samples (N,) -> the (t, F) frames completed by them (t may be 0)."""
+        x = torch.as_tensor(samples, dtype=torch.float32)
+        if x.dim() != 1:
+            raise ValueError(f"samples must be one channel (N,), got shape {tuple(x.shape)}")
+        if x.numel() == 0:
+            return self._empty()
+        self.num_samples += x.numel()
+        self._tail = torch.cat([self._tail, x])[-self.window :]
+        if not self._started:
+            self._buffer = torch.cat([self._buffer, x[None]], dim=1)  # (1, n)
+            if self._buffer.shape[1] < self.window:  # the start reflection and the first window need this much
+                return self._empty()
+            x, context = self._buffer, None
+            self._started = True
+        else:
+            x, context = x[None], self._buffer  # (1, N), (1, n)
+            if self._new_frames(context.shape[1] + x.shape[1]) == 0:  # lhotse fails on zero frames
+                self._buffer = torch.cat([context, x], dim=1)
+                return self._empty()
+        with torch.no_grad():
+            frames, self._buffer = self._fbank.extractor.online_inference(x, context)  # (1, t, F), (1, n)
+        return self._finish(frames[0])
+
+    def _new_frames(self, buffered: int) -> int:
+        """Frames ``online_inference`` cuts from ``buffered`` samples (after the start)."""
+        return max(0, (buffered - (self.window - self.shift)) // self.shift)
+
+    def flush(self) -> torch.Tensor:
+        """The last frames (t, F): those whose window reaches into the end reflection; ``reset()`` before a new stream."""
+        total = (self.num_samples + self.shift // 2) // self.shift  # lhotse's frame count for the whole signal
+        if not self._started:
+            # Shorter than one window (25 ms): lhotse's reflection would read past the signal; no frames.
+            return self._empty()
+        else:
+            pad_left = (self.window - self.shift) // 2
+            pad_right = (total - 1) * self.shift + self.window - self.num_samples - pad_left
+            frames = self._empty()
+            if pad_right > 0 and self._new_frames(self._buffer.shape[1] + pad_right) > 0:
+                reflection = torch.flip(self._tail[-pad_right:], (0,))  # as lhotse's _get_strided_batch pads
+                with torch.no_grad():
+                    frames, _ = self._fbank.extractor.online_inference(reflection[None], self._buffer)
+                frames = frames[0]
+            out = self._finish(frames[: total - self.num_frames])
+        return out
