@@ -121,3 +121,20 @@ def test_speed_perturbation_changes_length(audio_corpus):
     torch.testing.assert_close(slow, plain / 0.9, atol=2.0, rtol=0)
     torch.testing.assert_close(fast, plain / 1.1, atol=2.0, rtol=0)
     assert AsrDataset(ON_THE_FLY, speed_perturb=(1.1,))[cuts].cut_ids == [c.id for c in cuts]
+
+
+def test_random_gain_is_a_per_utterance_log_offset():
+    import math
+
+    import torch
+
+    from usmkit.data.augment import random_gain
+
+    torch.manual_seed(0)
+    feats = torch.randn(4, 10, 80)
+    out = random_gain(feats, max_db=20.0)
+    shift = out - feats  # (B, T, F): one constant per utterance
+    assert torch.allclose(shift, shift[:, :1, :1].expand_as(shift))
+    assert shift.abs().max() <= 20 * math.log(10) / 10 + 1e-6
+    assert shift[:, 0, 0].unique().numel() == 4
+    assert torch.equal(random_gain(feats, 0.0), feats)

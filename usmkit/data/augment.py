@@ -5,6 +5,8 @@ Shapes: B batch, T frames, F mel bins, L valid frames of one utterance.
 
 from __future__ import annotations
 
+import math
+
 import random
 
 import torch
@@ -63,3 +65,17 @@ def speed_perturbation(factors: tuple[float, ...], seed: int) -> PerturbSpeed | 
     # PerturbSpeed applies a factor with probability p, picked among ``changing``; p = share of the
     # non-identity factors gives each factor in ``factors`` (1.0 included) the same chance.
     return PerturbSpeed(factors=changing, p=len(changing) / len(factors), randgen=random.Random(seed), preserve_id=True)
+
+
+def random_gain(features: torch.Tensor, max_db: float) -> torch.Tensor:
+    """Each utterance's loudness changed by a uniform random gain in [-max_db, +max_db] dB.
+
+    On log-mel power features a waveform gain of g dB is exactly an added constant g * ln(10) / 10
+    (up to the energy floor), so this works on stored features too. Speakers recorded far quieter
+    or louder than the training set are otherwise out of distribution after global normalization
+    (FSDD's speaker theo is ~20 dB below the others). features (B, T, F) unnormalized log-mel.
+    """
+    if max_db <= 0:
+        return features
+    gain_db = (torch.rand(features.shape[0]) * 2 - 1) * max_db  # (B,)
+    return features + (gain_db * math.log(10) / 10)[:, None, None].to(features.dtype)

@@ -84,6 +84,8 @@ class DataConfig:
       (every language repeats), so training is counted in steps, not epochs.
     - ``labeled_fraction``: keep this fraction of the labeled training cuts (low-label studies);
       the subset is deterministic by seed and nested (10% is inside 20%).
+    - ``gain_db``: training utterances get a random loudness change in [-gain_db, +gain_db] dB
+      (applied to the log-mel features; 0 disables), for speakers recorded at other levels.
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
@@ -98,6 +100,7 @@ class DataConfig:
     shuffle: bool = True
     num_workers: int = 1
     speed_perturb: tuple[float, ...] = ()
+    gain_db: float = 0.0
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
     features: FeatureConfig = field(default_factory=FeatureConfig)
@@ -119,6 +122,8 @@ class DataConfig:
                 f"DataConfig.speed_perturb={self.speed_perturb} changes the waveform, so it needs on-the-fly "
                 "features: set features.precomputed=False, or speed_perturb=() to keep precomputed features"
             )
+        if self.gain_db < 0:
+            raise ValueError(f"DataConfig.gain_db must be >= 0 (a range in dB), got {self.gain_db}")
         if self.language_temperature <= 0:
             raise ValueError(f"DataConfig.language_temperature must be > 0, got {self.language_temperature}")
         if self.on_bad_input not in ("error", "skip"):

@@ -17,7 +17,7 @@ import torch
 from lhotse import CutSet
 from lhotse.cut import Cut
 
-from usmkit.data.augment import SpecAugment, speed_perturbation
+from usmkit.data.augment import SpecAugment, random_gain, speed_perturbation
 from usmkit.data.batch import Batch
 from usmkit.data.config import FeatureConfig, SpecAugmentConfig
 from usmkit.data.features import input_strategy, to_sample_rate
@@ -44,7 +44,7 @@ class AsrDataset(torch.utils.data.Dataset):
 
     ``tokenizer=None`` gives audio-only batches (tokens (B, 0)). ``stats=None`` leaves features
     unnormalized (only for computing the stats themselves; training always passes them).
-    ``spec_augment`` / ``speed_perturb`` are for training; leave them off for evaluation.
+    ``spec_augment`` / ``speed_perturb`` / ``gain_db`` are for training; leave them off for evaluation.
     """
 
     def __init__(
@@ -55,6 +55,7 @@ class AsrDataset(torch.utils.data.Dataset):
         stats: FeatureStats | None = None,
         spec_augment: SpecAugmentConfig | None = None,
         speed_perturb: tuple[float, ...] = (),
+        gain_db: float = 0.0,
         seed: int = 0,
     ) -> None:
         if speed_perturb and features.precomputed:
@@ -71,6 +72,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.stats = stats
         self.spec_augment = SpecAugment(spec_augment) if spec_augment is not None and spec_augment.enabled else None
         self.perturb = speed_perturbation(speed_perturb, seed)
+        self.gain_db = gain_db
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
@@ -87,6 +89,7 @@ class AsrDataset(torch.utils.data.Dataset):
             cuts = cuts.map(partial(to_sample_rate, sample_rate=self.features.sample_rate))
         feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
         feats, feat_lens = feats.float(), feat_lens.long()
+        feats = random_gain(feats, self.gain_db)
         if self.stats is not None:
             feats = self.stats.normalize(feats, feat_lens)  # padding -> 0
         else:
