@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -163,7 +163,7 @@ def main() -> None:
     peak = measure_peak(device)
     result = {
         "device": torch.cuda.get_device_name(0),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "command": "PYTHONPATH=. python bench/train_throughput.py " + " ".join(sys.argv[1:]),
         "measured_bf16_matmul_tflops": round(peak / 1e12, 1),

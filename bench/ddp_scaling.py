@@ -1,0 +1,88 @@
+"""DDP scaling of the compiled training step: the same per-GPU batch on 1 and on N GPUs.
+
+    torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size base --steps 10 --json OUT
+
+Run once with N=1 and once with N=2; each run writes its aggregate frames/s to the JSON file
+(``runs`` keyed by world size) and, once both are there, the scaling factor.
+Same step as bench/train_throughput.py (``static`` variant, regional compile, bf16, fused AdamW).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from train_throughput import SHAPES, OursCTC, compile_regions, make_batch  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="base")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    B, T = SHAPES[args.size]
+    model = OursCTC(args.size, "sdpa", 128).to(device)
+    compile_regions(model, dynamic=False)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index], broadcast_buffers=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    batch = make_batch(B, T, device, seed=rank)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = ddp(*batch)
+        loss.backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(args.steps):
+        dist.barrier()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        step()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    ms = torch.tensor([statistics.median(times)], device=device)
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    if rank == 0:
+        path = Path(args.json)
+        res = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+        res |= {
+            "device": torch.cuda.get_device_name(0),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "size": args.size,
+            "per_gpu_batch": {"B": B, "T": T},
+            "command": f"torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size {args.size} --steps {args.steps}",
+        }
+        res["runs"][str(world)] = {"step_ms": float(ms), "frames_per_s": round(world * B * T / (float(ms) / 1e3))}
+        if "1" in res["runs"] and len(res["runs"]) > 1:
+            top = max(res["runs"], key=int)
+            res["scaling"] = round(res["runs"][top]["frames_per_s"] / res["runs"]["1"]["frames_per_s"], 3)
+        path.write_text(json.dumps(res, indent=2))
+        print(json.dumps(res))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
