@@ -1,9 +1,10 @@
 """``make demo``: the pipeline end to end on the embedded corpus, printing each command it runs.
 
-``python -m usmkit.demo data=data/synth exp=exp/demo_ctc [steps=600]``: trains a tiny CTC model on
-the synthesized corpus (built before by ``python -m usmkit.data.synth``), evaluates it on the
-held-out-voice test sets, and prints what it did. Every step is a user-facing command; copy any of
-them to run it alone.
+``python -m usmkit.demo data=data/synth exp=exp/demo_ctc [steps=300]``: trains a tiny streaming CTC
+model (640 ms chunks, 4 chunks of left context, causal convolution) on the synthesized corpus (built
+before by ``python -m usmkit.data.synth``), evaluates it on the held-out-voice test sets, transcribes
+one held-out test recording chunk by chunk with ``usmkit-transcribe``, and prints what it did.
+Every step is a user-facing command; copy any of them to run it alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 
 def _args(argv: list[str]) -> dict[str, str]:
-    out = {"data": "data/synth", "exp": "exp/demo_ctc", "steps": "600"}
+    out = {"data": "data/synth", "exp": "exp/demo_ctc", "steps": "300"}
     for a in argv:
         if a in ("-h", "--help"):
             print(__doc__)
@@ -45,8 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     log: list[dict] = []
     train = [
         py, "-m", "usmkit.train", "recipe=stage3_ctc", "model=tiny",
-        f"data.manifest_dir={data}", f"trainer.exp_dir={exp}", f"trainer.max_steps={a['steps']}",
-        "trainer.eval_every=200", "trainer.save_every=200", "trainer.dev_max_batches=4",
+        "model.chunk_size=16", "model.left_chunks=4", "model.causal_conv=true",
+        f"data.manifest_dir={data}", "data.max_duration=100", f"trainer.exp_dir={exp}",
+        f"trainer.max_steps={a['steps']}", "optim.lr=2e-3", "optim.warmup_steps=60",
+        "trainer.eval_every=100", "trainer.save_every=100", "trainer.dev_max_batches=4",
     ]  # fmt: skip
     if (exp / "checkpoints").is_dir():
         train.append("resume=true")
@@ -59,6 +62,14 @@ def main(argv: list[str] | None = None) -> None:
         ],
         log,
     )  # fmt: skip
+    from usmkit.data.manifests import load_cuts
+
+    cut = next(iter(load_cuts(data, "test")))
+    audio = cut.recording.sources[0].source
+    print(f"\nreference: {cut.supervisions[0].text}")
+    script = Path(py).parent / "usmkit-transcribe"  # the console script, where usmkit is pip-installed
+    transcribe = [str(script)] if script.is_file() else [py, "-m", "usmkit.transcribe"]
+    _run([*transcribe, audio, "--checkpoint", str(exp)], log)
     results = json.loads(out_json.read_text())
     print("\nDemo summary")
     for step in log:

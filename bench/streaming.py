@@ -1,0 +1,121 @@
+"""Streaming speed on this CPU: real-time factor and per-chunk latency of ``usmkit-transcribe``.
+
+    PYTHONPATH=. python bench/streaming.py [--data data/synth] [--seconds 60] [--threads 1]
+
+For ``tiny`` and ``small`` at 320 / 640 / 1280 ms chunks (8 / 16 / 32 encoder frames, 2.56 s of left
+context, causal convolution), it builds a streaming checkpoint (random weights: speed does not
+depend on them; the corpus tokenizer and feature statistics), streams a recording of held-out test
+utterances through the real CLI path (incremental fbank -> encoder ``stream_step`` -> CTC ->
+streaming decoder), and reads RTF and chunk latency from the CLI's ``--json`` output.
+Writes ``bench/results/streaming.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from usmkit.checkpoint import save_checkpoint  # noqa: E402
+from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict  # noqa: E402
+from usmkit.data.manifests import load_cuts  # noqa: E402
+from usmkit.data.normalize import FeatureStats, stats_path  # noqa: E402
+from usmkit.data.tokenizer import Tokenizer  # noqa: E402
+from usmkit.tasks import build_task  # noqa: E402
+from usmkit.transcribe import main as transcribe  # noqa: E402
+
+CHUNKS_MS = (320, 640, 1280)
+LEFT_CONTEXT_MS = 2560
+
+
+def make_checkpoint(root: Path, data: Path, size: str, chunk: int, left: int) -> Path:
+    tok = Tokenizer.load(data / "tokenizer" / "tokenizer.model")
+    cfg = TrainConfig(
+        task=TaskConfig(kind="ctc"),
+        model=ModelSection(preset=size, chunk_size=chunk, left_chunks=left, causal_conv=True, dropout=0.0),
+        data=DataConfig(manifest_dir=str(data)),
+        trainer=TrainerConfig(exp_dir=str(root)),
+        tokenizer=str(tok.path),
+    )
+    torch.manual_seed(0)
+    module = build_task(cfg.task, cfg.model.build_config(input_dim=80), tok.vocab_size)
+    save_checkpoint(root / "checkpoints", 1, module, {}, yaml.safe_dump(to_dict(cfg)))
+    stats = FeatureStats.load(stats_path(data))
+    stats.save(root / "feature_stats.safetensors", cfg.data.features)
+    return root
+
+
+def make_audio(data: Path, seconds: float, out: Path) -> float:
+    pieces, total = [], 0.0
+    for cut in load_cuts(data, "test"):
+        audio = cut.load_audio()[0]
+        pieces += [audio, np.zeros(4000, dtype=audio.dtype)]
+        total += len(audio) / 16000 + 0.25
+        if total >= seconds:
+            break
+    sf.write(out, np.concatenate(pieces), 16000, subtype="PCM_16")
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default="data/synth")
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sizes", default="tiny,small")
+    args = ap.parse_args()
+    data = Path(args.data)
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "command": "PYTHONPATH=. python bench/streaming.py " + " ".join(sys.argv[1:]),
+        "threads": args.threads,
+        "left_context_ms": LEFT_CONTEXT_MS,
+        "models": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        wav = tmp / "stream.wav"
+        results["audio_seconds"] = round(make_audio(data, args.seconds, wav), 1)
+        print(f"{'model':6s} {'chunk':>7s} {'RTF':>7s} {'p50 ms':>8s} {'p95 ms':>8s}")
+        for size in args.sizes.split(","):
+            results["models"][size] = {}
+            for chunk_ms in CHUNKS_MS:
+                chunk, left = chunk_ms // 40, LEFT_CONTEXT_MS // chunk_ms
+                root = make_checkpoint(tmp / f"{size}_{chunk}", data, size, chunk, left)
+                out = tmp / f"{size}_{chunk}.json"
+                code = transcribe([str(wav), "--checkpoint", str(root), "--json", str(out), "--no-partials",
+                                   "--threads", str(args.threads)])  # fmt: skip
+                if code != 0:
+                    raise SystemExit(f"usmkit-transcribe failed ({code}) for {size} at {chunk_ms} ms")
+                r = json.loads(out.read_text())
+                entry = {
+                    "rtf": r["rtf"],
+                    "latency_ms_p50": round(r["chunk_latency_ms"]["p50"], 2),
+                    "latency_ms_p95": round(r["chunk_latency_ms"]["p95"], 2),
+                    "chunks": r["chunks"],
+                    "chunk_size_frames": chunk,
+                    "left_chunks": left,
+                }
+                results["models"][size][f"{chunk_ms}ms"] = entry
+                print(f"{size:6s} {chunk_ms:5d}ms {entry['rtf']:7.3f} {entry['latency_ms_p50']:8.1f} {entry['latency_ms_p95']:8.1f}")
+    out = Path(__file__).resolve().parent / "results" / "streaming.json"
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
