@@ -16,7 +16,7 @@ import shlex
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,10 +27,11 @@ RUNS = {
         "key": "synth_test",
         "exp": "exp/baseline_synth",
         "train": [
-            "recipe=stage3_ctc", "model=tiny", "data=synth", "data.manifest_dir=data/synth",
-            "trainer.max_steps=450", "optim.lr=2e-3", "optim.warmup_steps=60",
+            "recipe=stage3_ctc", "model=tiny", "model.overrides={subsampling_channels: 32}",
+            "data=synth", "data.manifest_dir=data/synth", "data.max_duration=100",
+            "trainer.max_steps=1000", "optim.lr=2.5e-3", "optim.warmup_steps=100",
             "data.spec_augment.time_masks=2", "data.spec_augment.freq_width=15",
-            "trainer.eval_every=150", "trainer.save_every=150", "trainer.dev_max_batches=4", "data.num_workers=1",
+            "trainer.eval_every=250", "trainer.save_every=250", "trainer.dev_max_batches=4", "data.num_workers=1",
         ],
         "test_sets": ["test", "test_other", "dev"],
         "main_set": "test",
@@ -85,7 +86,7 @@ def run(name: str) -> None:
         entry["per_language"] = {k: {"wer": v["wer"], "cer": v["cer"], "utterances": v["utterances"]} for k, v in per_lang.items()}
         entry["wer_" + spec["main_language"]] = per_lang[spec["main_language"]]["wer"]
     entry["machine"] = f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
-    entry["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    entry["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     results[spec["key"]] = entry
     RESULTS.write_text(json.dumps(results, indent=2))

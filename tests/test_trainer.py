@@ -98,3 +98,25 @@ def test_checkpoints_pruned_to_keep_last(tmp_path):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["step-000008", "step-000012"]
     assert replace(t.cfg, keep_last=1).keep_last == 1
+
+
+def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypatch):
+    """trainer.compile: static time length, dynamic batch size -> one graph for every batch."""
+    from torch._dynamo.utils import counters
+
+    import usmkit.trainer as trainer_mod
+
+    real_compile = torch.compile
+    monkeypatch.setattr(trainer_mod.torch, "compile", lambda m, **kw: real_compile(m, backend="aot_eager", **kw))
+    loader = ToyLoader(n=4)
+    for i, b in enumerate(loader.batches):  # batch sizes 2..5 at one padded length
+        B = 2 + i
+        loader.batches[i] = Batch(
+            features=torch.randn(B, 5, 3), feature_lens=torch.full((B,), 5),
+            tokens=torch.zeros(B, 0, dtype=torch.long), token_lens=torch.zeros(B, dtype=torch.long),
+        )  # fmt: skip
+    torch._dynamo.reset()
+    counters.clear()
+    out = _trainer(tmp_path, 4, loader=loader, compile=True).fit()
+    assert out.step == 4
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

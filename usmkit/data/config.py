@@ -86,6 +86,9 @@ class DataConfig:
       the subset is deterministic by seed and nested (10% is inside 20%).
     - ``gain_db``: training utterances get a random loudness change in [-gain_db, +gain_db] dB
       (applied to the log-mel features; 0 disables), for speakers recorded at other levels.
+    - ``pad_to_frames``: pad each batch's feature frames up to a multiple of this (0 = off). With
+      ``trainer.compile=true`` it keeps the compiled step to a few static time lengths (use 256);
+      without compilation it only wastes compute.
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
@@ -101,6 +104,7 @@ class DataConfig:
     num_workers: int = 1
     speed_perturb: tuple[float, ...] = ()
     gain_db: float = 0.0
+    pad_to_frames: int = 0
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
     features: FeatureConfig = field(default_factory=FeatureConfig)
@@ -122,6 +126,8 @@ class DataConfig:
                 f"DataConfig.speed_perturb={self.speed_perturb} changes the waveform, so it needs on-the-fly "
                 "features: set features.precomputed=False, or speed_perturb=() to keep precomputed features"
             )
+        if self.pad_to_frames < 0:
+            raise ValueError(f"DataConfig.pad_to_frames must be >= 0 (0 = off), got {self.pad_to_frames}")
         if self.gain_db < 0:
             raise ValueError(f"DataConfig.gain_db must be >= 0 (a range in dB), got {self.gain_db}")
         if self.language_temperature <= 0:

@@ -56,6 +56,7 @@ class AsrDataset(torch.utils.data.Dataset):
         spec_augment: SpecAugmentConfig | None = None,
         speed_perturb: tuple[float, ...] = (),
         gain_db: float = 0.0,
+        pad_to_frames: int = 0,
         seed: int = 0,
     ) -> None:
         if speed_perturb and features.precomputed:
@@ -73,6 +74,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.spec_augment = SpecAugment(spec_augment) if spec_augment is not None and spec_augment.enabled else None
         self.perturb = speed_perturbation(speed_perturb, seed)
         self.gain_db = gain_db
+        self.pad_to_frames = pad_to_frames
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
@@ -97,6 +99,9 @@ class AsrDataset(torch.utils.data.Dataset):
             feats = feats.masked_fill(~valid[:, :, None], 0.0)
         if self.spec_augment is not None:
             feats = self.spec_augment(feats, feat_lens)
+        if self.pad_to_frames > 0:  # a few static time lengths for a compiled step
+            extra = -feats.shape[1] % self.pad_to_frames
+            feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))  # (B, T + extra, F), zeros
         texts = [cut_text(c) for c in cuts]
         tokens, token_lens = self._tokenize(texts)
         return Batch(

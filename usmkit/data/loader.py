@@ -147,6 +147,7 @@ def make_loader(
         spec_augment=cfg.spec_augment if train else None,
         speed_perturb=cfg.speed_perturb if train else (),
         gain_db=cfg.gain_db if train else 0.0,
+        pad_to_frames=cfg.pad_to_frames,
         seed=seed + rank,
     )
     return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)
