@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--fsdd-steps", type=int, default=300)
     ap.add_argument("--codebook-size", type=int, default=1024)
     ap.add_argument("--fraction", type=float, default=0.1)
+    ap.add_argument("--corpora", default="synth,fsdd", help="fine-tuning corpora to run")
     args = ap.parse_args()
     common = ["model=tiny", "optim.lr=2e-3", "optim.warmup_steps=50", "data.max_duration=100"]
     results: dict = {
@@ -96,6 +97,8 @@ def main() -> None:
         ("synth", ["data=synth"], args.finetune_steps, "test"),
         ("fsdd", ["data=fsdd", "data.manifest_dir=data/fsdd", "data.max_duration=60"], args.fsdd_steps, "test"),
     ):
+        if corpus not in args.corpora.split(","):
+            continue
         for name, init in (("scratch", None), ("bestrq_cb1", f"{EXP}/bestrq_cb1"), ("bestrq_cb16", f"{EXP}/bestrq_cb16")):
             exp = f"{EXP}/{corpus}_ft_{name}"
             cmd, secs = train(
@@ -108,7 +111,7 @@ def main() -> None:
 
     print(f"\n{'corpus':6s} {'init':12s} {'WER %':>7s} {'CER %':>7s}")
     for corpus in ("synth", "fsdd"):
-        for name, r in results[corpus].items():
+        for name, r in results.get(corpus, {}).items():
             print(f"{corpus:6s} {name:12s} {100 * r['wer']:7.2f} {100 * r['cer']:7.2f}")
     save()
 
