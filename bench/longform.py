@@ -131,11 +131,15 @@ def run_memory(args) -> None:
             wav = Path(tmp) / f"{minutes}min.wav"
             sf.write(wav, audio, 16000, subtype="PCM_16")
             out = Path(tmp) / f"{minutes}.json"
+            del audio  # the parent's memory must not be what the child reports
+            # VmHWM: peak RSS of this address space (reset at exec). getrusage's ru_maxrss is not usable
+            # here: Linux carries it over fork/exec, so the child would report the parent's peak.
             probe = (
-                "import resource, sys; from usmkit.transcribe import main; "
+                "import re, sys; from usmkit.transcribe import main; "
                 f"code = main([{str(wav)!r}, '--checkpoint', {args.checkpoint!r}, '--json', {str(out)!r}, "
                 "'--no-partials', '--threads', '1']); "
-                "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(code)"
+                "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1); "
+                "print('MAXRSS_KB', hwm, file=sys.stderr); sys.exit(code)"
             )
             start = time.perf_counter()
             proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True,
