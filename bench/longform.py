@@ -88,7 +88,10 @@ def evaluate(checkpoint: str, manifest_dir: Path, split: str, chunk: str, out: P
            f"test_sets=[{split}]", f"chunk_size={chunk}", "max_duration=400", f"output={out}"]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, check=True)
     s = json.loads(out.read_text())["sets"][split]
-    return {k: s[k] for k in ("wer", "cer", "substitutions", "deletions", "insertions", "ref_words", "utterances", "rtf")}
+    keep = {k: s[k] for k in ("wer", "cer", "substitutions", "deletions", "insertions", "ref_words", "utterances", "rtf")}
+    if "per_language" in s:
+        keep["per_language_wer"] = {lang: round(v["wer"], 4) for lang, v in s["per_language"].items()}
+    return keep
 
 
 def run_wer(args) -> None:
