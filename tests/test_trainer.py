@@ -109,7 +109,7 @@ def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypat
     real_compile = torch.compile
     monkeypatch.setattr(trainer_mod.torch, "compile", lambda m, **kw: real_compile(m, backend="aot_eager", **kw))
     loader = ToyLoader(n=4)
-    for i, b in enumerate(loader.batches):  # batch sizes 2..5 at one padded length
+    for i in range(len(loader.batches)):  # batch sizes 2..5 at one padded length
         B = 2 + i
         loader.batches[i] = Batch(
             features=torch.randn(B, 5, 3), feature_lens=torch.full((B,), 5),

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from usmkit.data.config import DataConfig
 from usmkit.models.config import ConformerConfig
+from usmkit.models.las import LASConfig
 
 
 class ConfigError(ValueError):
@@ -53,21 +54,12 @@ class ModelSection:
 
 
 @dataclass(frozen=True)
-class LASSection:
-    num_layers: int = 2
-    num_heads: int = 4
-    ff_mult: int = 4
-    dropout: float = 0.1
-    label_smoothing: float = 0.1
-
-
-@dataclass(frozen=True)
 class TaskConfig:
     """What is trained. ``kind``: ``ctc``, ``las`` (joint CTC + attention decoder) or ``bestrq``."""
 
     kind: Literal["ctc", "las", "bestrq"] = "ctc"
     ctc_weight: float = 1.0  # for ``las``: weight of the CTC loss in the joint loss (0.3 is usual)
-    las: LASSection = field(default_factory=LASSection)
+    las: LASConfig = field(default_factory=LASConfig)  # the attention decoder, for kind=las
     bestrq: dict[str, Any] = field(default_factory=dict)  # BestRQConfig fields, see usmkit.ssl.bestrq
 
 

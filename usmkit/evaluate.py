@@ -9,7 +9,7 @@ import json
 import logging
 import platform
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         "beam_size": cfg.beam_size,
         "chunk_size": module.encoder.cfg.chunk_size if hasattr(module, "encoder") else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "sets": {},
     }
     for name in cfg.test_sets:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import torch
 
 from usmkit.config import TaskConfig
-from usmkit.data.batch import Batch
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
@@ -21,18 +20,8 @@ def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) 
     encoder = ConformerEncoder(encoder_cfg)
     if task.kind in ("ctc", "las"):
         from usmkit.models.asr import AsrHeadConfig, AsrModel
-        from usmkit.models.las import LASConfig
 
-        las = None
-        if task.kind == "las":
-            s = task.las
-            las = LASConfig(
-                num_layers=s.num_layers,
-                num_heads=s.num_heads,
-                ff_mult=s.ff_mult,
-                dropout=s.dropout,
-                label_smoothing=s.label_smoothing,
-            )
+        las = task.las if task.kind == "las" else None
         ctc_weight = task.ctc_weight if task.kind == "las" else 1.0
         return AsrModel(encoder, vocab_size, AsrHeadConfig(ctc_weight=ctc_weight, las=las))
     if task.kind == "bestrq":
@@ -50,9 +39,10 @@ def transcribe_batches(
     beam_size: int = 10,
     device: torch.device | None = None,
     max_batches: int = 0,
-    norm: TextNormConfig = TextNormConfig(),
+    norm: TextNormConfig | None = None,
 ) -> tuple[list[dict], float]:
     """Decode every batch; returns per-utterance records and the decoding wall time in seconds."""
+    norm = norm or TextNormConfig()
     device = device or next(module.parameters()).device
     records: list[dict] = []
     seconds = 0.0

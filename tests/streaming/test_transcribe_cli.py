@@ -24,10 +24,11 @@ import torch
 import yaml
 
 from usmkit.checkpoint import save_checkpoint
-from usmkit.config import DataConfig, LASSection, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
+from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats
 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
+from usmkit.models.las import LASConfig
 from usmkit.tasks import build_task
 from usmkit.transcribe import format_time, main
 
@@ -63,7 +64,7 @@ def make_checkpoint(
     """Experiment dir ``root`` with checkpoints/step-000001, config, tokenizer and feature stats."""
     tokenizer = Tokenizer.train(TEXTS, root / "tokenizer", vocab_size=minimum_vocab_size(TEXTS) + 8)
     cfg = TrainConfig(
-        task=TaskConfig(kind=kind, ctc_weight=0.3 if kind == "las" else 1.0, las=LASSection(num_layers=1)),
+        task=TaskConfig(kind=kind, ctc_weight=0.3 if kind == "las" else 1.0, las=LASConfig(num_layers=1)),
         model=ModelSection(preset="tiny", chunk_size=chunk, left_chunks=left, causal_conv=causal, dropout=0.0),
         data=DataConfig(manifest_dir=str(root / "no-manifests")),
         trainer=TrainerConfig(exp_dir=str(root)),

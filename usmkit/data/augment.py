@@ -6,7 +6,6 @@ Shapes: B batch, T frames, F mel bins, L valid frames of one utterance.
 from __future__ import annotations
 
 import math
-
 import random
 
 import torch

@@ -6,7 +6,6 @@ Shapes: B batch, T encoder frames, D encoder dim, V vocabulary (id 0 = blank), U
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 BLANK_ID = 0

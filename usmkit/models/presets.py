@@ -13,7 +13,6 @@ from typing import Any
 
 from usmkit.models.config import ConformerConfig
 
-
 # base and larger: 256 channels in the conv2d subsampling, not d_model. Its second convolution costs
 # about 18 * C^2 * (F/4) FLOPs per output frame, which at C = d_model = 1024 is a third of a 16-layer
 # stack's compute for 1-2% of the parameters; 256 channels keep it negligible.
