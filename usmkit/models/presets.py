@@ -45,7 +45,7 @@ def base(**overrides: Any) -> ConformerConfig:
 
 
 def large(**overrides: Any) -> ConformerConfig:
-    """16 layers x 1024 dim x 8 heads (head dim 128): 415.8M parameters (USM 0.6B's width, 2/3 its depth)."""
+    """16 layers x 1024 dim x 8 heads (head dim 128): 392.0M parameters (USM 0.6B's width, 2/3 its depth)."""
     return _build(dict(d_model=1024, num_layers=16, num_heads=8, subsampling_channels=256), overrides, "large")
 
 
