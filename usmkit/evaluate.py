@@ -21,7 +21,8 @@ from usmkit.config import from_dict
 from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import load_cuts
 from usmkit.metrics import TextNormConfig, score
-from usmkit.tasks import load_feature_stats, load_trained, transcribe_batches
+from usmkit.streaming.features import find_feature_stats, load_feature_stats
+from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
 log = logging.getLogger("usmkit.evaluate")
@@ -66,7 +67,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         corpus=cfg.corpus or train_cfg.data.corpus,
         max_duration=cfg.max_duration,
     )
-    stats = load_feature_stats(ckpt, train_cfg)
+    stats = load_feature_stats(find_feature_stats(ckpt, train_cfg.data.manifest_dir), train_cfg.data.features)
     results: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "decode": cfg.decode,

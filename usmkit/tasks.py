@@ -128,18 +128,3 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     load_weights(module, ckpt)
     return module.to(device).eval(), cfg, tokenizer, ckpt
 
-
-def load_feature_stats(ckpt, cfg):
-    """The normalization statistics a model was trained with: saved in its experiment directory
-    (``<exp_dir>/feature_stats.safetensors``), else the training manifest directory's."""
-    from pathlib import Path
-
-    from usmkit.data.normalize import FeatureStats, stats_path
-
-    for path in (Path(ckpt).parent.parent / "feature_stats.safetensors", stats_path(cfg.data.manifest_dir)):
-        if path.is_file():
-            return FeatureStats.load(path)
-    raise FileNotFoundError(
-        f"no feature statistics for {ckpt}: expected {Path(ckpt).parent.parent / 'feature_stats.safetensors'} "
-        f"or {stats_path(cfg.data.manifest_dir)}; copy the experiment directory whole"
-    )
