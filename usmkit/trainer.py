@@ -185,6 +185,9 @@ class Trainer:
     def save(self) -> Path | None:
         if not is_main_process():
             return None
+        last = latest_checkpoint(self.ckpt_root)
+        if last is not None and last.step == self.step:  # e.g. the best was just saved at this step
+            return last.path
         try:
             path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
         except CheckpointError as e:
@@ -338,9 +341,12 @@ class Trainer:
             log.info("step %d dev: %s", self.step, ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
             value = results.get(self.cfg.best_metric)
             if value is not None and (self.best is None or value < self.best["value"]):
+                previous = self.best  # set first, so the checkpoint's train state records itself as the best
+                self.best = {"path": f"step-{self.step:06d}", "metric": self.cfg.best_metric, "value": value, "step": self.step}
                 path = self.save()
-                if path is not None:
-                    self.best = {"path": path.name, "metric": self.cfg.best_metric, "value": value, "step": self.step}
+                if path is None:
+                    self.best = previous
+                else:
                     write_best(self.ckpt_root, path, self.cfg.best_metric, value, self.step)
         if self.distributed:
             dist.barrier()
