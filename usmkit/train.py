@@ -42,6 +42,17 @@ def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
     return rank, world, device
 
 
+def rank0_first(rank: int, fn):
+    """Run ``fn`` on rank 0 first, then on the other ranks, which reuse what it cached on disk
+    (stored features, statistics). One barrier per rank either way."""
+    if rank != 0 and dist.is_initialized():
+        dist.barrier()
+    out = fn()
+    if rank == 0 and dist.is_initialized():
+        dist.barrier()
+    return out
+
+
 def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
     path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
     if not path.is_file():
@@ -71,23 +82,18 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
 
 
     def prepare(split: str):
-        # Rank 0 validates and stores features first (cached on disk); the other ranks then reuse them.
-        for turn in (0, 1):
-            if (rank == 0) == (turn == 0):
-                cuts, report = prepare_cuts(
-                    load_cuts(data.manifest_dir, split, corpus=data.corpus), data, split=split, require_text=not audio_only
-                )
-                if rank == 0 and report.num_skipped:
-                    log.warning("%s: %s", split, report.summary())
-            if dist.is_initialized():
-                dist.barrier()
+        cuts, report = rank0_first(
+            rank,
+            lambda: prepare_cuts(
+                load_cuts(data.manifest_dir, split, corpus=data.corpus), data, split=split, require_text=not audio_only
+            ),
+        )
+        if rank == 0 and report.num_skipped:
+            log.warning("%s: %s", split, report.summary())
         return cuts
 
     train_cuts = prepare(data.train_split)
-    stats = load_or_compute_stats(train_cuts, data) if rank == 0 else None
-    if dist.is_initialized():
-        dist.barrier()
-        stats = stats or load_or_compute_stats(train_cuts, data)
+    stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)
         stats.save(exp_dir / "feature_stats.safetensors", data.features)  # travels with the checkpoints
