@@ -78,6 +78,17 @@ def test_train_resume_evaluate(corpus, tmp_path):
     assert res["utterances"] > 0 and 0 <= res["cer"] and res["rtf"] > 0
     assert {"wer", "substitutions", "deletions", "insertions"} <= set(res)
 
+    # Lexicon + word-LM decoding: every word it prints is a word of the training transcripts.
+    lex_json = tmp_path / "eval_lexicon.json"
+    _run([f"checkpoint={exp}", "test_sets=[test]", "decode=ctc_lexicon", f"output={lex_json}"], tmp_path, module="usmkit.evaluate")
+    lex = json.loads(lex_json.read_text())
+    assert lex["lexicon"]["order"] == 1 and lex["sets"]["test"]["utterances"] == res["utterances"]
+    from usmkit.data.manifests import load_cuts
+
+    train_words = {w for c in load_cuts(corpus, "train") for s in c.supervisions for w in s.text.split()}
+    for example in lex["sets"]["test"]["examples"]:
+        assert set(example["hyp"].split()) <= train_words
+
 
 def test_bad_override_is_a_clear_error(corpus, tmp_path):
     proc = _run(["recipe=stage3_ctc", f"data.manifest_dir={corpus}", "+trainer.max_step=3"], tmp_path, check=False)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import platform
-from dataclasses import dataclass, field, replace
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,15 @@ from omegaconf import DictConfig, OmegaConf
 from usmkit.config import from_dict
 from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import load_cuts
-from usmkit.metrics import TextNormConfig, score
+from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.streaming.features import find_feature_stats, load_feature_stats
 from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
 log = logging.getLogger("usmkit.evaluate")
 
-DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore")
+DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore", "ctc_lexicon")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class EvalConfig:
     chunk_size: int | str | None = "default"
     left_chunks: int | str = "default"
     norm: TextNormConfig = field(default_factory=TextNormConfig)
+    lexicon: LexiconConfig = field(default_factory=LexiconConfig)
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
@@ -68,22 +71,33 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         max_duration=cfg.max_duration,
     )
     stats = load_feature_stats(find_feature_stats(ckpt, train_cfg.data.manifest_dir), train_cfg.data.features)
+    word_decoder = build_word_decoder(cfg, train_cfg, tokenizer) if cfg.decode == "ctc_lexicon" else None
     results: dict[str, Any] = {
         "checkpoint": str(ckpt),
         "decode": cfg.decode,
         "beam_size": cfg.beam_size,
+        **({"lexicon": asdict(cfg.lexicon)} if cfg.decode == "ctc_lexicon" else {}),
         "chunk_size": module.encoder.cfg.chunk_size if hasattr(module, "encoder") else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "sets": {},
     }
     for name in cfg.test_sets:
-        cuts, report = prepare_cuts(load_cuts(data.manifest_dir, name, corpus=data.corpus), data, split=name, require_text=True)
+        cuts, report = prepare_cuts(
+            load_cuts(data.manifest_dir, name, corpus=data.corpus), data, split=name, require_text=True
+        )
         if report.num_skipped:
             log.warning("%s: %s", name, report.summary())
         loader = make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False)
         records, seconds = transcribe_batches(
-            module, loader, tokenizer, mode=cfg.decode, beam_size=cfg.beam_size, device=device, norm=cfg.norm
+            module,
+            loader,
+            tokenizer,
+            mode=cfg.decode,
+            beam_size=cfg.beam_size,
+            device=device,
+            norm=cfg.norm,
+            word_decoder=word_decoder,
         )
         audio_s = sum(r["frames"] for r in records) * data.features.frame_shift_ms / 1000
         entry = score([r["ref"] for r in records], [r["hyp"] for r in records]).as_dict()
@@ -100,6 +114,22 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         entry["examples"] = records[:5]
         results["sets"][name] = entry
     return results
+
+
+def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer) -> LexiconDecoder:
+    """Lexicon and word LM from the transcripts of the split the checkpoint was trained on."""
+    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
+    texts = [normalize_text(s.text, cfg.norm) for c in cuts for s in c.supervisions if s.text]
+    with tempfile.TemporaryDirectory(prefix="usmkit-lexicon-") as tmp:  # flashlight reads the files once
+        decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon)
+    log.info(
+        "lexicon decoding: %d words from %d %s transcripts, LM order %d",
+        len({w for t in texts for w in t.split()}),
+        len(texts),
+        train_cfg.data.train_split,
+        cfg.lexicon.order,
+    )
+    return decoder
 
 
 def print_table(results: dict[str, Any]) -> None:

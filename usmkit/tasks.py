@@ -40,8 +40,13 @@ def transcribe_batches(
     device: torch.device | None = None,
     max_batches: int = 0,
     norm: TextNormConfig | None = None,
+    word_decoder: Callable[[torch.Tensor, torch.Tensor], list[str]] | None = None,
 ) -> tuple[list[dict], float]:
-    """Decode every batch; returns per-utterance records and the decoding wall time in seconds."""
+    """Decode every batch; returns per-utterance records and the decoding wall time in seconds.
+
+    ``word_decoder`` (e.g. ``usmkit.decoding.ctc_lexicon.LexiconDecoder``) maps CTC log-probs
+    (B, T', V) and lengths to transcripts; when given, it replaces ``mode``.
+    """
     norm = norm or TextNormConfig()
     device = device or next(module.parameters()).device
     records: list[dict] = []
@@ -52,17 +57,24 @@ def transcribe_batches(
         batch = batch.to(device)
         start = time.perf_counter()
         with torch.no_grad():
-            ids = module.decode(batch.features, batch.feature_lens, mode=mode, beam_size=beam_size)
+            if word_decoder is not None:
+                enc, enc_lens = module.encode(batch.features, batch.feature_lens)
+                texts = word_decoder(module.ctc(enc), enc_lens)
+            else:
+                texts = [
+                    tokenizer.decode(hyp_ids)
+                    for hyp_ids in module.decode(batch.features, batch.feature_lens, mode=mode, beam_size=beam_size)
+                ]
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - start
-        for j, hyp_ids in enumerate(ids):
+        for j, text in enumerate(texts):
             records.append(
                 {
                     "id": batch.cut_ids[j] if batch.cut_ids else str(len(records)),
                     "language": batch.languages[j] if batch.languages else "",
                     "ref": normalize_text(batch.texts[j], norm),
-                    "hyp": normalize_text(tokenizer.decode(hyp_ids), norm),
+                    "hyp": normalize_text(text, norm),
                     "frames": int(batch.feature_lens[j]),
                 }
             )
@@ -116,7 +128,9 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     tokenizer = None
     vocab = 0
     if cfg.task.kind != "bestrq":
-        tok_path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
+        tok_path = (
+            Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
+        )
         if not tok_path.is_file():
             raise FileNotFoundError(
                 f"the tokenizer this checkpoint was trained with is missing: {tok_path} (rebuild the corpus, "
@@ -127,4 +141,3 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     module = build_task(cfg.task, cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), vocab)
     load_weights(module, ckpt)
     return module.to(device).eval(), cfg, tokenizer, ckpt
-

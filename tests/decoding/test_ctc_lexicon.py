@@ -1,0 +1,100 @@
+"""Lexicon + word-LM CTC decoding: the ARPA we write is a normalized LM, and the beam snaps to lexicon words."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pytest
+import torch
+
+from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
+from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder, write_arpa
+
+pytest.importorskip("flashlight.lib.text.decoder")
+
+TEXTS = [
+    "the business council met again",
+    "a normal party needs a review",
+    "they should win the game",
+    "people throughout the states opened business",
+] * 3
+
+
+def read_arpa(path) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, str], float]]:
+    uni: dict[str, tuple[float, float]] = {}
+    bi: dict[tuple[str, str], float] = {}
+    section = None
+    for line in path.read_text().splitlines():
+        if line.startswith("\\") and line.endswith("-grams:"):
+            section = int(line[1])
+            continue
+        parts = line.split("\t")
+        if section == 1 and len(parts) >= 2:
+            uni[parts[1]] = (float(parts[0]), float(parts[2]) if len(parts) > 2 else 0.0)
+        elif section == 2 and len(parts) == 2:
+            h, w = parts[1].split()
+            bi[(h, w)] = float(parts[0])
+    return uni, bi
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_arpa_is_normalized(tmp_path, order):
+    path = tmp_path / "lm.arpa"
+    n_words = write_arpa([t.split() for t in TEXTS], path, order=order)
+    uni, bi = read_arpa(path)
+    assert n_words == len({w for t in TEXTS for w in t.split()})
+    targets = [w for w in uni if w != "<s>"]
+    assert sum(10 ** uni[w][0] for w in targets) == pytest.approx(1.0, abs=1e-5)
+    if order == 2:
+        seen = defaultdict(dict)
+        for (h, w), lp in bi.items():
+            seen[h][w] = lp
+        for h in ("<s>", "the", "business"):
+            total = sum(10 ** seen[h][w] if w in seen[h] else 10 ** (uni[h][1] + uni[w][0]) for w in targets)
+            assert total == pytest.approx(1.0, abs=1e-4), h
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return Tokenizer.train(TEXTS, tmp_path_factory.mktemp("tok"), vocab_size=minimum_vocab_size(TEXTS))
+
+
+def emissions_for(tokenizer: Tokenizer, text: str, frames_per_token: int = 3) -> torch.Tensor:
+    """(1, T, V) log-probs that spell ``text``'s pieces, each followed by blanks; other ids get little mass."""
+    ids = tokenizer.encode(text)
+    V = tokenizer.vocab_size
+    rows = []
+    for i in ids:
+        rows.append(torch.nn.functional.one_hot(torch.tensor(i), V).float())
+        rows += [torch.nn.functional.one_hot(torch.tensor(0), V).float()] * (frames_per_token - 1)
+    probs = torch.stack(rows) * 0.9 + 0.1 / V  # (T, V)
+    return probs.log()[None]
+
+
+@pytest.mark.parametrize("order", [0, 1, 2])
+def test_lexicon_decoding_snaps_misspellings_to_words(tmp_path, tokenizer, order):
+    decoder = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=order, beam_size=20))
+    exact = emissions_for(tokenizer, "they should win the game")
+    assert decoder(exact, torch.tensor([exact.shape[1]])) == ["they should win the game"]
+    # The acoustic evidence spells "shold" and "bussiness": greedy CTC would print them, the lexicon cannot.
+    missing = emissions_for(tokenizer, "they shold win the bussiness")
+    (text,) = decoder(missing, torch.tensor([missing.shape[1]]))
+    assert text == "they should win the business"
+
+
+def test_lexicon_decoding_respects_lengths(tmp_path, tokenizer):
+    decoder = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=1, beam_size=20))
+    a = emissions_for(tokenizer, "they should win the game")
+    b = emissions_for(tokenizer, "a normal party")
+    T = max(a.shape[1], b.shape[1])
+    pad = lambda x: torch.cat([x, x[:, -1:].expand(1, T - x.shape[1], -1)], dim=1)  # noqa: E731 repeat the last frame
+    batch = torch.cat([pad(a), pad(b)])
+    out = decoder(batch, torch.tensor([a.shape[1], b.shape[1]]))
+    assert out == ["they should win the game", "a normal party"]
+
+
+def test_config_rejects_bad_order():
+    with pytest.raises(ValueError, match="order"):
+        LexiconConfig(order=3)
+    assert math.isinf(float("-inf"))

@@ -1,0 +1,180 @@
+"""CTC beam search constrained to a word lexicon, scored with a word n-gram language model.
+
+Shapes: B batch, T encoder frames, V vocabulary (id 0 = blank).
+
+The search itself is torchaudio's ``ctc_decoder`` (flashlight-text's lexicon beam search in C++, with
+KenLM for the LM). What is ours is the glue around it, all of it small:
+
+- ``tokens.txt``: the tokenizer's pieces in id order (flashlight's token dictionary);
+- ``lexicon.txt``: every word of the training transcripts spelled with the tokenizer's pieces, so the
+  beam can only end words that exist;
+- ``lm.arpa``: a word n-gram (order 1 or 2, absolute discounting with back-off) estimated from the
+  same transcripts. We write ARPA ourselves because KenLM's estimator (``lmplz``) is a separate binary
+  that no wheel ships; KenLM reads the file.
+
+This is the classic "lexicon + LM" decoding of Kaldi/wav2letter-style toolkits. It turns most
+near-miss spellings of a CTC model into the closest word of the lexicon; words outside the lexicon
+(out-of-vocabulary) cannot be produced.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+UNK_WORD = "<unk>"
+BOS_WORD, EOS_WORD = "<s>", "</s>"
+
+
+@dataclass(frozen=True)
+class LexiconConfig:
+    """Settings of lexicon-constrained CTC decoding (``decode=ctc_lexicon``).
+
+    - ``order``: word n-gram order of the LM built from the training transcripts (1 or 2); 0 = no LM.
+    - ``lm_weight``: weight of the LM log-probability (natural log) against the CTC score.
+    - ``word_score``: added per word (positive favours more, shorter words).
+    - ``beam_size``: hypotheses kept per frame; ``beam_threshold``: prune below best minus this.
+    - ``lm_path``: an ARPA or KenLM binary file to use instead of the built one (its words should be
+      the lexicon's words).
+    """
+
+    order: int = 1
+    lm_weight: float = 1.0
+    word_score: float = 0.0
+    beam_size: int = 50
+    beam_threshold: float = 25.0
+    lm_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.order not in (0, 1, 2):
+            raise ValueError(f"LexiconConfig.order must be 0 (no LM), 1 or 2, got {self.order}")
+        if self.beam_size < 1:
+            raise ValueError(f"LexiconConfig.beam_size must be >= 1, got {self.beam_size}")
+
+
+def write_arpa(sentences: Iterable[Sequence[str]], path: str | Path, order: int = 1, discount: float = 0.75) -> int:
+    """Estimate a word n-gram (order 1 or 2) on ``sentences`` and write it as ARPA; returns the word count.
+
+    Unigrams: relative frequencies of the words and ``</s>``, with one extra count for ``<unk>``.
+    Bigrams: absolute discounting, p(w|h) = (c(h, w) - D) / c(h) for seen pairs, and the freed mass
+    D * N1+(h) / c(h) given to the unigram distribution over the unseen words through the back-off
+    weight of h, so that every p(.|h) sums to one.
+    """
+    if order not in (1, 2):
+        raise ValueError(f"write_arpa supports order 1 or 2, got {order}")
+    unigram: Counter[str] = Counter()
+    bigram: dict[str, Counter[str]] = defaultdict(Counter)
+    for words in sentences:
+        seq = [BOS_WORD, *words, EOS_WORD]
+        unigram.update(seq[1:])
+        for h, w in zip(seq[:-1], seq[1:], strict=False):
+            bigram[h][w] += 1
+    if not unigram:
+        raise ValueError("write_arpa: no sentences to estimate a language model from")
+    total = sum(unigram.values()) + 1  # +1: the <unk> count
+    p1 = {w: c / total for w, c in unigram.items()}
+    p1[UNK_WORD] = 1 / total
+    backoff: dict[str, float] = {}
+    lines2: list[str] = []
+    if order == 2:
+        for h, nexts in sorted(bigram.items()):
+            c_h = sum(nexts.values())
+            seen_uni = sum(p1[w] for w in nexts)
+            freed = discount * len(nexts) / c_h
+            backoff[h] = freed / max(1.0 - seen_uni, 1e-12)
+            for w, c in sorted(nexts.items()):
+                lines2.append(f"{math.log10((c - discount) / c_h):.6f}\t{h} {w}")
+    else:
+        # KenLM loads bigram models and up: a unigram model is written as a bigram whose only history,
+        # <s>, predicts with the unigram probabilities themselves (back-off weight 1), which is exact.
+        backoff[BOS_WORD] = 1.0
+        lines2 = [f"{math.log10(p):.6f}\t{BOS_WORD} {w}" for w, p in sorted(p1.items())]
+    lines1 = [f"-99.000000\t{BOS_WORD}" + (f"\t{math.log10(backoff[BOS_WORD]):.6f}" if BOS_WORD in backoff else "")]
+    for w in sorted(p1):
+        line = f"{math.log10(p1[w]):.6f}\t{w}"
+        if w in backoff:
+            line += f"\t{math.log10(backoff[w]):.6f}"
+        lines1.append(line)
+    out = ["", "\\data\\", f"ngram 1={len(lines1)}", f"ngram 2={len(lines2)}"]
+    out += ["", "\\1-grams:", *lines1, "", "\\2-grams:", *lines2, ""]
+    out += ["\\end\\", ""]
+    Path(path).write_text("\n".join(out), encoding="utf-8")
+    return len(p1) - 2  # words, without </s> and <unk>
+
+
+def write_tokens(tokenizer, path: str | Path) -> None:
+    """The tokenizer's pieces, one per line in id order (flashlight's token dictionary)."""
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    Path(path).write_text("\n".join(pieces) + "\n", encoding="utf-8")
+
+
+def write_lexicon(words: Iterable[str], tokenizer, path: str | Path) -> int:
+    """``word<TAB>piece piece ...`` for each word (its tokenizer spelling as a standalone word)."""
+    lines = []
+    for word in sorted(set(words)):
+        pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode(word)]
+        if pieces:
+            lines.append(f"{word}\t{' '.join(pieces)}")
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return len(lines)
+
+
+class LexiconDecoder:
+    """Words of the best lexicon-constrained beam per utterance: ``decoder(log_probs, lengths) -> [str]``."""
+
+    def __init__(self, tokenizer, directory: str | Path, cfg: LexiconConfig) -> None:
+        try:
+            from torchaudio.models.decoder import ctc_decoder
+        except (ImportError, RuntimeError) as err:  # torchaudio raises RuntimeError without flashlight-text
+            raise RuntimeError(
+                f"decode=ctc_lexicon needs the flashlight-text package (pip install flashlight-text): {err}"
+            ) from err
+        directory = Path(directory)
+        lm = cfg.lm_path or (str(directory / "lm.arpa") if cfg.order > 0 else None)
+        self.cfg = cfg
+        self._decoder = ctc_decoder(
+            lexicon=str(directory / "lexicon.txt"),
+            tokens=str(directory / "tokens.txt"),
+            lm=lm,
+            nbest=1,
+            beam_size=cfg.beam_size,
+            beam_threshold=cfg.beam_threshold,
+            lm_weight=cfg.lm_weight,
+            word_score=cfg.word_score,
+            unk_score=float("-inf"),
+            sil_score=0.0,
+            blank_token=tokenizer.id_to_piece(tokenizer.blank_id),
+            # Our pieces carry word boundaries themselves ("▁word"); there is no silence token, so the
+            # never-emitted <unk> piece stands in for flashlight's optional between-word silence.
+            sil_token=tokenizer.id_to_piece(tokenizer.unk_id),
+            unk_word=UNK_WORD,
+        )
+
+    @classmethod
+    def build(cls, texts: Iterable[str], tokenizer, directory: str | Path, cfg: LexiconConfig) -> LexiconDecoder:
+        """Write tokens, lexicon and LM for ``texts`` (normalized transcripts) into ``directory``, then load."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        sentences = [t.split() for t in texts if t.strip()]
+        if not sentences:
+            raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
+        write_tokens(tokenizer, directory / "tokens.txt")
+        write_lexicon((w for s in sentences for w in s), tokenizer, directory / "lexicon.txt")
+        if cfg.order > 0 and cfg.lm_path is None:
+            write_arpa(sentences, directory / "lm.arpa", order=cfg.order)
+        return cls(tokenizer, directory, cfg)
+
+    def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
+        """log_probs (B, T, V) CTC log-probabilities; lengths (B,) valid frames. Returns B transcripts."""
+        if log_probs.dim() != 3 or lengths.shape != log_probs.shape[:1]:
+            raise ValueError(
+                f"need log_probs (B, T, V) and lengths (B,), got {tuple(log_probs.shape)} and {tuple(lengths.shape)}"
+            )
+        emissions = log_probs.detach().float().cpu().contiguous()
+        results = self._decoder(emissions, lengths.detach().cpu().to(torch.int32))
+        return [" ".join(w for w in nbest[0].words if w != UNK_WORD) if nbest else "" for nbest in results]
