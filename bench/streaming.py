@@ -6,7 +6,8 @@ For ``tiny`` and ``small`` at 320 / 640 / 1280 ms chunks (8 / 16 / 32 encoder fr
 context, causal convolution), it builds a streaming checkpoint (random weights: speed does not
 depend on them; the corpus tokenizer and feature statistics), streams a recording of held-out test
 utterances through the real CLI path (incremental fbank -> encoder ``stream_step`` -> CTC ->
-streaming decoder), and reads RTF and chunk latency from the CLI's ``--json`` output.
+streaming decoder), and reads RTF and chunk latency from the CLI's ``--json`` output. Each setting
+runs twice, side by side: fp32, then with int8 linear weights (``--quantize int8``) under ``int8``.
 Writes ``bench/results/streaming.json``.
 """
 
@@ -69,12 +70,28 @@ def make_audio(data: Path, seconds: float, out: Path) -> float:
     return total
 
 
+def measure(wav: Path, root: Path, out: Path, threads: int, *extra: str) -> dict:
+    """RTF and chunk latency of one ``usmkit-transcribe`` run over ``wav``."""
+    code = transcribe([str(wav), "--checkpoint", str(root), "--json", str(out), "--no-partials",
+                       "--threads", str(threads), *extra])  # fmt: skip
+    if code != 0:
+        raise SystemExit(f"usmkit-transcribe failed ({code}) for {root} {extra}")
+    r = json.loads(out.read_text())
+    return {
+        "rtf": r["rtf"],
+        "latency_ms_p50": round(r["chunk_latency_ms"]["p50"], 2),
+        "latency_ms_p95": round(r["chunk_latency_ms"]["p95"], 2),
+        "chunks": r["chunks"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default="data/synth")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sizes", default="tiny,small")
+    ap.add_argument("--no-int8", action="store_true", help="skip the int8-weights run of each setting")
     args = ap.parse_args()
     data = Path(args.data)
     results = {
@@ -90,28 +107,25 @@ def main() -> None:
         tmp = Path(tmp)
         wav = tmp / "stream.wav"
         results["audio_seconds"] = round(make_audio(data, args.seconds, wav), 1)
-        print(f"{'model':6s} {'chunk':>7s} {'RTF':>7s} {'p50 ms':>8s} {'p95 ms':>8s}")
+        print(
+            f"{'model':6s} {'chunk':>7s} {'RTF':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'int8 RTF':>9s} {'p50 ms':>8s} {'p95 ms':>8s} {'speed-up':>8s}"
+        )
         for size in args.sizes.split(","):
             results["models"][size] = {}
             for chunk_ms in CHUNKS_MS:
                 chunk, left = chunk_ms // 40, LEFT_CONTEXT_MS // chunk_ms
                 root = make_checkpoint(tmp / f"{size}_{chunk}", data, size, chunk, left)
-                out = tmp / f"{size}_{chunk}.json"
-                code = transcribe([str(wav), "--checkpoint", str(root), "--json", str(out), "--no-partials",
-                                   "--threads", str(args.threads)])  # fmt: skip
-                if code != 0:
-                    raise SystemExit(f"usmkit-transcribe failed ({code}) for {size} at {chunk_ms} ms")
-                r = json.loads(out.read_text())
-                entry = {
-                    "rtf": r["rtf"],
-                    "latency_ms_p50": round(r["chunk_latency_ms"]["p50"], 2),
-                    "latency_ms_p95": round(r["chunk_latency_ms"]["p95"], 2),
-                    "chunks": r["chunks"],
+
+                entry = measure(wav, root, tmp / "out.json", args.threads) | {
                     "chunk_size_frames": chunk,
                     "left_chunks": left,
                 }
+                line = f"{size:6s} {chunk_ms:5d}ms {entry['rtf']:7.3f} {entry['latency_ms_p50']:8.1f} {entry['latency_ms_p95']:8.1f}"
+                if not args.no_int8:  # the same stream with int8 linear weights (--quantize int8), right after
+                    q = entry["int8"] = measure(wav, root, tmp / "out.json", args.threads, "--quantize", "int8")
+                    line += f" {q['rtf']:9.3f} {q['latency_ms_p50']:8.1f} {q['latency_ms_p95']:8.1f} {entry['rtf'] / q['rtf']:7.2f}x"
                 results["models"][size][f"{chunk_ms}ms"] = entry
-                print(f"{size:6s} {chunk_ms:5d}ms {entry['rtf']:7.3f} {entry['latency_ms_p50']:8.1f} {entry['latency_ms_p95']:8.1f}")
+                print(line, flush=True)
     out = Path(__file__).resolve().parent / "results" / "streaming.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

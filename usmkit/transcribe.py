@@ -287,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
     p.add_argument("--threads", type=_positive_int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--compile", action="store_true", help="torch.compile the encoder step (slow start, faster steps)")
+    p.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="int8: int8 weights for every linear layer (CPU only; faster, slightly less exact)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -439,6 +445,12 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
         torch.set_num_threads(args.threads)
     decoder_cfg = _decoder_config(args)
     model, cfg, tokenizer, ckpt, stats = _load(args, device)
+    if args.quantize == "int8":
+        if device.type != "cpu":
+            raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
+        from usmkit.streaming.quantize import quantize_linear_int8
+
+        model = quantize_linear_int8(model)
     feature_cfg = cfg.data.features
     enc_cfg = model.encoder.cfg
     streaming = not args.no_streaming

@@ -336,3 +336,12 @@ def test_format_time():
     assert format_time(0) == "00:00.00"
     assert format_time(83.456) == "01:23.46"
     assert format_time(3725.5) == "1:02:05.50"
+
+
+def test_int8_quantized_transcription_matches_fp32_text(ckpt, audio, capsys):
+    code, out_fp32, err = run_cli(capsys, audio, "--checkpoint", ckpt, "--no-partials")
+    assert code == 0, err
+    code, out_int8, err = run_cli(capsys, audio, "--checkpoint", ckpt, "--no-partials", "--quantize", "int8")
+    assert code == 0, err
+    assert [t for _, _, t in finals(out_int8)] == [t for _, _, t in finals(out_fp32)]
+    assert finals(out_int8)

@@ -1,0 +1,72 @@
+"""Tune lexicon decoding's LM weight and word score on a dev set (the CTC log-probs are computed once).
+
+    PYTHONPATH=. python bench/lexicon_tuning.py --checkpoint exp/synth_v2 [--set dev] [--orders 1,2]
+
+Prints a WER table over the grid and writes ``bench/results/lexicon_tuning.json``; use the best
+``lexicon.lm_weight`` / ``lexicon.word_score`` with ``python -m usmkit.evaluate ... decode=ctc_lexicon``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
+from usmkit.data.manifests import load_cuts  # noqa: E402
+from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder  # noqa: E402
+from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
+from usmkit.streaming.features import find_feature_stats, load_feature_stats  # noqa: E402
+from usmkit.tasks import load_trained  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--set", default="dev")
+    ap.add_argument("--orders", default="1,2")
+    ap.add_argument("--lm-weights", default="0.5,1,1.5,2,3")
+    ap.add_argument("--word-scores", default="-2,0,2,4")
+    args = ap.parse_args()
+    module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
+    data = replace(cfg.data, max_duration=200.0)
+    stats = load_feature_stats(find_feature_stats(ckpt, data.manifest_dir), data.features)
+    cuts, _ = prepare_cuts(load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True)
+    refs, emissions = [], []
+    with torch.no_grad():
+        for batch in make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False):
+            enc, lens = module.encode(batch.features, batch.feature_lens)
+            emissions.append((module.ctc(enc), lens))
+            refs += [normalize_text(t, TextNormConfig()) for t in batch.texts]
+    train_texts = [s.text for c in load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus) for s in c.supervisions]
+    rows = []
+    print(f"{'order':>5s} {'lm_w':>5s} {'word':>5s} {'WER %':>7s}")
+    for order, lm_w, ws in itertools.product(
+        map(int, args.orders.split(",")), map(float, args.lm_weights.split(",")), map(float, args.word_scores.split(","))
+    ):
+        with tempfile.TemporaryDirectory() as tmp:
+            dec = LexiconDecoder.build(train_texts, tokenizer, tmp, LexiconConfig(order=order, lm_weight=lm_w, word_score=ws))
+        hyps = [h for lp, lens in emissions for h in dec(lp, lens)]
+        wer = score(refs, hyps).wer
+        rows.append({"order": order, "lm_weight": lm_w, "word_score": ws, "wer": wer})
+        print(f"{order:5d} {lm_w:5.1f} {ws:5.1f} {100 * wer:7.2f}", flush=True)
+    best = min(rows, key=lambda r: r["wer"])
+    print(f"best on {args.set}: {best}")
+    out = Path(__file__).resolve().parent / "results" / "lexicon_tuning.json"
+    out.write_text(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt),
+                               "set": args.set, "command": "PYTHONPATH=. python bench/lexicon_tuning.py " + " ".join(sys.argv[1:]),
+                               "grid": rows, "best": best}, indent=2))  # fmt: skip
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
