@@ -36,25 +36,44 @@ def main() -> None:
     ap.add_argument("--orders", default="1,2")
     ap.add_argument("--lm-weights", default="0.5,1,1.5,2,3")
     ap.add_argument("--word-scores", default="-2,0,2,4")
+    ap.add_argument("--beam-size", type=int, default=LexiconConfig.beam_size)
+    ap.add_argument("--beam-threshold", type=float, default=LexiconConfig.beam_threshold)
     args = ap.parse_args()
     module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
     data = replace(cfg.data, max_duration=200.0)
     stats = load_feature_stats(find_feature_stats(ckpt, data.manifest_dir), data.features)
-    cuts, _ = prepare_cuts(load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True)
+    cuts, _ = prepare_cuts(
+        load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True
+    )
     refs, emissions = [], []
     with torch.no_grad():
         for batch in make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False):
             enc, lens = module.encode(batch.features, batch.feature_lens)
             emissions.append((module.ctc(enc), lens))
             refs += [normalize_text(t, TextNormConfig()) for t in batch.texts]
-    train_texts = [s.text for c in load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus) for s in c.supervisions]
+    train_texts = [
+        s.text for c in load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus) for s in c.supervisions
+    ]
     rows = []
     print(f"{'order':>5s} {'lm_w':>5s} {'word':>5s} {'WER %':>7s}")
     for order, lm_w, ws in itertools.product(
-        map(int, args.orders.split(",")), map(float, args.lm_weights.split(",")), map(float, args.word_scores.split(","))
+        map(int, args.orders.split(",")),
+        map(float, args.lm_weights.split(",")),
+        map(float, args.word_scores.split(",")),
     ):
         with tempfile.TemporaryDirectory() as tmp:
-            dec = LexiconDecoder.build(train_texts, tokenizer, tmp, LexiconConfig(order=order, lm_weight=lm_w, word_score=ws))
+            dec = LexiconDecoder.build(
+                train_texts,
+                tokenizer,
+                tmp,
+                LexiconConfig(
+                    order=order,
+                    lm_weight=lm_w,
+                    word_score=ws,
+                    beam_size=args.beam_size,
+                    beam_threshold=args.beam_threshold,
+                ),
+            )
         hyps = [h for lp, lens in emissions for h in dec(lp, lens)]
         wer = score(refs, hyps).wer
         rows.append({"order": order, "lm_weight": lm_w, "word_score": ws, "wer": wer})

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from usmkit.kernels.chunk_attention.api import Impl, chunk_attention
-from usmkit.models.rotary import apply_rotary
+from usmkit.models.rotary import RotaryTable, apply_rotary
 
 
 class MultiHeadSelfAttention(nn.Module):
@@ -30,14 +30,16 @@ class MultiHeadSelfAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
 
-    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, T, D), positions (T,) or (B, T) absolute frame indices -> rotated q, k and v, each (B, H, T, Dh)."""
+    def project_qkv(
+        self, x: torch.Tensor, positions: torch.Tensor | RotaryTable
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D), positions (T,) or (B, T) absolute frame indices (or their ``RotaryTable``) ->
+        rotated q, k and v, each (B, H, T, Dh)."""
         B, T, D = x.shape
         qkv = self.qkv(self.norm(x)).view(B, T, 3, self.num_heads, D // self.num_heads)  # (B, T, 3, H, Dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, T, Dh)
-        q = apply_rotary(q, positions, self.rotary_base)
-        k = apply_rotary(k, positions, self.rotary_base)
-        return q, k, v
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+        q, k = apply_rotary(qkv[:2], positions, self.rotary_base).unbind(0)  # q and k in one go: (B, H, T, Dh) each
+        return q, k, qkv[2]
 
     def project_out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn (B, H, T, Dh) -> residual branch (B, T, D)."""

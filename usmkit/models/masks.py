@@ -42,9 +42,7 @@ def chunk_mask(T: int, chunk_size: int | None, left_chunks: int, device=None) ->
     return allowed
 
 
-def padded_chunk_mask(
-    lengths: torch.Tensor, T: int, chunk_size: int | None, left_chunks: int
-) -> torch.Tensor:
+def padded_chunk_mask(lengths: torch.Tensor, T: int, chunk_size: int | None, left_chunks: int) -> torch.Tensor:
     """Boolean (B, T, T) mask: ``chunk_mask`` restricted to valid keys and valid queries.
 
     Rows of padded queries are all False (those queries attend to nothing).

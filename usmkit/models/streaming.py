@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.rotary import RotaryTable
 from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR, output_lengths
 
 FEATURE_CONTEXT = RECEPTIVE_FIELD - SUBSAMPLING_FACTOR  # 3 feature frames read by two consecutive chunks
@@ -154,6 +155,8 @@ def stream_step(
     out_lens = output_lengths(lengths + FEATURE_CONTEXT)  # (B,) <= C
     valid = torch.arange(C, device=x.device)[None, :] < out_lens[:, None]  # (B, C)
     positions = state.offset + torch.arange(C, device=x.device)  # (C,) absolute frame indices
+    first = encoder.blocks[0].mhsa
+    rotary = RotaryTable.build(positions, encoder.cfg.head_dim, first.rotary_base)  # once for all layers
     # Keys: K C cached frames (the last `cached` of them valid), then this chunk's valid frames.
     cache_valid = torch.arange(K * C, device=x.device) >= K * C - state.cached  # (K C,)
     key_valid = torch.cat([cache_valid[None, :].expand(B, -1), valid], dim=1)  # (B, K C + C)
@@ -164,7 +167,7 @@ def stream_step(
     new_kv, new_tails = [], []
     for layer, block in enumerate(encoder.blocks):
         x = x + 0.5 * block.ff1(x)
-        q, k, v = block.mhsa.project_qkv(x, positions)  # (B, H, C, Dh) each
+        q, k, v = block.mhsa.project_qkv(x, rotary)  # (B, H, C, Dh) each
         keys = torch.cat([state.kv[layer, 0], k], dim=2)  # (B, H, K C + C, Dh)
         values = torch.cat([state.kv[layer, 1], v], dim=2)  # (B, H, K C + C, Dh)
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, H, C, Dh)
@@ -173,7 +176,7 @@ def stream_step(
         conv = block.conv
         y = conv.pointwise_in(x, valid)  # (B, C, D)
         tail = state.conv_tail[layer]  # (B, Kc - 1, D)
-        x = x + conv.pointwise_out(conv.depthwise(y, tail))
+        x = x + conv.pointwise_out(conv.depthwise_short(y, tail))
         seen = torch.cat([tail, y], dim=1)  # (B, Kc - 1 + C, D)
         new_tails.append(seen[:, seen.shape[1] - tail.shape[1] :])  # (B, Kc - 1, D)
         x = x + 0.5 * block.ff2(x)
