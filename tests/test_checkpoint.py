@@ -44,7 +44,10 @@ def test_full_disk_keeps_the_old_checkpoint(tmp_path, monkeypatch):
 
 def test_other_model_size_lists_mismatched_keys(tmp_path):
     path = ck.save_checkpoint(tmp_path, 1, _module(width=4), {}, "")
-    with pytest.raises(ck.CheckpointError, match=r"(?s)another model size.*shape mismatch \(3\):.*0.weight: checkpoint \(4, 3\) vs model \(8, 3\)"):
+    with pytest.raises(
+        ck.CheckpointError,
+        match=r"(?s)another model size.*shape mismatch \(3\):.*0.weight: checkpoint \(4, 3\) vs model \(8, 3\)",
+    ):
         ck.load_weights(_module(width=8), path)
 
 

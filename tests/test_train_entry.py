@@ -35,7 +35,9 @@ def _run(args: list[str], cwd: Path, check: bool = True, module: str = "usmkit.t
         [sys.executable, "-m", module, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600
     )
     if check and proc.returncode != 0:
-        raise AssertionError(f"{module} {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{module} {args} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -54,19 +56,34 @@ def _losses(exp: Path) -> dict[int, float]:
 def test_train_resume_evaluate(corpus, tmp_path):
     exp = tmp_path / "exp"
     common = [f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "optim.schedule=constant", *FAST]
-    _run(["recipe=stage3_ctc", "trainer.max_steps=3", "trainer.eval_every=3", "trainer.save_every=3", *common], tmp_path)
+    _run(
+        ["recipe=stage3_ctc", "trainer.max_steps=3", "trainer.eval_every=3", "trainer.save_every=3", *common], tmp_path
+    )
     assert (exp / "checkpoints" / "step-000003" / "model.safetensors").is_file()
 
     # The same command again refuses to overwrite the run; resume=true continues it.
     again = _run(["recipe=stage3_ctc", "trainer.max_steps=6", *common], tmp_path, check=False)
     assert again.returncode != 0 and "resume=true" in again.stderr + again.stdout
-    _run(["recipe=stage3_ctc", "trainer.max_steps=6", "trainer.eval_every=0", "trainer.save_every=3", "resume=true", *common], tmp_path)
+    _run(
+        [
+            "recipe=stage3_ctc",
+            "trainer.max_steps=6",
+            "trainer.eval_every=0",
+            "trainer.save_every=3",
+            "resume=true",
+            *common,
+        ],
+        tmp_path,
+    )
     resumed = _losses(exp)
 
     # An uninterrupted run reaches the same losses at steps 4..6 (sampler, RNG and optimizer restored).
     ref = tmp_path / "ref"
     common_ref = [x if not x.startswith("trainer.exp_dir=") else f"trainer.exp_dir={ref}" for x in common]
-    _run(["recipe=stage3_ctc", "trainer.max_steps=6", "trainer.eval_every=0", "trainer.save_every=3", *common_ref], tmp_path)
+    _run(
+        ["recipe=stage3_ctc", "trainer.max_steps=6", "trainer.eval_every=0", "trainer.save_every=3", *common_ref],
+        tmp_path,
+    )
     uninterrupted = _losses(ref)
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(uninterrupted[step], rel=1e-5), step
@@ -80,7 +97,11 @@ def test_train_resume_evaluate(corpus, tmp_path):
 
     # Lexicon + word-LM decoding: every word it prints is a word of the training transcripts.
     lex_json = tmp_path / "eval_lexicon.json"
-    _run([f"checkpoint={exp}", "test_sets=[test]", "decode=ctc_lexicon", f"output={lex_json}"], tmp_path, module="usmkit.evaluate")
+    _run(
+        [f"checkpoint={exp}", "test_sets=[test]", "decode=ctc_lexicon", f"output={lex_json}"],
+        tmp_path,
+        module="usmkit.evaluate",
+    )
     lex = json.loads(lex_json.read_text())
     assert lex["lexicon"]["order"] == 1 and lex["sets"]["test"]["utterances"] == res["utterances"]
     from usmkit.data.manifests import load_cuts

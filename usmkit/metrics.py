@@ -22,9 +22,7 @@ def normalize_text(text: str, cfg: TextNormConfig = TextNormConfig()) -> str:
     if cfg.strip_accents:
         text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
     if cfg.remove_punctuation:
-        text = "".join(
-            c if not unicodedata.category(c).startswith("P") or c == "'" else " " for c in text
-        )
+        text = "".join(c if not unicodedata.category(c).startswith("P") or c == "'" else " " for c in text)
         text = re.sub(r"(^|\s)'+|'+(\s|$)", " ", text)
     return " ".join(text.split())
 

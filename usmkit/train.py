@@ -80,7 +80,6 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     audio_only = cfg.task.kind == "bestrq"
     tokenizer = None if audio_only else load_tokenizer(cfg, rank)
 
-
     def prepare(split: str):
         cuts, report = rank0_first(
             rank,
@@ -98,7 +97,14 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         exp_dir.mkdir(parents=True, exist_ok=True)
         stats.save(exp_dir / "feature_stats.safetensors", data.features)  # travels with the checkpoints
     loader = make_loader(
-        train_cuts, data, tokenizer=tokenizer, stats=stats, train=True, rank=rank, world_size=world, seed=cfg.trainer.seed
+        train_cuts,
+        data,
+        tokenizer=tokenizer,
+        stats=stats,
+        train=True,
+        rank=rank,
+        world_size=world,
+        seed=cfg.trainer.seed,
     )
     dev_eval = None
     if cfg.trainer.eval_every and data.dev_split:
@@ -119,7 +125,14 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
             log.info("initialized %d encoder tensors from %s", len(loaded), src)
     if rank == 0:
         n = sum(p.numel() for p in module.parameters())
-        log.info("task %s, encoder %s: %.2fM parameters, device %s, world %d", cfg.task.kind, cfg.model.preset, n / 1e6, device, world)
+        log.info(
+            "task %s, encoder %s: %.2fM parameters, device %s, world %d",
+            cfg.task.kind,
+            cfg.model.preset,
+            n / 1e6,
+            device,
+            world,
+        )
 
     trainer_cfg = cfg.trainer
     if str(device) != trainer_cfg.device:

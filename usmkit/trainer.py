@@ -342,7 +342,12 @@ class Trainer:
             value = results.get(self.cfg.best_metric)
             if value is not None and (self.best is None or value < self.best["value"]):
                 previous = self.best  # set first, so the checkpoint's train state records itself as the best
-                self.best = {"path": f"step-{self.step:06d}", "metric": self.cfg.best_metric, "value": value, "step": self.step}
+                self.best = {
+                    "path": f"step-{self.step:06d}",
+                    "metric": self.cfg.best_metric,
+                    "value": value,
+                    "step": self.step,
+                }
                 path = self.save()
                 if path is None:
                     self.best = previous

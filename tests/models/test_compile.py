@@ -23,7 +23,17 @@ def _ctc_inputs():
 def test_ctc_custom_op_matches_functional_ctc_loss():
     x, lengths, tokens, token_lens = _ctc_inputs()
     ours = ctc_loss(x.log_softmax(-1), lengths, tokens, token_lens)
-    ref = F.ctc_loss(x.log_softmax(-1).transpose(0, 1), tokens.clamp(min=0), lengths, token_lens, reduction="sum", zero_infinity=True) / 3
+    ref = (
+        F.ctc_loss(
+            x.log_softmax(-1).transpose(0, 1),
+            tokens.clamp(min=0),
+            lengths,
+            token_lens,
+            reduction="sum",
+            zero_infinity=True,
+        )
+        / 3
+    )
     (g_ours,) = torch.autograd.grad(ours, x)
     (g_ref,) = torch.autograd.grad(ref, x)
     torch.testing.assert_close(ours, ref)
@@ -40,7 +50,9 @@ def test_ctc_custom_op_passes_opcheck():
 def _model(las: bool) -> AsrModel:
     torch.manual_seed(0)
     enc = ConformerEncoder(tiny(d_model=64, num_layers=2, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1))
-    head = AsrHeadConfig(ctc_weight=0.3, las=LASConfig(num_layers=1, num_heads=2, dropout=0.0)) if las else AsrHeadConfig()
+    head = (
+        AsrHeadConfig(ctc_weight=0.3, las=LASConfig(num_layers=1, num_heads=2, dropout=0.0)) if las else AsrHeadConfig()
+    )
     return AsrModel(enc, vocab_size=40, cfg=head)
 
 
