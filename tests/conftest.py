@@ -1,6 +1,8 @@
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see usmkit/__init__.py: spinning OpenMP threads stall a shared CPU
+os.environ.setdefault(
+    "OMP_WAIT_POLICY", "PASSIVE"
+)  # see usmkit/__init__.py: spinning OpenMP threads stall a shared CPU
 
 import torch  # noqa: E402
 

@@ -138,3 +138,18 @@ def test_random_gain_is_a_per_utterance_log_offset():
     assert shift.abs().max() <= 20 * math.log(10) / 10 + 1e-6
     assert shift[:, 0, 0].unique().numel() == 4
     assert torch.equal(random_gain(feats, 0.0), feats)
+
+
+def test_utterance_mean_norm_removes_a_gain_change_exactly():
+    from usmkit.data.dataset import subtract_utterance_mean
+
+    torch.manual_seed(0)
+    feats = torch.randn(2, 30, 80)
+    lens = torch.tensor([30, 17])
+    feats[1, 17:] = 0.0  # padding
+    louder = feats + 2.3 * (torch.arange(30) < lens[:, None])[:, :, None]  # +20 dB is +2.3 in every log-mel bin
+    a, b = subtract_utterance_mean(feats, lens), subtract_utterance_mean(louder, lens)
+    assert torch.allclose(a, b, atol=1e-5)
+    assert torch.allclose(a[0].mean(0), torch.zeros(80), atol=1e-5)  # zero mean per bin on valid frames
+    assert torch.allclose(a[1, :17].mean(0), torch.zeros(80), atol=1e-5)
+    assert (a[1, 17:] == 0).all()  # padding stays 0

@@ -345,3 +345,16 @@ def test_int8_quantized_transcription_matches_fp32_text(ckpt, audio, capsys):
     assert code == 0, err
     assert [t for _, _, t in finals(out_int8)] == [t for _, _, t in finals(out_fp32)]
     assert finals(out_int8)
+
+
+def test_checkpoint_trained_with_utterance_mean_norm_is_refused(tmp_path, audio, capsys):
+    from usmkit.checkpoint import CONFIG_FILE
+
+    root = make_checkpoint(tmp_path / "cmn")
+    config = root / "checkpoints" / "step-000001" / CONFIG_FILE
+    cfg = yaml.safe_load(config.read_text())
+    cfg["data"]["utterance_mean_norm"] = True
+    config.write_text(yaml.safe_dump(cfg))
+    code, _, err = run_cli(capsys, audio, "--checkpoint", root)
+    assert code == 2 and "utterance_mean_norm" in err and "usmkit.evaluate" in err
+    assert "Traceback" not in err

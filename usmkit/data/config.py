@@ -89,6 +89,9 @@ class DataConfig:
     - ``pad_to_frames``: pad each batch's feature frames up to a multiple of this (0 = off). With
       ``trainer.compile=true`` it keeps the compiled step to a few static time lengths (use 256);
       without compilation it only wastes compute.
+    - ``utterance_mean_norm``: after global normalization, subtract each utterance's own per-bin mean
+      (CMN; removes recording-level gain and channel offsets). Needs the whole utterance, so models
+      trained with it decode offline (``usmkit.evaluate``), not with streaming ``usmkit-transcribe``.
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
@@ -111,6 +114,7 @@ class DataConfig:
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     labeled_fraction: float = 1.0
     max_cut_duration: float = 30.0
+    utterance_mean_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.max_duration <= 0:

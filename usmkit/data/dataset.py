@@ -39,6 +39,17 @@ def cut_text(cut: Cut) -> str:
     return " ".join(s.text.strip() for s in sups if s.text and s.text.strip())
 
 
+def subtract_utterance_mean(feats: torch.Tensor, feat_lens: torch.Tensor) -> torch.Tensor:
+    """Per-utterance, per-bin mean over the valid frames subtracted (CMN); padding stays 0.
+
+    feats (B, T, F), feat_lens (B,) -> (B, T, F). A gain change is a constant added to every log-mel
+    bin, so this removes it exactly (a speaker recorded 20 dB quieter looks like the others).
+    """
+    valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
+    mean = (feats * valid).sum(1, keepdim=True) / feat_lens.clamp_min(1)[:, None, None]  # (B, 1, F)
+    return (feats - mean).masked_fill(~valid, 0.0)
+
+
 class AsrDataset(torch.utils.data.Dataset):
     """``dataset[cuts] -> Batch``; pass it to a DataLoader with a lhotse sampler and ``batch_size=None``.
 
@@ -57,6 +68,7 @@ class AsrDataset(torch.utils.data.Dataset):
         speed_perturb: tuple[float, ...] = (),
         gain_db: float = 0.0,
         pad_to_frames: int = 0,
+        utterance_mean_norm: bool = False,
         seed: int = 0,
     ) -> None:
         if speed_perturb and features.precomputed:
@@ -75,6 +87,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.perturb = speed_perturbation(speed_perturb, seed)
         self.gain_db = gain_db
         self.pad_to_frames = pad_to_frames
+        self.utterance_mean_norm = utterance_mean_norm
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
@@ -97,6 +110,8 @@ class AsrDataset(torch.utils.data.Dataset):
         else:
             valid = torch.arange(feats.shape[1]) < feat_lens[:, None]  # (B, T)
             feats = feats.masked_fill(~valid[:, :, None], 0.0)
+        if self.utterance_mean_norm:
+            feats = subtract_utterance_mean(feats, feat_lens)
         if self.spec_augment is not None:
             feats = self.spec_augment(feats, feat_lens)
         if self.pad_to_frames > 0:  # a few static time lengths for a compiled step

@@ -148,6 +148,7 @@ def make_loader(
         speed_perturb=cfg.speed_perturb if train else (),
         gain_db=cfg.gain_db if train else 0.0,
         pad_to_frames=cfg.pad_to_frames,
+        utterance_mean_norm=cfg.utterance_mean_norm,
         seed=seed + rank,
     )
     return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)
