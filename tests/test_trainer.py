@@ -120,3 +120,20 @@ def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypat
     out = _trainer(tmp_path, 4, loader=loader, compile=True).fit()
     assert out.step == 4
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_module_health_check_warns_once(tmp_path, caplog):
+    class Unhealthy(ToyTask):
+        calls = 0
+
+        def health_check(self, scalars, step, warmup_steps):
+            type(self).calls += 1
+            return f"something is off at step {step}" if "train/ymean" in scalars else None
+
+    cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=4, log_every=1, eval_every=0, save_every=4, progress=False)
+    trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), Unhealthy(), ToyLoader(), "x: 1\n")
+    with caplog.at_level("WARNING", logger="usmkit.trainer"):
+        trainer.fit()
+    warnings = [r.message for r in caplog.records if "something is off" in r.message]
+    assert warnings == ["something is off at step 1"]  # once, not at every log line
+    assert Unhealthy.calls == 1

@@ -301,6 +301,7 @@ class Trainer:
                     }
                     scalars |= {f"train/{k}": float(v) / self.optim_cfg.accum_steps for k, v in metric_sums.items()}
                     self._log(writer, metrics_log, scalars)
+                    self._health_check(scalars)
                     if progress:
                         progress.set_postfix(loss=f"{last_loss:.3f}", lr=f"{scalars['train/lr']:.2e}", fps=f"{fps:.0f}")
                 if progress:
@@ -322,6 +323,16 @@ class Trainer:
             if metrics_log:
                 metrics_log.close()
         return TrainResult(self.step, last_loss, self.best, self.bad_steps_total, losses)
+
+    def _health_check(self, scalars: dict[str, float]) -> None:
+        """Warn once if the task says its training went wrong (a module's optional ``health_check``)."""
+        check = getattr(self.module, "health_check", None)
+        if check is None or getattr(self, "_health_warned", False):
+            return
+        message = check(scalars, self.step, self.optim_cfg.warmup_steps)
+        if message:
+            log.warning(message)
+            self._health_warned = True
 
     def _log(self, writer, metrics_log, scalars: dict[str, float]) -> None:
         for k, v in scalars.items():

@@ -304,3 +304,14 @@ def test_stage1_recipe_composes_to_the_defaults():
     assert cfg.trainer.best_metric == "dev_loss"
     cfg = _compose_train(["recipe=stage1", "data.features.frame_shift_ms=20.0"])
     assert BestRQConfig(**OmegaConf.to_container(cfg.task.bestrq, resolve=True)).span_frames == 20
+
+
+def test_health_check_flags_collapsed_heads_after_warmup_only():
+    model = _model()
+    collapsed = {"train/pred_perplexity_mean": 1.5, "train/perplexity_mean": 330.0}
+    assert model.health_check(collapsed, step=50, warmup_steps=50) is None  # still warming up
+    message = model.health_check(collapsed, step=500, warmup_steps=50)
+    assert message and "collapsed" in message and "optim.lr" in message
+    healthy = {"train/pred_perplexity_mean": 27.0, "train/perplexity_mean": 320.0}
+    assert model.health_check(healthy, step=500, warmup_steps=50) is None
+    assert model.health_check({"train/loss": 1.0}, step=500, warmup_steps=50) is None
