@@ -150,6 +150,7 @@ class Trainer:
         self.epoch = 0
         self.best: dict | None = None
         self.bad_steps_total = 0
+        self.health_warned = False  # a module's health_check warns once per run
         self.bad_steps_in_row = 0
 
     # ---------------------------------------------------------------- state
@@ -327,12 +328,12 @@ class Trainer:
     def _health_check(self, scalars: dict[str, float]) -> None:
         """Warn once if the task says its training went wrong (a module's optional ``health_check``)."""
         check = getattr(self.module, "health_check", None)
-        if check is None or getattr(self, "_health_warned", False):
+        if check is None or self.health_warned:
             return
         message = check(scalars, self.step, self.optim_cfg.warmup_steps)
         if message:
             log.warning(message)
-            self._health_warned = True
+            self.health_warned = True
 
     def _log(self, writer, metrics_log, scalars: dict[str, float]) -> None:
         for k, v in scalars.items():

@@ -22,6 +22,7 @@ from usmkit.models.config import ConformerConfig
 from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
 from usmkit.models.masks import check_chunk_args, lengths_to_padding_mask
+from usmkit.models.rotary import RotaryTable
 from usmkit.models.subsampling import SUBSAMPLING_FACTOR, Conv2dSubsampling, output_lengths
 
 
@@ -43,11 +44,11 @@ class ConformerBlock(nn.Module):
         x: torch.Tensor,
         lengths: torch.Tensor,
         valid: torch.Tensor,
-        positions: torch.Tensor,
+        positions: torch.Tensor | RotaryTable,
         chunk_size: int | None,
         left_chunks: int,
     ) -> torch.Tensor:
-        """x (B, T', D), lengths (B,), valid (B, T') bool, positions (T',) -> (B, T', D)."""
+        """x (B, T', D), lengths (B,), valid (B, T') bool, positions (T',) or their ``RotaryTable`` -> (B, T', D)."""
         x = x + 0.5 * self.ff1(x)
         x = x + self.mhsa(x, lengths, positions, chunk_size, left_chunks)
         x = x + self.conv(x, valid)
@@ -111,6 +112,7 @@ class ConformerEncoder(nn.Module):
         T = x.shape[1]
         valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
         positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
+        rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
         for block in self.blocks:
-            x = block(x, lengths, valid, positions, chunk_size, left_chunks)
+            x = block(x, lengths, valid, rotary, chunk_size, left_chunks)
         return x.masked_fill(~valid[:, :, None], 0.0), lengths

@@ -49,29 +49,20 @@ class ConvolutionModule(nn.Module):
 
         ``context`` (B, left_context, D) replaces the zero left padding (streaming); right padding
         (non-causal only) is always zeros, i.e. what follows the last valid frame.
+
+        With ``context`` (a streaming chunk of a few frames) the convolution is our own unfold,
+        multiply and sum: there oneDNN's depthwise ``nn.Conv1d`` costs ~0.5 ms per call in set-up
+        alone (``bench/streaming.py``). Whole utterances keep ``nn.Conv1d``, which does not
+        materialize the (B, T, D, Kc) windows.
         """
         left = self.left_context
         right = self.kernel_size - 1 - left
-        y = y.transpose(1, 2)  # (B, D, T)
-        if context is None:
-            y = F.pad(y, (left, right))  # (B, D, left + T + right)
-        else:
-            y = F.pad(torch.cat([context.transpose(1, 2), y], dim=2), (0, right))  # (B, D, left + T + right)
+        if context is not None:
+            seq = F.pad(torch.cat([context, y], dim=1), (0, 0, 0, right))  # (B, left + T + right, D)
+            windows = seq.unfold(1, self.kernel_size, 1)  # (B, T, D, Kc)
+            return (windows * self.depthwise_conv.weight[:, 0, :]).sum(-1) + self.depthwise_conv.bias  # (B, T, D)
+        y = F.pad(y.transpose(1, 2), (left, right))  # (B, D, left + T + right)
         return self.depthwise_conv(y).transpose(1, 2)  # (B, T, D)
-
-    def depthwise_short(self, y: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """``depthwise(y, context)`` for a streaming chunk of a few frames, (B, T, D) -> (B, T, D).
-
-        Our own few ops (unfold, multiply, sum) instead of ``nn.Conv1d``: on a 16-frame chunk the
-        oneDNN depthwise convolution costs ~0.5 ms per call in set-up alone (``bench/streaming.py``).
-        """
-        right = self.kernel_size - 1 - self.left_context
-        seq = torch.cat([context, y], dim=1)  # (B, left + T, D)
-        if right:
-            seq = F.pad(seq, (0, 0, 0, right))  # (B, left + T + right, D)
-        windows = seq.unfold(1, self.kernel_size, 1)  # (B, T, D, Kc)
-        weight = self.depthwise_conv.weight[:, 0, :]  # (D, Kc)
-        return (windows * weight).sum(-1) + self.depthwise_conv.bias  # (B, T, D)
 
     def pointwise_out(self, y: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D): norm, Swish, pointwise, dropout."""

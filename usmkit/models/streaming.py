@@ -155,8 +155,7 @@ def stream_step(
     out_lens = output_lengths(lengths + FEATURE_CONTEXT)  # (B,) <= C
     valid = torch.arange(C, device=x.device)[None, :] < out_lens[:, None]  # (B, C)
     positions = state.offset + torch.arange(C, device=x.device)  # (C,) absolute frame indices
-    first = encoder.blocks[0].mhsa
-    rotary = RotaryTable.build(positions, encoder.cfg.head_dim, first.rotary_base)  # once for all layers
+    rotary = RotaryTable.build(positions, encoder.cfg.head_dim, encoder.cfg.rotary_base)  # once for all layers
     # Keys: K C cached frames (the last `cached` of them valid), then this chunk's valid frames.
     cache_valid = torch.arange(K * C, device=x.device) >= K * C - state.cached  # (K C,)
     key_valid = torch.cat([cache_valid[None, :].expand(B, -1), valid], dim=1)  # (B, K C + C)
@@ -176,7 +175,7 @@ def stream_step(
         conv = block.conv
         y = conv.pointwise_in(x, valid)  # (B, C, D)
         tail = state.conv_tail[layer]  # (B, Kc - 1, D)
-        x = x + conv.pointwise_out(conv.depthwise_short(y, tail))
+        x = x + conv.pointwise_out(conv.depthwise(y, tail))
         seen = torch.cat([tail, y], dim=1)  # (B, Kc - 1 + C, D)
         new_tails.append(seen[:, seen.shape[1] - tail.shape[1] :])  # (B, Kc - 1, D)
         x = x + 0.5 * block.ff2(x)
