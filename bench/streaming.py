@@ -7,13 +7,18 @@ context, causal convolution), it builds a streaming checkpoint (random weights: 
 depend on them; the corpus tokenizer and feature statistics), streams a recording of held-out test
 utterances through the real CLI path (incremental fbank -> encoder ``stream_step`` -> CTC ->
 streaming decoder), and reads RTF and chunk latency from the CLI's ``--json`` output. Each setting
-runs twice, side by side: fp32, then with int8 linear weights (``--quantize int8``) under ``int8``.
+runs three ways back to back: ``eager`` (plain PyTorch, ``--step eager``), ``jit`` (the CLI's default:
+the traced, frozen step) and ``jit_int8`` (traced, int8 linear weights: ``--quantize int8``). The
+top-level ``rtf`` / latency keys of a setting are the default's (``jit``); all three are under
+``variants``. Tracing time (``setup_s``) is start-up, as loading the checkpoint is, and not in the RTF.
 Writes ``bench/results/streaming.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -38,6 +43,11 @@ from usmkit.tasks import build_task  # noqa: E402
 from usmkit.transcribe import main as transcribe  # noqa: E402
 
 CHUNKS_MS = (320, 640, 1280)
+VARIANTS = {  # name -> usmkit-transcribe flags
+    "eager": ("--step", "eager"),
+    "jit": ("--step", "jit"),
+    "jit_int8": ("--step", "jit", "--quantize", "int8"),
+}
 LEFT_CONTEXT_MS = 2560
 
 
@@ -72,16 +82,18 @@ def make_audio(data: Path, seconds: float, out: Path) -> float:
 
 def measure(wav: Path, root: Path, out: Path, threads: int, *extra: str) -> dict:
     """RTF and chunk latency of one ``usmkit-transcribe`` run over ``wav``."""
-    code = transcribe([str(wav), "--checkpoint", str(root), "--json", str(out), "--no-partials",
-                       "--threads", str(threads), *extra])  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+        code = transcribe([str(wav), "--checkpoint", str(root), "--json", str(out), "--no-partials",
+                           "--threads", str(threads), *extra])  # fmt: skip
     if code != 0:
-        raise SystemExit(f"usmkit-transcribe failed ({code}) for {root} {extra}")
+        raise SystemExit(f"usmkit-transcribe failed ({code}) for {root} {extra}:\n{err.getvalue()}")
     r = json.loads(out.read_text())
     return {
         "rtf": r["rtf"],
         "latency_ms_p50": round(r["chunk_latency_ms"]["p50"], 2),
         "latency_ms_p95": round(r["chunk_latency_ms"]["p95"], 2),
         "chunks": r["chunks"],
+        "setup_s": r["setup_seconds"],
     }
 
 
@@ -91,7 +103,6 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sizes", default="tiny,small")
-    ap.add_argument("--no-int8", action="store_true", help="skip the int8-weights run of each setting")
     args = ap.parse_args()
     data = Path(args.data)
     results = {
@@ -107,25 +118,27 @@ def main() -> None:
         tmp = Path(tmp)
         wav = tmp / "stream.wav"
         results["audio_seconds"] = round(make_audio(data, args.seconds, wav), 1)
-        print(
-            f"{'model':6s} {'chunk':>7s} {'RTF':>7s} {'p50 ms':>8s} {'p95 ms':>8s} {'int8 RTF':>9s} {'p50 ms':>8s} {'p95 ms':>8s} {'speed-up':>8s}"
-        )
+        print(f"{'model':6s} {'chunk':>7s} " + " ".join(f"{v + ' RTF':>13s} {'p50/p95 ms':>11s}" for v in VARIANTS)
+              + f" {'jit x':>6s} {'int8 x':>6s}")  # fmt: skip
         for size in args.sizes.split(","):
             results["models"][size] = {}
             for chunk_ms in CHUNKS_MS:
                 chunk, left = chunk_ms // 40, LEFT_CONTEXT_MS // chunk_ms
                 root = make_checkpoint(tmp / f"{size}_{chunk}", data, size, chunk, left)
-
-                entry = measure(wav, root, tmp / "out.json", args.threads) | {
+                variants = {name: measure(wav, root, tmp / "out.json", args.threads, *flags)
+                            for name, flags in VARIANTS.items()}  # fmt: skip
+                entry = dict(variants["jit"]) | {
                     "chunk_size_frames": chunk,
                     "left_chunks": left,
+                    "variants": variants,
                 }
-                line = f"{size:6s} {chunk_ms:5d}ms {entry['rtf']:7.3f} {entry['latency_ms_p50']:8.1f} {entry['latency_ms_p95']:8.1f}"
-                if not args.no_int8:  # the same stream with int8 linear weights (--quantize int8), right after
-                    q = entry["int8"] = measure(wav, root, tmp / "out.json", args.threads, "--quantize", "int8")
-                    line += f" {q['rtf']:9.3f} {q['latency_ms_p50']:8.1f} {q['latency_ms_p95']:8.1f} {entry['rtf'] / q['rtf']:7.2f}x"
                 results["models"][size][f"{chunk_ms}ms"] = entry
-                print(line, flush=True)
+                cells = " ".join(
+                    f"{v['rtf']:13.3f} {v['latency_ms_p50']:5.0f}/{v['latency_ms_p95']:<5.0f}"
+                    for v in variants.values()
+                )
+                eager, jit, q = (variants[k]["rtf"] for k in VARIANTS)
+                print(f"{size:6s} {chunk_ms:5d}ms {cells} {eager / jit:5.2f}x {eager / q:5.2f}x", flush=True)
     out = Path(__file__).resolve().parent / "results" / "streaming.json"
     out.write_text(json.dumps(results, indent=2))
     print(f"wrote {out}")

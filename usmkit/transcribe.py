@@ -52,6 +52,7 @@ class RunStats:
 
     audio_s: float = 0.0
     compute_s: float = 0.0
+    setup_s: float = 0.0  # before the first chunk (tracing / compiling the encoder step); not in compute_s
     latencies_s: list[float] = field(default_factory=list)
 
     @property
@@ -118,13 +119,16 @@ class StreamingTranscriber:
         chunk_size: int | None = None,
         left_chunks: int | None = None,
         silence_db: float = -50.0,
-        compile: bool = False,
+        step: str = "eager",
     ) -> None:
         self.device = next(model.parameters()).device
         self.fbank = fbank
-        self.encoder = StreamingEncoder(model.encoder, chunk_size, left_chunks, compile=compile)
+        self.encoder = StreamingEncoder(model.encoder, chunk_size, left_chunks, step=step)
         self.frames = FrameDecoder(model, tokenizer, decoder_cfg, _encoder_frame_samples(fbank), silence_db)
         self.stats = RunStats()
+        start = time.perf_counter()
+        self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk
+        self.stats.setup_s = time.perf_counter() - start
 
     @property
     def partial(self) -> str:
@@ -286,7 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-partials", action="store_true", help="print final segments only")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
     p.add_argument("--threads", type=_positive_int, help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the encoder step (slow start, faster steps)")
+    p.add_argument(
+        "--step",
+        choices=("jit", "eager", "compile"),
+        default="jit",
+        help="how the encoder runs each chunk: jit = traced TorchScript graph (default; same output, "
+        "no Python overhead per op, a few seconds to trace), eager = plain PyTorch, "
+        "compile = torch.compile (minutes to compile on a CPU)",
+    )
     p.add_argument(
         "--quantize",
         choices=("none", "int8"),
@@ -471,7 +482,7 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     printer = Printer(out, partials=not args.no_partials)
     if streaming:
         transcriber = StreamingTranscriber(
-            model, tokenizer, fbank, decoder_cfg, C, K, silence_db=args.silence_db, compile=args.compile
+            model, tokenizer, fbank, decoder_cfg, C, K, silence_db=args.silence_db, step=args.step
         )
         segments, run_stats, interrupted = _run_streaming(transcriber, source, printer, err)
     else:
@@ -513,6 +524,7 @@ def _write_json(path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s:
         "rescore": decoder_cfg.rescore,
         "audio_seconds": round(s.audio_s, 3),
         "rtf": round(s.rtf, 5),
+        "setup_seconds": round(s.setup_s, 3),
         "chunk_latency_ms": {"p50": s.latency_ms(50), "p95": s.latency_ms(95)} if s.latencies_s else None,
         "chunks": len(s.latencies_s),
         "segments": [seg.as_dict() for seg in segments],

@@ -347,6 +347,21 @@ def test_int8_quantized_transcription_matches_fp32_text(ckpt, audio, capsys):
     assert finals(out_int8)
 
 
+def test_traced_step_gives_the_eager_transcript_and_timings(ckpt, audio, capsys, tmp_path):
+    runs = {}
+    for step in ("jit", "eager"):
+        out_json = tmp_path / f"{step}.json"
+        code, out, err = run_cli(
+            capsys, audio, "--checkpoint", ckpt, "--no-partials", "--step", step, "--json", out_json
+        )
+        assert code == 0, err
+        runs[step] = (finals(out), json.loads(out_json.read_text()))
+    assert runs["jit"][0] == runs["eager"][0] and runs["jit"][0]
+    jit = runs["jit"][1]
+    assert jit["setup_seconds"] > 0 and jit["chunks"] == runs["eager"][1]["chunks"]
+    assert [s["text"] for s in jit["segments"]] == [s["text"] for s in runs["eager"][1]["segments"]]
+
+
 def test_checkpoint_trained_with_utterance_mean_norm_is_refused(tmp_path, audio, capsys):
     from usmkit.checkpoint import CONFIG_FILE
 

@@ -28,6 +28,7 @@ explicit cap, which is then an approximation of the trained model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -198,7 +199,10 @@ class StreamingEncoder:
 
     Buffers at most ``4 C + 2`` feature frames between calls. ``flush()`` encodes what is left at the
     end of the stream, so the frames of ``accept`` + ``flush`` are those of the full forward.
-    ``compile=True`` wraps ``stream_step`` in ``torch.compile`` (static shapes; off by default).
+    ``step`` picks how each chunk runs: ``"eager"`` calls ``stream_step``; ``"jit"`` runs it traced
+    and frozen (``usmkit.models.traced_step``: same output, no Python overhead per op, a few seconds
+    to trace on the first chunk); ``"compile"`` wraps it in ``torch.compile`` (static shapes; minutes
+    to compile on a CPU).
 
     >>> enc = ConformerEncoder(ConformerConfig(d_model=32, num_layers=1, num_heads=2, causal_conv=True,
     ...                                        chunk_size=2, left_chunks=1, dropout=0.0)).eval()
@@ -214,12 +218,37 @@ class StreamingEncoder:
         encoder: ConformerEncoder,
         chunk_size: int | None = None,
         left_chunks: int | None = None,
-        compile: bool = False,
+        step: Literal["eager", "jit", "compile"] = "eager",
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
-        self._step = torch.compile(stream_step, dynamic=False) if compile else stream_step
+        if step == "eager":
+            self._step = stream_step
+        elif step == "jit":
+            from usmkit.models.traced_step import TracedStreamStep  # imports this module
+
+            self._step = TracedStreamStep(encoder)
+        elif step == "compile":
+            self._step = torch.compile(stream_step, dynamic=False)
+        else:
+            raise ValueError(f"step must be 'eager', 'jit' or 'compile', got {step!r}")
         self.reset()
+
+    def warm_up(self, batch_size: int = 1) -> None:
+        """Run one step on zeros, outside any stream, so that tracing or compiling (``step="jit"`` /
+        ``"compile"``) happens now rather than inside the first chunk of a stream."""
+        param = next(self.encoder.parameters())
+        F_in = self.encoder.cfg.input_dim
+        state = init_state(
+            self.encoder,
+            param.new_zeros(batch_size, FEATURE_CONTEXT, F_in),
+            self.chunk_size,
+            self.left_chunks,
+        )
+        chunk = param.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, 4C, F)
+        lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=param.device)
+        with torch.no_grad():
+            self._step(self.encoder, chunk, state, lengths)
 
     def reset(self) -> None:
         """Start a new stream (all caches cleared)."""
