@@ -204,6 +204,21 @@ def test_causal_convolution_context_equals_the_full_sequence():
     torch.testing.assert_close(part, full[:, t0:], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("causal,kernel", [(False, 5), (True, 5), (False, 15), (True, 4)])
+def test_compiled_depthwise_path_equals_the_conv1d_path(causal, kernel, monkeypatch):
+    """Under torch.compile depthwise() takes K shifted multiply-adds; they equal nn.Conv1d, with and without context."""
+    torch.manual_seed(0)
+    conv = ConvolutionModule(8, kernel_size=kernel, causal=causal, dropout=0.0)
+    y = torch.randn(2, 13, 8)
+    eager_full = conv.depthwise(y)
+    eager_part = conv.depthwise(y[:, 6:], context=y[:, 6 - conv.left_context : 6]) if causal else None
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(conv.depthwise(y), eager_full, atol=1e-6, rtol=1e-6)
+    if causal:
+        part = conv.depthwise(y[:, 6:], context=y[:, 6 - conv.left_context : 6])
+        torch.testing.assert_close(part, eager_part, atol=1e-6, rtol=1e-6)
+
+
 def test_rotary_scores_depend_only_on_relative_position():
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 1, 1, 16, generator=g), torch.randn(1, 1, 1, 16, generator=g)

@@ -1,0 +1,185 @@
+"""Where a compiled training step's GPU time goes, by kernel category, and what the depthwise convolution costs.
+
+    PYTHONPATH=. python bench/profile_step.py [--size large] [--impl triton] [--json OUT]
+
+Same step as ``bench/train_throughput.py`` (bf16 autocast, CTC loss, fused AdamW, regional compile,
+static shapes). ``torch.profiler`` records 3 steps; CUDA kernel time is summed per category (matmul,
+attention, convolution, inductor-fused elementwise/norm, optimizer, CTC, other) and the top kernels
+are listed. Then the depthwise convolution of every Conformer layer is timed both ways, side by side
+in one run: cuDNN's grouped ``nn.Conv1d`` (our default) and the same convolution written as K
+shifted multiply-adds that inductor fuses into the surrounding kernels (``dw=shifted``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import types
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from train_throughput import SHAPES, OursCTC, TorchaudioCTC, compile_regions, make_batch  # noqa: E402
+
+from usmkit.models.convolution import ConvolutionModule  # noqa: E402
+
+CATEGORIES = [  # first match wins
+    ("attention", r"chunk_attn|_attn_|flash|fmha|attention|sdpa"),
+    ("matmul", r"gemm|cutlass|nvjet|sm90_xmma|matmul|cublas|s16816|s1688"),
+    ("convolution", r"conv|cudnn|dgrad|wgrad|implicit|depthwise"),
+    ("optimizer", r"adam|multi_tensor|foreach"),
+    ("ctc", r"ctc"),
+    ("inductor fused", r"^triton_"),
+]
+
+
+def category(name: str) -> str:
+    for cat, pattern in CATEGORIES:
+        if re.search(pattern, name, re.IGNORECASE):
+            return cat
+    return "other"
+
+
+def shifted_depthwise(self: ConvolutionModule, y: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    """The depthwise conv as K shifted multiply-adds (B, T, D) -> (B, T, D); same result as ``depthwise``."""
+    left = self.left_context
+    right = self.kernel_size - 1 - left
+    seq = torch.cat([context, y], dim=1) if context is not None else F.pad(y, (0, 0, left, 0))
+    seq = F.pad(seq, (0, 0, 0, right))  # (B, T + K - 1, D)
+    T, w = y.shape[1], self.depthwise_conv.weight[:, 0, :]  # (D, K)
+    out = self.depthwise_conv.bias + seq[:, 0:T] * w[:, 0]
+    for k in range(1, self.kernel_size):
+        out = out + seq[:, k : k + T] * w[:, k]
+    return out
+
+
+def make_step(model, batch):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(*batch)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def timed(step, n: int) -> float:
+    times = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        step()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def build(size: str, impl: str, chunk: int, dw: str):
+    torch.manual_seed(0)
+    model = TorchaudioCTC(size) if impl == "torchaudio" else OursCTC(size, impl, chunk)
+    if dw == "shifted":  # per instance, so models built earlier keep their own convolution
+        for m in model.modules():
+            if isinstance(m, ConvolutionModule):
+                m.depthwise = types.MethodType(shifted_depthwise, m)
+    model = model.cuda()
+    compile_regions(model, dynamic=False)
+    return model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="large")
+    ap.add_argument("--impl", default="triton")
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "profile_step.json"))
+    args = ap.parse_args()
+    B, T = SHAPES[args.size]
+    batch = make_batch(B, T, "cuda")
+    result = {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "command": "PYTHONPATH=. python bench/profile_step.py " + " ".join(sys.argv[1:]),
+        "size": args.size,
+        "B": B,
+        "T": T,
+        "impl": args.impl,
+    }
+
+    # 1. Profile of our compiled step (default depthwise).
+    model = build(args.size, args.impl, args.chunk, "conv")
+    step = make_step(model, batch)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    result["step_ms"] = timed(step, args.steps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            per_kernel[ev.key] += ev.device_time_total / 3 / 1e3  # ms per step
+    per_cat: dict[str, float] = defaultdict(float)
+    for name, ms in per_kernel.items():
+        per_cat[category(name)] += ms
+    total = sum(per_cat.values())
+    result["kernel_ms_per_step"] = round(total, 2)
+    result["categories_ms"] = {k: round(v, 2) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])}
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:20]
+    result["top_kernels"] = [{"name": n[:120], "ms": round(ms, 3), "category": category(n)} for n, ms in top]
+    print(f"\n{args.size} {args.impl}: step {result['step_ms']:.1f} ms, kernels {total:.1f} ms per step")
+    print(f"{'category':16s} {'ms/step':>8s} {'share':>6s}")
+    for cat, ms in result["categories_ms"].items():
+        print(f"{cat:16s} {ms:8.2f} {100 * ms / total:5.1f}%")
+    print("\ntop kernels:")
+    for k in result["top_kernels"]:
+        print(f"{k['ms']:8.3f} ms  {k['category']:14s} {k['name'][:90]}")
+    del model, step
+    torch.cuda.empty_cache()
+
+    # 2. Depthwise convolution: cuDNN vs shifted multiply-adds, and torchaudio's compiled step, alternated.
+    variants = {
+        "ours dw=conv": (args.impl, "conv"),
+        "ours dw=shifted": (args.impl, "shifted"),
+        "torchaudio": ("torchaudio", "conv"),
+    }
+    steps = {}
+    for name, (impl, dw) in variants.items():
+        m = build(args.size, impl, args.chunk, dw)
+        steps[name] = (m, make_step(m, batch))
+        for _ in range(3):
+            steps[name][1]()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(3):  # rounds, alternating the variants against drift
+        for name, (_, st) in steps.items():
+            times[name].append(timed(st, args.steps))
+    result["step_ms_side_by_side"] = {n: round(statistics.median(t), 2) for n, t in times.items()}
+    ta = result["step_ms_side_by_side"]["torchaudio"]
+    print(f"\n{'variant':18s} {'ms/step':>8s} {'vs torchaudio':>13s}")
+    for n, ms in result["step_ms_side_by_side"].items():
+        print(f"{n:18s} {ms:8.2f} {ta / ms:12.2f}x")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Issue 3, sweep round 4 on the lent GPU (fp32, so per-step curves are the CPU run's): 4 synthetic-corpus
+# variants at the CPU budget's 2800 steps, selected on dev (seen voices) with lexicon decoding, and 4
+# FSDD variants (speaker theo held out), among them fine-tuning from the synthetic-corpus model
+# (58 espeak voices) instead of starting from scratch. All 8 train side by side on one GPU.
+#   usage (device, carrying .whl and .carry): bash bench/sweeps/round4_gpu.sh OUTDIR
+#   .carry/fsdd = a copy of ../shared/data/fsdd; .carry/synth_v2 = the committed synth baseline's
+#   checkpoint (exp/synth_v2/checkpoints/step-002200: config.yaml + model.safetensors).
+set -u
+OUTDIR=${1:-/tmp/sweep_out}
+mkdir -p "$OUTDIR"
+export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+[[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
+rm -rf data/fsdd
+python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
+python3 -m usmkit.data.recipes.fsdd out=data/fsdd corpus_dir=.carry/fsdd >> "$OUTDIR/corpus.log" 2>&1 || { tail -20 "$OUTDIR/corpus.log"; exit 1; }
+SYN=(recipe=stage3_ctc model=tiny data=synth data.manifest_dir=data/synth optim.warmup_steps=100
+  trainer.precision=fp32 trainer.save_every=700 trainer.dev_max_batches=0 trainer.progress=false data.num_workers=1
+  data.max_duration=50 trainer.max_steps=2800 trainer.eval_every=700 vocab_size=320
+  tokenizer=exp/sweep/tok320/tokenizer.model optim.lr=2.5e-3 'model.overrides={subsampling_channels: 32}'
+  data.spec_augment.time_masks=2 data.spec_augment.freq_width=15 model.dropout=0.1)
+FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.precision=fp32
+  data.max_duration=60 data.spec_augment.time_masks=2 data.spec_augment.freq_width=15 trainer.progress=false
+  trainer.eval_every=200 trainer.save_every=200 data.num_workers=1 optim.warmup_steps=60)
+# Features (train, dev and test), stats and tokenizers once: parallel runs would race on the caches.
+{ python3 -m usmkit.train "${SYN[@]}" trainer.max_steps=1 trainer.eval_every=1 trainer.exp_dir=exp/sweep/prep_syn &&
+  python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_syn test_sets=[test] output=exp/sweep/prep_syn/eval.json &&
+  python3 -m usmkit.train "${FS[@]}" trainer.max_steps=1 trainer.eval_every=1 trainer.exp_dir=exp/sweep/prep_fs &&
+  python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_fs test_sets=[test] output=exp/sweep/prep_fs/eval.json; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
+echo "prepared at $(date +%T)"
+INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
+if [[ ${ROUND:-4} == 6 ]]; then  # round 6: seed variance and the conv kernel (synth); FSDD fine-tuning lr, length, SpecAugment, seed
+declare -A RUNS=(
+  [Q_s1]="SYN trainer.seed=1"
+  [Q_k15]="SYN +model.overrides.conv_kernel=15"
+  [Q_s2]="SYN trainer.seed=2"
+  [F_lr5_2000]="FS trainer.max_steps=2000 optim.lr=5e-4 $INIT"
+  [F_lr3_1200]="FS trainer.max_steps=1200 optim.lr=3e-4 $INIT"
+  [F_lr5_sa]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT data.spec_augment.time_masks=5 data.spec_augment.freq_width=27"
+  [F_lr5_s1]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT trainer.seed=1"
+  [F_lr5_s2]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT trainer.seed=2"
+)
+elif [[ ${ROUND:-4} == 5 ]]; then  # round 5: the three synth runs that failed in round 4, and FSDD fine-tuning variants
+declare -A RUNS=(
+  [Q_s0]="SYN trainer.seed=0"
+  [Q_s1]="SYN trainer.seed=1"
+  [Q_k15]="SYN 'model.overrides={subsampling_channels: 32, conv_kernel: 15}'"
+  [F_init1200_sa]="FS trainer.max_steps=1200 optim.lr=1e-3 $INIT data.spec_augment.time_masks=5 data.spec_augment.freq_width=27"
+  [F_init2000]="FS trainer.max_steps=2000 optim.lr=1e-3 $INIT"
+  [F_init1200_lr5]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT"
+  [F_initQ1200]="FS trainer.max_steps=1200 optim.lr=1e-3 init_from=exp/sweep/Q_lr35 'model.overrides={subsampling_channels: 32}'"
+)
+else
+declare -A RUNS=(
+  [Q_s0]="SYN trainer.seed=0"
+  [Q_s1]="SYN trainer.seed=1"
+  [Q_k15]="SYN 'model.overrides={subsampling_channels: 32, conv_kernel: 15}'"
+  [Q_lr35]="SYN optim.lr=3.5e-3"
+  [F_scratch400]="FS trainer.max_steps=400 optim.lr=2e-3"
+  [F_scratch1200]="FS trainer.max_steps=1200 optim.lr=2e-3"
+  [F_init400]="FS trainer.max_steps=400 optim.lr=1e-3 $INIT"
+  [F_init1200]="FS trainer.max_steps=1200 optim.lr=1e-3 $INIT"
+)
+fi
+for name in "${!RUNS[@]}"; do
+  spec=${RUNS[$name]}
+  if [[ ${spec%% *} == SYN ]]; then base='"${SYN[@]}"'; else base='"${FS[@]}"'; fi
+  eval "timeout 420 python3 -m usmkit.train $base ${spec#* } trainer.exp_dir=exp/sweep/$name" > "$OUTDIR/$name.log" 2>&1 &
+done
+wait
+echo "trained at $(date +%T)"
+for name in "${!RUNS[@]}"; do
+  python3 -m usmkit.evaluate checkpoint=exp/sweep/$name test_sets=[test,dev] decode=ctc_lexicon output=exp/sweep/$name/eval_lex.json > "$OUTDIR/$name.eval.log" 2>&1 &
+done
+wait
+for name in "${!RUNS[@]}"; do cp exp/sweep/$name/metrics.jsonl "$OUTDIR/$name.metrics.jsonl" 2>/dev/null; cp exp/sweep/$name/eval_lex.json "$OUTDIR/$name.eval.json" 2>/dev/null; done
+python3 - "$OUTDIR" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+for m in sorted(out.glob("*.metrics.jsonl")):
+    name = m.name.split(".")[0]
+    steps = [json.loads(l).get("step") for l in m.open() if "train/loss" in l]
+    ev = out / f"{name}.eval.json"
+    if not ev.exists():
+        print(f"{name:14s} no eval ({steps[-1:]})"); continue
+    sets = json.loads(ev.read_text())["sets"]
+    en = lambda s: sets[s].get("per_language", {}).get("en", sets[s])
+    print(f"{name:14s} steps={steps[-1] if steps else '-'} dev wer={sets['dev']['wer']:.3f} dev_en={en('dev')['wer']:.3f} "
+          f"test wer={sets['test']['wer']:.3f} test_en={en('test')['wer']:.3f}")
+PY
+for name in "${!RUNS[@]}"; do grep -q "done:" "$OUTDIR/$name.log" 2>/dev/null || { echo "== $name failed:"; tail -4 "$OUTDIR/$name.log"; }; done
+tar czf /tmp/sweep.tgz -C "$OUTDIR" . && rm -rf "${OUTDIR:?}"/* && mv /tmp/sweep.tgz "$OUTDIR/"
