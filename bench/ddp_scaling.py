@@ -23,7 +23,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_throughput import SHAPES, OursCTC, compile_regions, make_batch  # noqa: E402
+from train_throughput import SHAPES, OursCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
 
 
 def main() -> None:
@@ -41,28 +41,12 @@ def main() -> None:
     model = OursCTC(args.size, "sdpa", 128).to(device)
     compile_regions(model, dynamic=False)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index], broadcast_buffers=False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     batch = make_batch(B, T, device, seed=rank)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = ddp(*batch)
-        loss.backward()
-        opt.step()
-
+    step = make_step(ddp, batch, params=model.parameters())
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(args.steps):
-        dist.barrier()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        step()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
+    times = timed(step, args.steps, before=dist.barrier)
     ms = torch.tensor([statistics.median(times)], device=device)
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     if rank == 0:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_throughput import SHAPES, OursCTC, TorchaudioCTC, compile_regions, make_batch  # noqa: E402
+from train_throughput import SHAPES, OursCTC, TorchaudioCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
 
 from usmkit.models.convolution import ConvolutionModule  # noqa: E402
 
@@ -61,32 +61,6 @@ def shifted_depthwise(self: ConvolutionModule, y: torch.Tensor, context: torch.T
     for k in range(1, self.kernel_size):
         out = out + seq[:, k : k + T] * w[:, k]
     return out
-
-
-def make_step(model, batch):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(*batch)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step
-
-
-def timed(step, n: int) -> float:
-    times = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        step()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
 
 
 def build(size: str, impl: str, chunk: int, dw: str):
@@ -128,7 +102,7 @@ def main() -> None:
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    result["step_ms"] = timed(step, args.steps)
+    result["step_ms"] = statistics.median(timed(step, args.steps))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
             step()
@@ -171,7 +145,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(3):  # rounds, alternating the variants against drift
         for name, (_, st) in steps.items():
-            times[name].append(timed(st, args.steps))
+            times[name].append(statistics.median(timed(st, args.steps)))
     result["step_ms_side_by_side"] = {n: round(statistics.median(t), 2) for n, t in times.items()}
     ta = result["step_ms_side_by_side"]["torchaudio"]
     print(f"\n{'variant':18s} {'ms/step':>8s} {'vs torchaudio':>13s}")

@@ -115,33 +115,49 @@ def compile_regions(model: torch.nn.Module, dynamic: bool) -> None:
         r.compile(dynamic=dynamic)
 
 
-def time_steps(model, batch, steps: int, compile_mode: str | None) -> dict:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    fn = model
-    if compile_mode is not None:
-        compile_regions(model, dynamic=compile_mode == "dynamic")
+def make_step(model, batch, params=None):
+    """One training step as a closure: zero grads, bf16-autocast forward (CTC loss), backward, fused AdamW.
+
+    ``model`` may be a DDP wrapper; ``params`` are then the wrapped module's parameters.
+    """
+    opt = torch.optim.AdamW(model.parameters() if params is None else params, lr=1e-4, fused=True)
 
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fn(*batch)
+            loss = model(*batch)
         loss.backward()
         opt.step()
         return loss
 
-    t0 = time.perf_counter()
-    for _ in range(3):
-        loss = step()
-    torch.cuda.synchronize()
-    warmup_s = time.perf_counter() - t0
+    return step
+
+
+def timed(step, n: int, before=None) -> list[float]:
+    """GPU milliseconds of ``n`` calls of ``step`` (CUDA events, synchronized each time); ``before`` runs first each time."""
     times = []
-    for _ in range(steps):
+    for _ in range(n):
+        if before is not None:
+            before()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         step()
         e.record()
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e))
+    return times
+
+
+def time_steps(model, batch, steps: int, compile_mode: str | None) -> dict:
+    if compile_mode is not None:
+        compile_regions(model, dynamic=compile_mode == "dynamic")
+    step = make_step(model, batch)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        loss = step()
+    torch.cuda.synchronize()
+    warmup_s = time.perf_counter() - t0
+    times = timed(step, steps)
     return {
         "step_ms": statistics.median(times),
         "step_ms_min": min(times),
@@ -214,11 +230,15 @@ def main() -> None:
     for size, entry in result["sizes"].items():
         for v, r in entry["variants"].items():
             if "step_ms" in r:
-                print(f"{size:6s} {v:10s} {r['step_ms']:9.1f} {r['frames_per_s']:10d} {r['mfu_datasheet']:9.3f} {r['mfu_measured_peak']:9.3f}")
+                print(
+                    f"{size:6s} {v:10s} {r['step_ms']:9.1f} {r['frames_per_s']:10d} {r['mfu_datasheet']:9.3f} {r['mfu_measured_peak']:9.3f}"
+                )
             else:
                 print(f"{size:6s} {v:10s} {r['error'][:60]}")
         if "speedup_vs_torchaudio_compiled" in entry:
-            print(f"{size}: best ours ({entry['best_ours']}) is {entry['speedup_vs_torchaudio_compiled']}x torchaudio compiled")
+            print(
+                f"{size}: best ours ({entry['best_ours']}) is {entry['speedup_vs_torchaudio_compiled']}x torchaudio compiled"
+            )
 
 
 if __name__ == "__main__":
