@@ -248,7 +248,10 @@ class StreamingEncoder:
         chunk = param.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, 4C, F)
         lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=param.device)
         with torch.no_grad():
-            self._step(self.encoder, chunk, state, lengths)
+            # TorchScript's profiling executor specializes a graph over its first calls: two runs here
+            # keep that out of the first chunks' latency too (measured: p95 136 -> 24 ms on 4 chunks).
+            for _ in range(2):
+                self._step(self.encoder, chunk, state, lengths)
 
     def reset(self) -> None:
         """Start a new stream (all caches cleared)."""
