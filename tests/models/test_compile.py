@@ -47,6 +47,29 @@ def test_ctc_custom_op_passes_opcheck():
     torch.library.opcheck(torch.ops.usmkit.ctc_nll.default, (lp, tokens.clamp(min=0), lengths, token_lens))
 
 
+def test_ctc_loss_compiles_with_dynamic_shapes():
+    """dynamic=True: the backward op's fake kernel must promise the strides the real kernel returns.
+
+    log_probs reach the op as a transposed (T, B, V) view; the CPU kernel's gradient is contiguous.
+    A fake kernel promising the view's strides made inductor's stride assertion fail here.
+    """
+
+    def loss_fn(x, lengths, tokens, token_lens):
+        return ctc_loss(x.log_softmax(-1), lengths, tokens, token_lens)
+
+    compiled = torch.compile(loss_fn, dynamic=True)
+    # A cached compiled graph from before a fix would hide (or fake) the failure: compile afresh.
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        for B, T in [(3, 20), (4, 26)]:  # two shapes, one graph
+            x, lengths, tokens, token_lens = _ctc_inputs()
+            x = torch.randn(B, T, 10, generator=torch.Generator().manual_seed(T)).requires_grad_()
+            lengths = torch.full((B,), T)
+            tokens, token_lens = tokens[:1].expand(B, -1).contiguous(), torch.full((B,), 6)
+            (g_compiled,) = torch.autograd.grad(compiled(x, lengths, tokens, token_lens), x)
+            (g_eager,) = torch.autograd.grad(loss_fn(x, lengths, tokens, token_lens), x)
+            torch.testing.assert_close(g_compiled, g_eager)
+
+
 def _model(las: bool) -> AsrModel:
     torch.manual_seed(0)
     enc = ConformerEncoder(tiny(d_model=64, num_layers=2, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1))

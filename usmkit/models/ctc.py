@@ -82,14 +82,18 @@ def ctc_nll_backward(
     grad: torch.Tensor, log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
     nll, log_alpha = torch.ops.aten._ctc_loss(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
-    return torch.ops.aten._ctc_loss_backward(
+    grad_lp = torch.ops.aten._ctc_loss_backward(
         grad.contiguous(), log_probs, tokens, lengths, token_lens, nll, log_alpha, BLANK_ID, True
     )
+    # Contiguous, as the fake kernel promises: the CPU kernel returns a contiguous (T, B, V) tensor
+    # whatever log_probs' strides (here a transposed view), so ``empty_like`` would promise the wrong
+    # strides, which a dynamic-shape compiled graph asserts on.
+    return grad_lp.contiguous()
 
 
 @ctc_nll_backward.register_fake
 def _(grad, log_probs, tokens, lengths, token_lens):
-    return torch.empty_like(log_probs)
+    return log_probs.new_empty(log_probs.shape)  # contiguous (T, B, V), as the real kernel returns
 
 
 def _ctc_setup_context(ctx, inputs, output):
