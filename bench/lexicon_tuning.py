@@ -12,7 +12,6 @@ import argparse
 import itertools
 import json
 import sys
-import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
-from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder  # noqa: E402
+from usmkit.decoding.ctc_lexicon import LexiconConfig  # noqa: E402
+from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
 from usmkit.streaming.features import find_feature_stats, load_feature_stats  # noqa: E402
 from usmkit.tasks import load_trained  # noqa: E402
@@ -51,9 +51,6 @@ def main() -> None:
             enc, lens = module.encode(batch.features, batch.feature_lens)
             emissions.append((module.ctc(enc), lens))
             refs += [normalize_text(t, TextNormConfig()) for t in batch.texts]
-    train_texts = [
-        s.text for c in load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus) for s in c.supervisions
-    ]
     rows = []
     print(f"{'order':>5s} {'lm_w':>5s} {'word':>5s} {'WER %':>7s}")
     for order, lm_w, ws in itertools.product(
@@ -61,20 +58,13 @@ def main() -> None:
         map(float, args.lm_weights.split(",")),
         map(float, args.word_scores.split(",")),
     ):
-        with tempfile.TemporaryDirectory() as tmp:
-            dec = LexiconDecoder.build(
-                train_texts,
-                tokenizer,
-                tmp,
-                LexiconConfig(
-                    order=order,
-                    lm_weight=lm_w,
-                    word_score=ws,
-                    beam_size=args.beam_size,
-                    beam_threshold=args.beam_threshold,
-                ),
-            )
-        hyps = [h for lp, lens in emissions for h in dec(lp, lens)]
+        lexicon = LexiconConfig(
+            order=order, lm_weight=lm_w, word_score=ws, beam_size=args.beam_size, beam_threshold=args.beam_threshold
+        )
+        # The decoder usmkit.evaluate builds (same transcripts, same normalization), at this grid point.
+        eval_cfg = EvalConfig(checkpoint=args.checkpoint, decode="ctc_lexicon", lexicon=lexicon)
+        dec = build_word_decoder(eval_cfg, cfg, tokenizer)
+        hyps = [normalize_text(h, TextNormConfig()) for lp, lens in emissions for h in dec(lp, lens)]
         wer = score(refs, hyps).wer
         rows.append({"order": order, "lm_weight": lm_w, "word_score": ws, "wer": wer})
         print(f"{order:5d} {lm_w:5.1f} {ws:5.1f} {100 * wer:7.2f}", flush=True)

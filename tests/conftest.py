@@ -1,8 +1,7 @@
 import os
 
-os.environ.setdefault(
-    "OMP_WAIT_POLICY", "PASSIVE"
-)  # see usmkit/__init__.py: spinning OpenMP threads stall a shared CPU
+# see usmkit/__init__.py: spinning OpenMP threads stall a shared CPU
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 

@@ -10,6 +10,5 @@ import torch
 @dataclass
 class StepOutput:
     loss: torch.Tensor  # scalar to backpropagate
-    metrics: dict[str, torch.Tensor] = field(
-        default_factory=dict
-    )  # detached scalars to log (no .item() in the hot path)
+    # detached scalars to log (no .item() in the hot path)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
