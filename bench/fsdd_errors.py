@@ -1,0 +1,68 @@
+"""Which digits the FSDD held-out speaker gets wrong: a confusion count of lexicon-decoded test words.
+
+    PYTHONPATH=. python bench/fsdd_errors.py [--checkpoint exp/fsdd_init] [--set test]
+
+Decodes the set the way ``python -m usmkit.evaluate ... decode=ctc_lexicon`` does (same loader,
+same lexicon decoder), then counts (reference, hypothesis) pairs of the wrong utterances (one digit
+per FSDD file). Prints them and writes ``bench/results/fsdd_errors.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
+from usmkit.data.manifests import load_cuts  # noqa: E402
+from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
+from usmkit.streaming.features import find_feature_stats, load_feature_stats  # noqa: E402
+from usmkit.tasks import load_trained, transcribe_batches  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--checkpoint", default="exp/fsdd_init")
+    ap.add_argument("--set", default="test")
+    args = ap.parse_args()
+    module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
+    data = cfg.data
+    stats = load_feature_stats(find_feature_stats(ckpt, data.manifest_dir), data.features)
+    cuts, _ = prepare_cuts(
+        load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True
+    )
+    decoder = build_word_decoder(EvalConfig(checkpoint=args.checkpoint, decode="ctc_lexicon"), cfg, tokenizer)
+    loader = make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False)
+    records, _ = transcribe_batches(module, loader, tokenizer, word_decoder=decoder)
+    wrong = [r for r in records if r["ref"] != r["hyp"]]
+    pairs = collections.Counter((r["ref"], r["hyp"]) for r in wrong).most_common()
+    per_ref = collections.Counter(r["ref"] for r in records)
+    print(f"{len(wrong)} of {len(records)} utterances wrong ({100 * len(wrong) / len(records):.1f}%)")
+    print(f"{'reference':>10s} {'heard as':>10s} {'count':>6s} {'of takes':>8s}")
+    for (ref, hyp), n in pairs:
+        print(f"{ref:>10s} {hyp or '(nothing)':>10s} {n:6d} {per_ref[ref]:8d}")
+    out = Path(__file__).resolve().parent / "results" / "fsdd_errors.json"
+    out.write_text(
+        json.dumps(
+            {
+                "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                "command": "PYTHONPATH=. python bench/fsdd_errors.py " + " ".join(sys.argv[1:]),
+                "checkpoint": str(ckpt),
+                "set": args.set,
+                "utterances": len(records),
+                "wrong": len(wrong),
+                "confusions": [{"ref": r, "hyp": h, "count": n, "takes": per_ref[r]} for (r, h), n in pairs],
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
