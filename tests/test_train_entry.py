@@ -110,6 +110,17 @@ def test_train_resume_evaluate(corpus, tmp_path):
     for example in lex["sets"]["test"]["examples"]:
         assert set(example["hyp"].split()) <= train_words
 
+    # The average of the last two checkpoints (steps 3 and 6) is a checkpoint evaluate takes.
+    avg = _run([str(exp), "--last", "2"], tmp_path, module="usmkit.average")
+    assert "averaged steps 3,6" in avg.stdout
+    avg_json = tmp_path / "eval_avg.json"
+    _run(
+        [f"checkpoint={exp}/checkpoints/avg-last2", "test_sets=[test]", f"output={avg_json}"],
+        tmp_path,
+        module="usmkit.evaluate",
+    )
+    assert json.loads(avg_json.read_text())["sets"]["test"]["utterances"] == res["utterances"]
+
 
 def test_bad_override_is_a_clear_error(corpus, tmp_path):
     proc = _run(["recipe=stage3_ctc", f"data.manifest_dir={corpus}", "+trainer.max_step=3"], tmp_path, check=False)

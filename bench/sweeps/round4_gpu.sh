@@ -29,7 +29,26 @@ FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.p
   python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_fs test_sets=[test] output=exp/sweep/prep_fs/eval.json; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 6 ]]; then  # round 6: seed variance and the conv kernel (synth); FSDD fine-tuning lr, length, SpecAugment, seed
+if [[ ${ROUND:-4} == 7 ]]; then  # round 7: checkpoint averaging (usmkit.average) over seeds; FSDD speed perturbation
+AVG="5 10"
+SAVE_SYN="trainer.save_every=200 trainer.keep_last=14"
+SAVE_FS="trainer.save_every=100 trainer.keep_last=12"
+SPEED="'data.speed_perturb=[0.85,0.9,1.0,1.1,1.15]' data.features.precomputed=false"
+declare -A RUNS=(
+  [Q_s0]="SYN trainer.seed=0 $SAVE_SYN"
+  [Q_s1]="SYN trainer.seed=1 $SAVE_SYN"
+  [Q_s2]="SYN trainer.seed=2 $SAVE_SYN"
+  [Q_s3]="SYN trainer.seed=3 $SAVE_SYN"
+  [F_s0]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS"
+  [F_s1]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS trainer.seed=1"
+  [F_s2]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS trainer.seed=2"
+  [F_s3]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS trainer.seed=3"
+  [F_sp_s0]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS $SPEED"
+  [F_sp_s1]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS $SPEED trainer.seed=1"
+  [F_sp_s2]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS $SPEED trainer.seed=2"
+  [F_sp2000]="FS trainer.max_steps=2000 optim.lr=5e-4 $INIT $SAVE_FS $SPEED"
+)
+elif [[ ${ROUND:-4} == 6 ]]; then  # round 6: seed variance and the conv kernel (synth); FSDD fine-tuning lr, length, SpecAugment, seed
 declare -A RUNS=(
   [Q_s1]="SYN trainer.seed=1"
   [Q_k15]="SYN +model.overrides.conv_kernel=15"
@@ -69,24 +88,38 @@ for name in "${!RUNS[@]}"; do
 done
 wait
 echo "trained at $(date +%T)"
+# Each run's last checkpoint, and (round 7) the averages of its last N checkpoints, all evaluated side by side.
+EVALS=()
 for name in "${!RUNS[@]}"; do
-  python3 -m usmkit.evaluate checkpoint=exp/sweep/$name test_sets=[test,dev] decode=ctc_lexicon output=exp/sweep/$name/eval_lex.json > "$OUTDIR/$name.eval.log" 2>&1 &
+  last=$(ls -d exp/sweep/$name/checkpoints/step-* 2>/dev/null | tail -1)
+  [[ -n $last ]] && EVALS+=("$name $last")
+  for n in ${AVG:-}; do
+    python3 -m usmkit.average exp/sweep/$name --last $n >> "$OUTDIR/$name.avg.log" 2>&1 && EVALS+=("$name.avg$n exp/sweep/$name/checkpoints/avg-last$n")
+  done
+done
+for e in "${EVALS[@]}"; do
+  set -- $e
+  python3 -m usmkit.evaluate checkpoint=$2 test_sets=[test,dev] decode=ctc_lexicon output=exp/sweep/eval/$1.eval.json > "$OUTDIR/$1.eval.log" 2>&1 &
+  while (( $(jobs -r | wc -l) >= 12 )); do sleep 1; done
 done
 wait
-for name in "${!RUNS[@]}"; do cp exp/sweep/$name/metrics.jsonl "$OUTDIR/$name.metrics.jsonl" 2>/dev/null; cp exp/sweep/$name/eval_lex.json "$OUTDIR/$name.eval.json" 2>/dev/null; done
+for name in "${!RUNS[@]}"; do cp exp/sweep/$name/metrics.jsonl "$OUTDIR/$name.metrics.jsonl" 2>/dev/null; done
+cp exp/sweep/eval/*.eval.json "$OUTDIR/" 2>/dev/null
 python3 - "$OUTDIR" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 for m in sorted(out.glob("*.metrics.jsonl")):
     name = m.name.split(".")[0]
     steps = [json.loads(l).get("step") for l in m.open() if "train/loss" in l]
-    ev = out / f"{name}.eval.json"
-    if not ev.exists():
+    evals = sorted(out.glob(f"{name}.eval.json")) + sorted(out.glob(f"{name}.avg*.eval.json"))
+    if not evals:
         print(f"{name:14s} no eval ({steps[-1:]})"); continue
-    sets = json.loads(ev.read_text())["sets"]
-    en = lambda s: sets[s].get("per_language", {}).get("en", sets[s])
-    print(f"{name:14s} steps={steps[-1] if steps else '-'} dev wer={sets['dev']['wer']:.3f} dev_en={en('dev')['wer']:.3f} "
-          f"test wer={sets['test']['wer']:.3f} test_en={en('test')['wer']:.3f}")
+    for ev in evals:
+        sets = json.loads(ev.read_text())["sets"]
+        en = lambda s: sets[s].get("per_language", {}).get("en", sets[s])
+        label = ev.name[: -len(".eval.json")]
+        print(f"{label:14s} steps={steps[-1] if steps else '-'} dev wer={sets['dev']['wer']:.3f} dev_en={en('dev')['wer']:.3f} "
+              f"test wer={sets['test']['wer']:.3f} test_en={en('test')['wer']:.3f}")
 PY
 for name in "${!RUNS[@]}"; do grep -q "done:" "$OUTDIR/$name.log" 2>/dev/null || { echo "== $name failed:"; tail -4 "$OUTDIR/$name.log"; }; done
 tar czf /tmp/sweep.tgz -C "$OUTDIR" . && rm -rf "${OUTDIR:?}"/* && mv /tmp/sweep.tgz "$OUTDIR/"
