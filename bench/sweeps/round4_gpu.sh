@@ -38,15 +38,11 @@ declare -A RUNS=(
   [Q_s0]="SYN trainer.seed=0 $SAVE_SYN"
   [Q_s1]="SYN trainer.seed=1 $SAVE_SYN"
   [Q_s2]="SYN trainer.seed=2 $SAVE_SYN"
-  [Q_s3]="SYN trainer.seed=3 $SAVE_SYN"
   [F_s0]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS"
   [F_s1]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS trainer.seed=1"
-  [F_s2]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS trainer.seed=2"
-  [F_s3]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS trainer.seed=3"
   [F_sp_s0]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS $SPEED"
   [F_sp_s1]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS $SPEED trainer.seed=1"
   [F_sp_s2]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $SAVE_FS $SPEED trainer.seed=2"
-  [F_sp2000]="FS trainer.max_steps=2000 optim.lr=5e-4 $INIT $SAVE_FS $SPEED"
 )
 elif [[ ${ROUND:-4} == 6 ]]; then  # round 6: seed variance and the conv kernel (synth); FSDD fine-tuning lr, length, SpecAugment, seed
 declare -A RUNS=(
@@ -81,30 +77,9 @@ declare -A RUNS=(
   [F_init1200]="FS trainer.max_steps=1200 optim.lr=1e-3 $INIT"
 )
 fi
-for name in "${!RUNS[@]}"; do
-  spec=${RUNS[$name]}
-  if [[ ${spec%% *} == SYN ]]; then base='"${SYN[@]}"'; else base='"${FS[@]}"'; fi
-  eval "timeout 420 python3 -m usmkit.train $base ${spec#* } trainer.exp_dir=exp/sweep/$name" > "$OUTDIR/$name.log" 2>&1 &
-done
-wait
-echo "trained at $(date +%T)"
-# Each run's last checkpoint, and (round 7) the averages of its last N checkpoints, all evaluated side by side.
-EVALS=()
-for name in "${!RUNS[@]}"; do
-  last=$(ls -d exp/sweep/$name/checkpoints/step-* 2>/dev/null | tail -1)
-  [[ -n $last ]] && EVALS+=("$name $last")
-  for n in ${AVG:-}; do
-    python3 -m usmkit.average exp/sweep/$name --last $n >> "$OUTDIR/$name.avg.log" 2>&1 && EVALS+=("$name.avg$n exp/sweep/$name/checkpoints/avg-last$n")
-  done
-done
-for e in "${EVALS[@]}"; do
-  set -- $e
-  python3 -m usmkit.evaluate checkpoint=$2 test_sets=[test,dev] decode=ctc_lexicon output=exp/sweep/eval/$1.eval.json > "$OUTDIR/$1.eval.log" 2>&1 &
-  while (( $(jobs -r | wc -l) >= 12 )); do sleep 1; done
-done
-wait
-for name in "${!RUNS[@]}"; do cp exp/sweep/$name/metrics.jsonl "$OUTDIR/$name.metrics.jsonl" 2>/dev/null; done
-cp exp/sweep/eval/*.eval.json "$OUTDIR/" 2>/dev/null
+# Per run, in the background: train, then evaluate its last checkpoint and (round 7) the averages of its
+# last N checkpoints, side by side; a run's evaluation starts as soon as it has trained.
+summarize() {
 python3 - "$OUTDIR" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
@@ -122,4 +97,33 @@ for m in sorted(out.glob("*.metrics.jsonl")):
               f"test wer={sets['test']['wer']:.3f} test_en={en('test')['wer']:.3f}")
 PY
 for name in "${!RUNS[@]}"; do grep -q "done:" "$OUTDIR/$name.log" 2>/dev/null || { echo "== $name failed:"; tail -4 "$OUTDIR/$name.log"; }; done
-tar czf /tmp/sweep.tgz -C "$OUTDIR" . && rm -rf "${OUTDIR:?}"/* && mv /tmp/sweep.tgz "$OUTDIR/"
+}
+finish() {  # the summary and the tarball, also when the call's time limit stops the sweep
+  trap - EXIT TERM
+  for name in "${!RUNS[@]}"; do cp exp/sweep/$name/metrics.jsonl "$OUTDIR/$name.metrics.jsonl" 2>/dev/null; done
+  cp exp/sweep/eval/*.eval.json "$OUTDIR/" 2>/dev/null
+  summarize
+  tar czf /tmp/sweep.tgz -C "$OUTDIR" . && rm -rf "${OUTDIR:?}"/* && mv /tmp/sweep.tgz "$OUTDIR/"
+}
+run_one() {  # name base-array-name overrides...
+  local name=$1 base=$2; shift 2
+  eval "timeout 420 python3 -m usmkit.train \"\${$base[@]}\" $* trainer.exp_dir=exp/sweep/$name" > "$OUTDIR/$name.log" 2>&1
+  local evals=("$name $(ls -d exp/sweep/$name/checkpoints/step-* 2>/dev/null | tail -1)")
+  for n in ${AVG:-}; do
+    python3 -m usmkit.average exp/sweep/$name --last $n >> "$OUTDIR/$name.avg.log" 2>&1 && evals+=("$name.avg$n exp/sweep/$name/checkpoints/avg-last$n")
+  done
+  for e in "${evals[@]}"; do
+    set -- $e
+    [[ -n ${2:-} ]] && timeout 240 python3 -m usmkit.evaluate checkpoint=$2 test_sets=[test,dev] decode=ctc_lexicon \
+      output=exp/sweep/eval/$1.eval.json > "$OUTDIR/$1.eval.log" 2>&1 &
+  done
+  wait
+}
+trap finish EXIT TERM
+for name in "${!RUNS[@]}"; do
+  spec=${RUNS[$name]}
+  if [[ ${spec%% *} == SYN ]]; then base=SYN; else base=FS; fi
+  run_one "$name" "$base" "${spec#* }" &
+done
+wait
+echo "trained and evaluated at $(date +%T)"
