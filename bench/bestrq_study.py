@@ -36,35 +36,42 @@ RESULTS = REPO / "bench" / "results" / "bestrq_study.json"
 EXP = "exp/study"
 
 
-def sh_all(cmds: list[list[str]], parallel: bool) -> list[float]:
-    """Run the commands (side by side when ``parallel``: one GPU holds several tiny runs); seconds each."""
-    for cmd in cmds:
-        print(f"$ {shlex.join(cmd)}", flush=True)
-    if not parallel:
-        out = []
+def run_jobs(jobs: dict[str, list[list[str]]], parallel: bool, done=None) -> dict[str, float]:
+    """Run each job's commands in order; jobs side by side when ``parallel`` (one GPU holds several
+    tiny runs). ``done(name)`` is called as each job finishes (to save results early). Seconds per job."""
+    for cmds in jobs.values():
         for cmd in cmds:
-            start = time.perf_counter()
+            print(f"$ {shlex.join(cmd)}", flush=True)
+
+    def one(name: str) -> float:
+        start = time.perf_counter()
+        for cmd in jobs[name]:
             subprocess.run(cmd, cwd=REPO, check=True)
-            out.append(time.perf_counter() - start)
-        return out
-    start = time.perf_counter()
-    procs = [subprocess.Popen(cmd, cwd=REPO) for cmd in cmds]
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"a run failed: exit codes {codes}")
-    return [time.perf_counter() - start] * len(cmds)
+        if done is not None:
+            done(name)
+        return time.perf_counter() - start
+
+    if not parallel:
+        return {name: one(name) for name in jobs}
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(jobs)) as pool:  # threads only wait on the subprocesses
+        futures = {name: pool.submit(one, name) for name in jobs}
+        return {name: f.result() for name, f in futures.items()}
 
 
 def train_cmd(args: list[str]) -> list[str]:
     return [sys.executable, "-m", "usmkit.train", *args, "trainer.progress=false"]
 
 
-def wer(exp: str, test_set: str, decode: str) -> dict:
+def eval_cmd(exp: str, test_set: str, decode: str) -> list[str]:
     out = REPO / exp / f"eval_{test_set}_{decode}.json"
-    subprocess.run(
-        [sys.executable, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{test_set}]", f"decode={decode}",
-         f"output={out}"], cwd=REPO, check=True)  # fmt: skip
-    s = json.loads(out.read_text())["sets"][test_set]
+    return [sys.executable, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{test_set}]",
+            f"decode={decode}", f"output={out}"]  # fmt: skip
+
+
+def read_wer(exp: str, test_set: str, decode: str) -> dict:
+    s = json.loads((REPO / exp / f"eval_{test_set}_{decode}.json").read_text())["sets"][test_set]
     entry = {"wer": s["wer"], "cer": s["cer"], "utterances": s["utterances"]}
     if "per_language" in s and "en" in s["per_language"]:
         entry["wer_en"] = s["per_language"]["en"]["wer"]
@@ -96,6 +103,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of every run")
     ap.add_argument("--pretrain-split", default="unlabeled", help="audio split to pre-train on (labels unused)")
     ap.add_argument("--decodes", default="ctc_greedy", help="decode modes to score, e.g. ctc_greedy,ctc_lexicon")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="another pre-training run, NAME:OVERRIDES (space-separated), e.g. "
+        "'cb16_slow:task.bestrq.num_codebooks=16 optim.lr=5e-4 optim.warmup_steps=1000'",
+    )
     args = ap.parse_args()
     common = ["model=tiny", f"optim.lr={args.lr}", "optim.warmup_steps=50", "data.max_duration=100",
               f"data.num_workers={args.workers}", *args.extra]  # fmt: skip
@@ -119,49 +133,61 @@ def main() -> None:
         doc["runs"] = [*runs, results]
         RESULTS.write_text(json.dumps(doc, indent=2))
 
-    cmds = {
-        n: train_cmd(
-            [
-                "recipe=stage1",
-                *common,
-                f"data.max_duration={args.pretrain_duration}",
-                f"data.train_split={args.pretrain_split}",
-                f"task.bestrq.num_codebooks={n}",
-                f"task.bestrq.codebook_size={args.codebook_size}",
-                f"trainer.max_steps={args.pretrain_steps}",
-                "trainer.eval_every=0",
-                f"trainer.save_every={args.pretrain_steps}",
-                f"trainer.exp_dir={EXP}/bestrq_cb{n}",
-            ]
-        )  # fmt: skip
-        for n in (1, 16)
+    # Pre-training variants: the paper's two (1 and 16 codebooks) and any --variant NAME:OVERRIDES.
+    variants = {"cb1": ["task.bestrq.num_codebooks=1"], "cb16": ["task.bestrq.num_codebooks=16"]}
+    for v in args.variant:
+        name, _, overrides = v.partition(":")
+        variants[name] = overrides.split()
+    pre_jobs = {
+        name: [
+            train_cmd(
+                [
+                    "recipe=stage1",
+                    *common,
+                    f"data.max_duration={args.pretrain_duration}",
+                    f"data.train_split={args.pretrain_split}",
+                    f"task.bestrq.codebook_size={args.codebook_size}",
+                    f"trainer.max_steps={args.pretrain_steps}",
+                    "trainer.eval_every=0",
+                    f"trainer.save_every={args.pretrain_steps}",
+                    f"trainer.exp_dir={EXP}/bestrq_{name}",
+                    *overrides,
+                ]
+            )
+        ]  # fmt: skip
+        for name, overrides in variants.items()
     }
-    seconds = sh_all(list(cmds.values()), args.parallel)
     keys = ("train/loss", "train/acc_mean", "train/perplexity_mean", "train/pred_perplexity_mean", "train/mask_frac")
-    for (n, cmd), secs in zip(cmds.items(), seconds, strict=True):
-        exp = f"{EXP}/bestrq_cb{n}"
-        rows = curve(exp, keys)
+
+    def pretrained(name: str) -> None:
+        rows = curve(f"{EXP}/bestrq_{name}", keys)
         last = rows[-1]
-        results["pretrain"][f"cb{n}"] = {
-            "command": shlex.join(cmd[2:]),
-            "minutes": round(secs / 60, 1),
+        results["pretrain"][name] = {
+            "command": shlex.join(pre_jobs[name][0][2:]),
             "final_loss": last["train/loss"],
             "final_masked_acc_mean": last.get("train/acc_mean"),
             "final_code_perplexity_mean": last.get("train/perplexity_mean"),
             "final_pred_perplexity_mean": last.get("train/pred_perplexity_mean"),
             "curve": rows,
         }
+        save()
+
+    for name, secs in run_jobs(pre_jobs, args.parallel, done=pretrained).items():
+        results["pretrain"][name]["minutes"] = round(secs / 60, 1)
     save()
 
+    decodes = args.decodes.split(",")
     for corpus, data_args, steps, test_set in (
         ("synth", ["data=synth"], args.finetune_steps, "test"),
         ("fsdd", ["data=fsdd", "data.manifest_dir=data/fsdd", "data.max_duration=60"], args.fsdd_steps, "test"),
     ):
         if corpus not in args.corpora.split(","):
             continue
-        inits = {"scratch": None, "bestrq_cb1": f"{EXP}/bestrq_cb1", "bestrq_cb16": f"{EXP}/bestrq_cb16"}
-        cmds = {
-            name: train_cmd(
+        inits = {"scratch": None, **{f"bestrq_{name}": f"{EXP}/bestrq_{name}" for name in variants}}
+        jobs = {}
+        for name, init in inits.items():
+            exp = f"{EXP}/{corpus}_ft_{name}"
+            train = train_cmd(
                 [
                     "recipe=stage3_ctc",
                     *common,
@@ -170,19 +196,20 @@ def main() -> None:
                     f"trainer.max_steps={steps}",
                     f"trainer.eval_every={steps}",
                     f"trainer.save_every={steps}",
-                    f"trainer.exp_dir={EXP}/{corpus}_ft_{name}",
+                    f"trainer.exp_dir={exp}",
                     *([f"init_from={init}"] if init else []),
                 ]
             )  # fmt: skip
-            for name, init in inits.items()
-        }
-        seconds = sh_all(list(cmds.values()), args.parallel)
-        for (name, cmd), secs in zip(cmds.items(), seconds, strict=True):
+            jobs[name] = [train, *(eval_cmd(exp, test_set, d) for d in decodes)]
+
+        def finetuned(name: str, corpus=corpus, test_set=test_set, jobs=jobs) -> None:
             exp = f"{EXP}/{corpus}_ft_{name}"
-            scores = {d: wer(exp, test_set, d) for d in args.decodes.split(",")}
-            first = scores[args.decodes.split(",")[0]]
-            results[corpus][name] = {"command": shlex.join(cmd[2:]), "minutes": round(secs / 60, 1), **first,
-                                     "decodes": scores}  # fmt: skip
+            scores = {d: read_wer(exp, test_set, d) for d in decodes}
+            results[corpus][name] = {"command": shlex.join(jobs[name][0][2:]), **scores[decodes[0]], "decodes": scores}
+            save()
+
+        for name, secs in run_jobs(jobs, args.parallel, done=finetuned).items():
+            results[corpus][name]["minutes"] = round(secs / 60, 1)  # training and its evaluations
         save()
 
     print(f"\n{'corpus':6s} {'init':12s} {'WER %':>7s} {'CER %':>7s}")

@@ -3,7 +3,11 @@
     torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size base --steps 10 --json OUT
 
 Run once with N=1 and once with N=2; each run writes its aggregate frames/s to the JSON file
-(``runs`` keyed by world size) and, once both are there, the scaling factor.
+(``runs`` keyed by world size, plus ``/variant`` for N > 1 with DDP options) and, once both are
+there, the scaling factor of each variant. DDP options, to trade the all-reduce's cost:
+``--bucket-mb`` (gradient bucket size), ``--grad-view`` (gradients are views into the buckets: no copy),
+``--static-graph`` (the same parameters are used every step), ``--bf16-hook`` (all-reduce bf16
+copies of the gradients: half the bytes, gradients rounded to bf16 before the mean).
 Same step as bench/train_throughput.py (``static`` variant, regional compile, bf16, fused AdamW).
 """
 
@@ -31,7 +35,15 @@ def main() -> None:
     ap.add_argument("--size", default="base")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--json", required=True)
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--grad-view", action="store_true")
+    ap.add_argument("--static-graph", action="store_true")
+    ap.add_argument("--bf16-hook", action="store_true")
     args = ap.parse_args()
+    options = [f"bucket{args.bucket_mb:g}MB"] + [
+        name for name, on in (("grad_view", args.grad_view), ("static_graph", args.static_graph),
+                              ("bf16_hook", args.bf16_hook)) if on
+    ]  # fmt: skip
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -40,7 +52,18 @@ def main() -> None:
     B, T = SHAPES[args.size]
     model = OursCTC(args.size, "sdpa", 128).to(device)
     compile_regions(model, dynamic=False)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index], broadcast_buffers=False)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model,
+        device_ids=[device.index],
+        broadcast_buffers=False,
+        bucket_cap_mb=args.bucket_mb,
+        gradient_as_bucket_view=args.grad_view,
+        static_graph=args.static_graph,
+    )
+    if args.bf16_hook:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     batch = make_batch(B, T, device, seed=rank)
     step = make_step(ddp, batch, params=model.parameters())
     for _ in range(3):
@@ -59,10 +82,11 @@ def main() -> None:
             "per_gpu_batch": {"B": B, "T": T},
             "command": f"torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size {args.size} --steps {args.steps}",
         }
-        res["runs"][str(world)] = {"step_ms": float(ms), "frames_per_s": round(world * B * T / (float(ms) / 1e3))}
-        if "1" in res["runs"] and len(res["runs"]) > 1:
-            top = max(res["runs"], key=int)
-            res["scaling"] = round(res["runs"][top]["frames_per_s"] / res["runs"]["1"]["frames_per_s"], 3)
+        key = str(world) if world == 1 else f"{world}/{'+'.join(options)}"
+        res["runs"][key] = {"step_ms": float(ms), "frames_per_s": round(world * B * T / (float(ms) / 1e3))}
+        if "1" in res["runs"]:
+            one = res["runs"]["1"]["frames_per_s"]
+            res["scaling"] = {k: round(r["frames_per_s"] / one, 3) for k, r in res["runs"].items() if k != "1"}
         path.write_text(json.dumps(res, indent=2))
         print(json.dumps(res))
     dist.destroy_process_group()
