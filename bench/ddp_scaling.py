@@ -2,6 +2,10 @@
 
     torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size base --steps 10 --json OUT
 
+With N > 1 each run also times the same step under ``ddp.no_sync()`` (no all-reduce), interleaved
+with the synchronized one: ``scaling_vs_no_sync`` = N x no-sync time / synchronized time is the
+scaling measured side by side, immune to the run-to-run drift of a shared machine (the separate
+1-GPU run's time moved 63-78 ms between runs on one H200 host).
 Run once with N=1 and once with N=2; each run writes its aggregate frames/s to the JSON file
 (``runs`` keyed by world size, plus ``/variant`` for N > 1 with DDP options) and, once both are
 there, the scaling factor of each variant. DDP options, to trade the all-reduce's cost:
@@ -66,12 +70,23 @@ def main() -> None:
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
     batch = make_batch(B, T, device, seed=rank)
     step = make_step(ddp, batch, params=model.parameters())
+
+    def local_step():  # the same step on each GPU with no gradient all-reduce: N GPUs working alone
+        with ddp.no_sync():
+            return step()
+
     for _ in range(3):
         step()
+        local_step()
     torch.cuda.synchronize()
-    times = timed(step, args.steps, before=dist.barrier)
-    ms = torch.tensor([statistics.median(times)], device=device)
+    # Interleaved blocks, so both see the same machine state (clocks, neighbours, CPU load).
+    times, local_times = [], []
+    for _ in range(max(1, args.steps // 5)):
+        times += timed(step, 5, before=dist.barrier)
+        local_times += timed(local_step, 5, before=dist.barrier)
+    ms = torch.tensor([statistics.median(times), statistics.median(local_times)], device=device)
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    ms, local_ms = ms.tolist()
     if rank == 0:
         path = Path(args.json)
         res = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
@@ -83,7 +98,9 @@ def main() -> None:
             "command": f"torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size {args.size} --steps {args.steps}",
         }
         key = str(world) if world == 1 else f"{world}/{'+'.join(options)}"
-        res["runs"][key] = {"step_ms": float(ms), "frames_per_s": round(world * B * T / (float(ms) / 1e3))}
+        res["runs"][key] = {"step_ms": ms, "frames_per_s": round(world * B * T / (ms / 1e3))}
+        if world > 1:  # scaling measured side by side: N GPUs synchronized vs the same N working alone
+            res["runs"][key] |= {"no_sync_step_ms": local_ms, "scaling_vs_no_sync": round(world * local_ms / ms, 3)}
         if "1" in res["runs"]:
             one = res["runs"]["1"]["frames_per_s"]
             res["scaling"] = {k: round(r["frames_per_s"] / one, 3) for k, r in res["runs"].items() if k != "1"}

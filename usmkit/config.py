@@ -59,6 +59,8 @@ class TaskConfig:
 
     kind: Literal["ctc", "las", "bestrq"] = "ctc"
     ctc_weight: float = 1.0  # for ``las``: weight of the CTC loss in the joint loss (0.3 is usual)
+    inter_ctc_weight: float = 0.0  # intermediate CTC's share of the CTC loss (0.3 is usual); 0 = off
+    inter_ctc_layer: int = 0  # encoder block that gets it; 0 = the middle one
     las: LASConfig = field(default_factory=LASConfig)  # the attention decoder, for kind=las
     bestrq: dict[str, Any] = field(default_factory=dict)  # BestRQConfig fields, see usmkit.ssl.bestrq
 

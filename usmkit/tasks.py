@@ -23,7 +23,10 @@ def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) 
 
         las = task.las if task.kind == "las" else None
         ctc_weight = task.ctc_weight if task.kind == "las" else 1.0
-        return AsrModel(encoder, vocab_size, AsrHeadConfig(ctc_weight=ctc_weight, las=las))
+        head = AsrHeadConfig(
+            ctc_weight=ctc_weight, las=las, inter_ctc_weight=task.inter_ctc_weight, inter_ctc_layer=task.inter_ctc_layer
+        )
+        return AsrModel(encoder, vocab_size, head)
     if task.kind == "bestrq":
         from usmkit.ssl.bestrq import BestRQConfig, BestRQModel
 

@@ -5,9 +5,9 @@ set -u
 J=$1
 rm -f "$J"
 nvidia-smi topo -m
-torchrun --standalone --nproc-per-node 1 bench/ddp_scaling.py --size base --steps 20 --json "$J" 2>&1 | tail -1
-for v in "" "--grad-view --static-graph" "--grad-view --static-graph --bucket-mb 100" "--grad-view --static-graph --bf16-hook"; do
+torchrun --standalone --nproc-per-node 1 bench/ddp_scaling.py --size base --steps 30 --json "$J" 2>&1 | tail -1
+for v in "" "--bucket-mb 100" "--grad-view --static-graph" "--grad-view --static-graph --bucket-mb 100" "--grad-view --static-graph --bucket-mb 200"; do
   echo "== 2 GPUs $v"
-  timeout 150 torchrun --standalone --nproc-per-node 2 bench/ddp_scaling.py --size base --steps 20 --json "$J" $v 2>&1 | tail -1
+  timeout 150 torchrun --standalone --nproc-per-node 2 bench/ddp_scaling.py --size base --steps 30 --json "$J" $v 2>&1 | tail -1
 done
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['scaling'], indent=1))" "$J"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d['runs'], indent=1))" "$J"

@@ -29,7 +29,19 @@ FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.p
   python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_fs test_sets=[test] output=exp/sweep/prep_fs/eval.json; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 7 ]]; then  # round 7: checkpoint averaging (usmkit.average) over seeds; FSDD speed perturbation
+if [[ ${ROUND:-4} == 8 ]]; then  # round 8: intermediate CTC (task.inter_ctc_weight) on both corpora, 3 seeds each
+IC="task.inter_ctc_weight=0.3"
+declare -A RUNS=(
+  [Q_ic_s0]="SYN $IC trainer.seed=0"
+  [Q_ic_s1]="SYN $IC trainer.seed=1"
+  [Q_ic_s2]="SYN $IC trainer.seed=2"
+  [Q_ic5_s0]="SYN task.inter_ctc_weight=0.5 trainer.seed=0"
+  [F_ic_s0]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $IC"
+  [F_ic_s1]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $IC trainer.seed=1"
+  [F_ic_s2]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT $IC trainer.seed=2"
+  [F_ic5_s0]="FS trainer.max_steps=1200 optim.lr=5e-4 $INIT task.inter_ctc_weight=0.5"
+)
+elif [[ ${ROUND:-4} == 7 ]]; then  # round 7: checkpoint averaging (usmkit.average) over seeds; FSDD speed perturbation
 AVG="5 10"
 SAVE_SYN="trainer.save_every=200 trainer.keep_last=14"
 SAVE_FS="trainer.save_every=100 trainer.keep_last=12"

@@ -168,3 +168,48 @@ def test_with_real_tiny_conformer():
     for mode in ("ctc_greedy", "ctc_beam", "las_beam", "rescore"):
         hyps = model.decode(batch.features, batch.feature_lens, mode=mode, beam_size=2, max_len=5)
         assert len(hyps) == 2 and all(isinstance(t, int) and 0 <= t < V for h in hyps for t in h)
+
+
+def test_intermediate_ctc_loss_mixes_the_middle_block():
+    from usmkit.models.conformer import ConformerEncoder
+    from usmkit.models.ctc import ctc_loss
+    from usmkit.models.presets import tiny
+
+    torch.manual_seed(0)
+    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=4, dropout=0.0))
+    batch = tiny_batch(F=16, T=48)
+    plain = AsrModel(encoder, V, AsrHeadConfig())
+    inter = AsrModel(encoder, V, AsrHeadConfig(inter_ctc_weight=0.3))
+    inter.ctc.load_state_dict(plain.ctc.state_dict())
+    assert inter.inter_layers == (2,)  # the middle of 4 blocks
+    assert set(inter.state_dict()) == set(plain.state_dict())  # no new weights: checkpoints interchange
+    # The final output is the plain forward's; the block-2 output is what the encoder keeps.
+    enc, lens, (mid,) = encoder.forward_with_intermediate(batch.features, batch.feature_lens, (2,))
+    ref_enc, ref_lens = encoder(batch.features, batch.feature_lens)
+    torch.testing.assert_close(enc, ref_enc)
+    assert torch.equal(lens, ref_lens) and mid.shape == enc.shape and not torch.allclose(mid, enc)
+    final = ctc_loss(plain.ctc(enc), lens, batch.tokens, batch.token_lens)
+    middle = ctc_loss(plain.ctc(mid), lens, batch.tokens, batch.token_lens)
+    got = inter.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
+    torch.testing.assert_close(got["loss_ctc"], final)
+    torch.testing.assert_close(got["loss_inter_ctc"], middle)
+    torch.testing.assert_close(got["loss"], 0.7 * final + 0.3 * middle)
+    # Off (the default), the loss is the plain CTC loss and no intermediate loss is reported.
+    off = plain.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
+    assert "loss_inter_ctc" not in off
+    torch.testing.assert_close(off["loss"], final)
+
+
+def test_intermediate_ctc_config_errors():
+    from usmkit.models.conformer import ConformerEncoder
+    from usmkit.models.presets import tiny
+
+    with pytest.raises(ValueError, match="inter_ctc_weight must be in"):
+        AsrHeadConfig(inter_ctc_weight=1.0)
+    with pytest.raises(ValueError, match="forward_with_intermediate"):
+        AsrModel(StandInEncoder(), V, AsrHeadConfig(inter_ctc_weight=0.3))
+    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=4, dropout=0.0))
+    with pytest.raises(ValueError, match="inter_ctc_layer=4 must be below"):
+        AsrModel(encoder, V, AsrHeadConfig(inter_ctc_weight=0.3, inter_ctc_layer=4))
+    with pytest.raises(ValueError, match=r"must lie in 1\.\.4"):
+        encoder.forward_with_intermediate(torch.zeros(1, 48, 16), torch.tensor([48]), (5,))

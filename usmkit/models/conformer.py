@@ -98,6 +98,19 @@ class ConformerEncoder(nn.Module):
         config's; pass them to evaluate the same weights under another mask (``chunk_size=None`` is full
         attention).
         """
+        x, lengths, _ = self.forward_with_intermediate(features, lengths, (), chunk_size, left_chunks)
+        return x, lengths
+
+    def forward_with_intermediate(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        layers: tuple[int, ...],
+        chunk_size: int | None | Literal["config"] = "config",
+        left_chunks: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``forward``, also returning the outputs of the blocks numbered ``layers`` (1 = the first
+        block's output), each (B, T', D) with padded frames set to 0 (for intermediate CTC)."""
         if isinstance(chunk_size, str):
             if chunk_size != "config":
                 raise ValueError(f"chunk_size must be an int, None (full attention) or 'config', got {chunk_size!r}")
@@ -108,11 +121,16 @@ class ConformerEncoder(nn.Module):
             raise ValueError(
                 f"lengths must be (batch,) = ({features.shape[0]},) valid frames per row, got {tuple(lengths.shape)}"
             )
+        if any(not 1 <= k <= len(self.blocks) for k in layers):
+            raise ValueError(f"intermediate layers {layers} must lie in 1..{len(self.blocks)} (the encoder's blocks)")
         x, lengths = self.subsampling(features, lengths)  # (B, T', D), (B,)
         T = x.shape[1]
         valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
         positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
         rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
-        for block in self.blocks:
+        kept = []
+        for i, block in enumerate(self.blocks, start=1):
             x = block(x, lengths, valid, rotary, chunk_size, left_chunks)
-        return x.masked_fill(~valid[:, :, None], 0.0), lengths
+            if i in layers:
+                kept.append(x.masked_fill(~valid[:, :, None], 0.0))
+        return x.masked_fill(~valid[:, :, None], 0.0), lengths, kept
