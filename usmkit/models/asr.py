@@ -7,9 +7,10 @@ loss = ctc_weight * loss_ctc + (1 - ctc_weight) * loss_att, both summed over tok
 the batch size. With intermediate CTC (``inter_ctc_weight`` = w > 0; Lee & Watanabe, "Intermediate
 loss regularization for CTC-based speech recognition", ICASSP 2021, as in ESPnet and WeNet),
 loss_ctc = (1 - w) * CTC(final) + w * CTC(block ``inter_ctc_layer``), the same CTC head on both: it
-regularizes the lower layers and adds no parameters, so decoding and streaming are unchanged. ``ctc_weight=1`` without a decoder is a pure CTC model (USM's long-form choice);
-``ctc_weight=0.3`` with a decoder is the joint training of WeNet / ESPnet (the CTC branch speeds up
-and regularizes the attention decoder's alignment learning and enables two-pass rescoring).
+regularizes the lower layers and adds no parameters, so decoding and streaming are unchanged.
+``ctc_weight=1`` without a decoder is a pure CTC model (USM's long-form choice); ``ctc_weight=0.3``
+with a decoder is the joint training of WeNet / ESPnet (the CTC branch speeds up and regularizes the
+attention decoder's alignment learning and enables two-pass rescoring).
 """
 
 from __future__ import annotations
