@@ -14,7 +14,8 @@ The synth settings come from the GPU sweeps in ``bench/results/synth_ctc_sweep.j
 batches, lr 2.5e-3, a 320-piece (about character) tokenizer, light SpecAugment (2 time masks, freq
 width 15), dropout 0.1 and intermediate CTC at weight 0.3 (GPU round 8, at 2800 steps: test-en
 lexicon WER 23.8 / 24.0 / 22.4% over three seeds, against 25.1-29.4% over six seeds without it).
-On this CPU these settings run at about 2 steps/s, so the 20-minute budget holds 2200 steps with one dev evaluation at the end.
+On this CPU these settings run at about 2 steps/s, so the 20-minute budget holds 2200 steps with one
+dev evaluation at the end.
 """
 
 from __future__ import annotations
@@ -65,15 +66,14 @@ RUNS = {
         "key": "fsdd_heldout_speaker",
         "exp": "exp/fsdd_v5",
         "prepare": [sys.executable, "-m", "usmkit.data.recipes.fsdd", "out=data/fsdd", "test_speakers=theo"],
-        # Fine-tuned from the synth run's encoder (58 espeak voices): from scratch, four training
-        # speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep round 4); fine-tuned,
-        # 7-15% over three seeds (bench/results/synth_ctc_sweep.json, rounds 4-6).
+        # Fine-tuned from the synth run's encoder (58 espeak voices; run() adds its init_from): from
+        # scratch, four training speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep
+        # round 4); fine-tuned, 7-15% over five seeds (bench/results/synth_ctc_sweep.json, rounds 5-8).
         "pretrained": "synth",
         "train": [
             "recipe=stage3_ctc",
             "model=tiny",
             "model.overrides={subsampling_channels: 32}",
-            "init_from=exp/synth_v5",  # the synth run above
             "data=fsdd",
             "data.manifest_dir=data/fsdd",
             "trainer.max_steps=1200",
@@ -111,8 +111,9 @@ def log_minutes(exp: Path) -> float:
 
 def run(name: str, eval_only: bool = False) -> None:
     spec = RUNS[name]
-    train = [sys.executable, "-m", "usmkit.train", *spec["train"], f"trainer.exp_dir={spec['exp']}"]
-    if "pretrained" in spec and not (REPO / RUNS[spec["pretrained"]]["exp"] / "checkpoints").is_dir():
+    init = [f"init_from={RUNS[spec['pretrained']]['exp']}"] if "pretrained" in spec else []
+    train = [sys.executable, "-m", "usmkit.train", *spec["train"], *init, f"trainer.exp_dir={spec['exp']}"]
+    if init and not (REPO / RUNS[spec["pretrained"]]["exp"] / "checkpoints").is_dir():
         raise SystemExit(f"{name} fine-tunes the {spec['pretrained']} run's encoder: run that one first")
     if eval_only:
         minutes = log_minutes(REPO / spec["exp"])

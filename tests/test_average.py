@@ -30,8 +30,8 @@ def _save_run(root: Path, steps: list[int], width: int = 4) -> list[dict[str, to
 
 def test_average_of_the_last_checkpoints(tmp_path):
     saved = _save_run(tmp_path / "checkpoints", [10, 20, 30, 40])
-    out = average_last(tmp_path, last=3)
-    assert out == tmp_path / "checkpoints" / "avg-last3"
+    out, steps = average_last(tmp_path, last=3)
+    assert out == tmp_path / "checkpoints" / "avg-last3" and steps == [20, 30, 40]
     avg = load_file(str(out / MODEL_FILE))
     for k, v in avg.items():
         if v.is_floating_point():
@@ -45,7 +45,7 @@ def test_average_of_the_last_checkpoints(tmp_path):
 
 def test_average_of_one_is_the_checkpoint(tmp_path):
     saved = _save_run(tmp_path / "checkpoints", [5, 6])
-    avg = load_file(str(average_last(tmp_path, last=1) / MODEL_FILE))
+    avg = load_file(str(average_last(tmp_path, last=1)[0] / MODEL_FILE))
     for k in saved[-1]:
         assert torch.equal(avg[k], saved[-1][k])
 

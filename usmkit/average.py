@@ -64,18 +64,20 @@ def select_last(ckpt_root: Path, last: int) -> list[CheckpointInfo]:
     return found[-last:]
 
 
-def average_last(exp_dir: str | Path, last: int, out: str | Path | None = None) -> Path:
+def average_last(exp_dir: str | Path, last: int, out: str | Path | None = None) -> tuple[Path, list[int]]:
     """Average the last ``last`` checkpoints of ``exp_dir`` into ``out`` (default
-    ``<exp_dir>/checkpoints/avg-last{last}``); returns ``out``. Written atomically, like a checkpoint."""
+    ``<exp_dir>/checkpoints/avg-last{last}``); returns ``out`` and the averaged steps. Written
+    atomically, like a checkpoint."""
     exp_dir = Path(exp_dir)
     root = exp_dir / "checkpoints" if (exp_dir / "checkpoints").is_dir() else exp_dir
     chosen = select_last(root, last)
     out = Path(out) if out else root / f"avg-last{last}"
+    steps = [c.step for c in chosen]
     weights = average_state_dicts([c.path for c in chosen])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
     try:
-        save_file(weights, str(tmp / MODEL_FILE), metadata={"averaged_steps": ",".join(str(c.step) for c in chosen)})
+        save_file(weights, str(tmp / MODEL_FILE), metadata={"averaged_steps": ",".join(map(str, steps))})
         shutil.copyfile(chosen[-1].path / CONFIG_FILE, tmp / CONFIG_FILE)
         if out.exists():
             shutil.rmtree(out)
@@ -83,7 +85,7 @@ def average_last(exp_dir: str | Path, last: int, out: str | Path | None = None) 
     except Exception:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
+    return out, steps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,18 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None, help="output checkpoint dir (default <exp_dir>/checkpoints/avg-lastN)")
     args = ap.parse_args(argv)
     try:
-        out = average_last(args.exp_dir, args.last, args.out)
+        out, steps = average_last(args.exp_dir, args.last, args.out)
     except (ValueError, CheckpointError) as e:
         raise SystemExit(f"error: {e}") from None
-    steps = load_file_metadata(out / MODEL_FILE).get("averaged_steps", "")
-    print(f"averaged steps {steps} -> {out}")
-
-
-def load_file_metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return f.metadata() or {}
+    print(f"averaged steps {','.join(map(str, steps))} -> {out}")
 
 
 if __name__ == "__main__":

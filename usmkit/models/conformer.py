@@ -128,9 +128,10 @@ class ConformerEncoder(nn.Module):
         valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
         positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
         rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
+        padded = ~valid[:, :, None]  # (B, T', 1)
         kept = []
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, lengths, valid, rotary, chunk_size, left_chunks)
             if i in layers:
-                kept.append(x.masked_fill(~valid[:, :, None], 0.0))
-        return x.masked_fill(~valid[:, :, None], 0.0), lengths, kept
+                kept.append(x.masked_fill(padded, 0.0))
+        return x.masked_fill(padded, 0.0), lengths, kept
