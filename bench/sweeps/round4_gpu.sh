@@ -11,9 +11,15 @@ OUTDIR=${1:-/tmp/sweep_out}
 mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
-rm -rf data/fsdd
-python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
-python3 -m usmkit.data.recipes.fsdd out=data/fsdd corpus_dir=.carry/fsdd >> "$OUTDIR/corpus.log" 2>&1 || { tail -20 "$OUTDIR/corpus.log"; exit 1; }
+[[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # round 9: FSDD only
+rm -rf data/fsdd*
+if [[ ${NEED_SYN:-1} == 1 ]]; then
+  python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
+fi
+for d in ${FS_DIRS:-fsdd}; do  # fsdd_sdN: N synthetic takes of every digit added to train
+  takes=${d#fsdd_sd}; [[ $d == fsdd ]] && takes=0
+  python3 -m usmkit.data.recipes.fsdd out=data/$d corpus_dir=.carry/fsdd synth_takes=$takes workers=8 >> "$OUTDIR/corpus.log" 2>&1 || { tail -20 "$OUTDIR/corpus.log"; exit 1; }
+done
 SYN=(recipe=stage3_ctc model=tiny data=synth data.manifest_dir=data/synth optim.warmup_steps=100
   trainer.precision=fp32 trainer.save_every=700 trainer.dev_max_batches=0 trainer.progress=false data.num_workers=1
   data.max_duration=50 trainer.max_steps=2800 trainer.eval_every=700 vocab_size=320
@@ -23,13 +29,31 @@ FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.p
   data.max_duration=60 data.spec_augment.time_masks=2 data.spec_augment.freq_width=15 trainer.progress=false
   trainer.eval_every=200 trainer.save_every=200 data.num_workers=1 optim.warmup_steps=60)
 # Features (train, dev and test), stats and tokenizers once: parallel runs would race on the caches.
-{ python3 -m usmkit.train "${SYN[@]}" trainer.max_steps=1 trainer.eval_every=1 trainer.exp_dir=exp/sweep/prep_syn &&
-  python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_syn test_sets=[test] output=exp/sweep/prep_syn/eval.json &&
-  python3 -m usmkit.train "${FS[@]}" trainer.max_steps=1 trainer.eval_every=1 trainer.exp_dir=exp/sweep/prep_fs &&
-  python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_fs test_sets=[test] output=exp/sweep/prep_fs/eval.json; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
+prep_fs() {  # manifest directory under data/
+  python3 -m usmkit.train "${FS[@]}" data.manifest_dir=data/$1 trainer.max_steps=1 trainer.eval_every=1 trainer.exp_dir=exp/sweep/prep_$1 &&
+  python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_$1 test_sets=[test] output=exp/sweep/prep_$1/eval.json
+}
+{ if [[ ${NEED_SYN:-1} == 1 ]]; then
+    python3 -m usmkit.train "${SYN[@]}" trainer.max_steps=1 trainer.eval_every=1 trainer.exp_dir=exp/sweep/prep_syn &&
+    python3 -m usmkit.evaluate checkpoint=exp/sweep/prep_syn test_sets=[test] output=exp/sweep/prep_syn/eval.json || exit 1
+  fi
+  pids=(); for d in ${FS_DIRS:-fsdd}; do prep_fs $d & pids+=($!); done
+  for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 8 ]]; then  # round 8: intermediate CTC (task.inter_ctc_weight) on both corpora, 3 seeds each
+if [[ ${ROUND:-4} == 9 ]]; then  # round 9: synthetic digit takes (espeak voices) mixed into FSDD fine-tuning
+FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT"
+declare -A RUNS=(
+  [F_s0]="FS $FT trainer.seed=0"
+  [F_s1]="FS $FT trainer.seed=1"
+  [F_sd100_s0]="FS $FT data.manifest_dir=data/fsdd_sd100 trainer.seed=0"
+  [F_sd100_s1]="FS $FT data.manifest_dir=data/fsdd_sd100 trainer.seed=1"
+  [F_sd100_s2]="FS $FT data.manifest_dir=data/fsdd_sd100 trainer.seed=2"
+  [F_sd300_s0]="FS $FT data.manifest_dir=data/fsdd_sd300 trainer.seed=0"
+  [F_sd300_s1]="FS $FT data.manifest_dir=data/fsdd_sd300 trainer.seed=1"
+  [F_sd300_scratch]="FS trainer.max_steps=1200 optim.lr=2e-3 data.manifest_dir=data/fsdd_sd300"
+)
+elif [[ ${ROUND:-4} == 8 ]]; then  # round 8: intermediate CTC (task.inter_ctc_weight) on both corpora, 3 seeds each
 IC="task.inter_ctc_weight=0.3"
 declare -A RUNS=(
   [Q_ic_s0]="SYN $IC trainer.seed=0"

@@ -15,6 +15,7 @@ from usmkit.data.manifests import available_splits, load_cuts, load_text_only, m
 from usmkit.data.recipes import normalize_text, parse_key_value_args
 from usmkit.data.recipes.fsdd import DIGIT_WORDS, default_fsdd_dir, prepare_fsdd
 from usmkit.data.recipes.fsdd import main as fsdd_main
+from usmkit.data.recipes.fsdd_synth import plan_digit_takes, trim_silence
 from usmkit.data.recipes.librispeech import prepare_librispeech
 
 FSDD = default_fsdd_dir()
@@ -64,6 +65,47 @@ def test_fsdd_dev_speakers_cli_and_errors(tmp_path: Path, capsys) -> None:
         prepare_fsdd(out_dir=tmp_path, test_speakers=("theo",), dev_speakers=("theo",), limit=1)
     with pytest.raises(FileNotFoundError, match="no FSDD recordings"):
         prepare_fsdd(corpus_dir=tmp_path / "missing", out_dir=tmp_path)
+
+
+@needs_fsdd
+def test_fsdd_synthetic_digit_takes_join_train_only(tmp_path: Path) -> None:
+    cut_sets = prepare_fsdd(out_dir=tmp_path, limit=6, synth_takes=2, synth_seed=3)
+    synthetic = [c for c in cut_sets["train"] if c.supervisions[0].speaker.startswith("synth-")]
+    assert len(cut_sets["train"]) == 4 * 10 + 20 and len(synthetic) == 20
+    assert len(cut_sets["dev"]) == 200 and len(cut_sets["test"]) == 60  # real speech only
+    assert sorted(c.supervisions[0].text for c in synthetic) == sorted(DIGIT_WORDS * 2)
+    assert len({c.supervisions[0].speaker for c in synthetic}) > 5
+    for cut in synthetic:
+        assert cut.supervisions[0].text == DIGIT_WORDS[_file_digit(cut)]
+        native = sf.info(cut.recording.sources[0].source)
+        assert native.samplerate == 8000 and 0.1 < native.duration < 1.5  # FSDD-like: 8 kHz, trimmed
+        audio = cut.load_audio()
+        assert cut.sampling_rate == 16000 and audio.shape == (1, cut.num_samples) and np.abs(audio).max() > 0.1
+    reloaded = load_cuts(tmp_path, "train", corpus="fsdd")
+    assert [c.id for c in reloaded] == [c.id for c in cut_sets["train"]]
+    with pytest.raises(ValueError, match="synth_takes"):
+        prepare_fsdd(out_dir=tmp_path, limit=1, synth_takes=-1)
+
+
+def test_digit_take_plan_is_seeded_and_varied() -> None:
+    first, again = plan_digit_takes(DIGIT_WORDS, 3, seed=1), plan_digit_takes(DIGIT_WORDS, 3, seed=1)
+    assert first == again and first != plan_digit_takes(DIGIT_WORDS, 3, seed=2)
+    assert [t.word for t in first[:10]] == list(DIGIT_WORDS) and len({t.stem for t in first}) == 30
+    assert len({(t.voice.variant, t.voice.rate, t.voice.pitch) for t in first}) == 30
+    with pytest.raises(ValueError, match="takes_per_digit"):
+        plan_digit_takes(DIGIT_WORDS, 0)
+
+
+def test_trim_silence_keeps_the_speech_and_a_margin() -> None:
+    rate = 8000
+    speech = np.sin(np.arange(2000) * 0.3).astype(np.float32)
+    wave = np.concatenate([np.zeros(4000, np.float32), speech, np.full(3000, 1e-4, np.float32)])
+    trimmed = trim_silence(wave, rate)
+    margin = int(0.03 * rate)
+    assert len(speech) <= len(trimmed) <= len(speech) + 2 * margin + 2 * rate // 100
+    assert np.abs(trimmed).max() == np.abs(speech).max()
+    silent = np.zeros(1000, np.float32)
+    assert np.array_equal(trim_silence(silent, rate), silent)
 
 
 def test_fsdd_rejects_foreign_file_names(tmp_path: Path) -> None:

@@ -10,13 +10,15 @@ Splits (corpus name ``fsdd``):
 - ``dev``: with ``dev_speakers`` given, every recording of those speakers; by default (no dev
   speakers) the takes with index 0-4 of the training speakers, FSDD's own documented held-out
   convention ("recordings numbered 0-4 are the test set"), so training keeps four speakers.
-- ``train``: all other recordings.
+- ``train``: all other recordings, plus (``synth_takes=N``) N synthetic takes of every digit word
+  from random espeak-ng voices, rendered like FSDD (8 kHz, trimmed; see ``fsdd_synth.py``): more
+  voices than the four real training speakers. Dev and test stay real speech only.
 
 Audio stays 8 kHz on disk; the manifests carry lhotse's lazy ``resample(16000)``, so every cut
 loads at 16 kHz.
 
 CLI: ``python -m usmkit.data.recipes.fsdd out=data/fsdd [corpus_dir=...] [test_speakers=theo]
-[dev_speakers=lucas] [limit=N]``
+[dev_speakers=lucas] [limit=N] [synth_takes=N] [synth_seed=S]``
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
 from usmkit.data.manifests import manifest_path
+from usmkit.data.recipes.fsdd_synth import digit_take_cut, plan_digit_takes, synthesize_digit_takes
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
 
 CORPUS = "fsdd"
@@ -128,15 +131,22 @@ def prepare_fsdd(
     test_speakers: Sequence[str] = ("theo",),
     dev_speakers: Sequence[str] = (),
     limit: int | None = None,
+    synth_takes: int = 0,
+    synth_seed: int = 0,
+    workers: int = 2,
 ) -> dict[str, CutSet]:
     """Write ``fsdd_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` to ``out_dir``.
 
     ``corpus_dir`` defaults to :func:`default_fsdd_dir`. ``limit`` (tests) keeps only takes with
-    index < limit of every digit and speaker. Returns the CutSets by split.
+    index < limit of every digit and speaker. ``synth_takes`` > 0 adds that many synthetic takes of
+    each digit word to ``train`` (files under ``out_dir/synth_digits``, rendered by ``workers``
+    processes). Returns the CutSets by split.
     """
     corpus_dir = Path(corpus_dir) if corpus_dir is not None else default_fsdd_dir()
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
+    if synth_takes < 0:
+        raise ValueError(f"synth_takes must be >= 0 (synthetic takes per digit; 0 = none), got {synth_takes}")
     files = scan_fsdd(corpus_dir, limit)
     test_set, dev_set = set(test_speakers), set(dev_speakers)
     _check_speakers({f.speaker for f in files}, test_set, dev_set)
@@ -145,6 +155,10 @@ def prepare_fsdd(
         by_split[_assign(item, test_set, dev_set)].append(_cut(item))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if synth_takes:
+        takes = plan_digit_takes(DIGIT_WORDS, synth_takes, synth_seed)
+        written = synthesize_digit_takes(out_dir / "synth_digits", takes, synth_seed, workers)
+        by_split["train"] += [digit_take_cut(take, path, CORPUS, SAMPLE_RATE) for take, path in written]
     result = {}
     for split, cuts in by_split.items():
         if not cuts:
@@ -168,6 +182,9 @@ class FsddArgs:
     test_speakers: str = "theo"  # comma-separated
     dev_speakers: str = ""  # comma-separated; empty: takes 0-4 of the training speakers
     limit: int | None = None
+    synth_takes: int = 0
+    synth_seed: int = 0
+    workers: int = 2
 
 
 USAGE = """\
@@ -178,6 +195,9 @@ usage: python -m usmkit.data.recipes.fsdd [key=value ...]
   test_speakers=a,b      held-out test speakers (default theo)
   dev_speakers=a,b       dev speakers (default none: takes 0-4 of the training speakers)
   limit=N                keep only takes 0..N-1 of each digit and speaker
+  synth_takes=N          add N synthetic takes of each digit (random espeak-ng voices) to train
+  synth_seed=S           seed of the synthetic voices (default 0)
+  workers=N              processes rendering the synthetic takes (default 2)
 """
 
 
@@ -193,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         test_speakers=_names(args.test_speakers),
         dev_speakers=_names(args.dev_speakers),
         limit=args.limit,
+        synth_takes=args.synth_takes,
+        synth_seed=args.synth_seed,
+        workers=args.workers,
     )
     print_split_table(f"fsdd manifests in {args.out}", split_rows(cut_sets))
     return 0

@@ -90,7 +90,7 @@ def variant_is_female(variant: str) -> bool:
     return False
 
 
-def _ordinary_voice(variant: str, rng: random.Random) -> Voice:
+def ordinary_voice(variant: str, rng: random.Random) -> Voice:
     accents, weights = zip(*ENGLISH_ACCENTS, strict=True)
     rate = rng.randint(135, 205)
     pitch = rng.randint(25, 75)
@@ -144,10 +144,10 @@ def plan_voices(seed: int, external: list[ExternalEngine] | None = None) -> dict
         if split == "test_other":
             plan[split] = tuple(_extreme_voice(v, i, rng) for i, v in enumerate(variants))
         else:
-            plan[split] = tuple(_ordinary_voice(v, rng) for v in variants)
+            plan[split] = tuple(ordinary_voice(v, rng) for v in variants)
     remaining = sorted(female + other, key=VARIANTS.index)
     rng.shuffle(remaining)
-    train = [_ordinary_voice(v, rng) for v in remaining[: VOICES_PER_SPLIT["train"]]]
+    train = [ordinary_voice(v, rng) for v in remaining[: VOICES_PER_SPLIT["train"]]]
     for engine in external or []:
         for voice_name in engine.voices:
             rate = rng.randint(150, 195)
