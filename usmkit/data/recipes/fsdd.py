@@ -32,8 +32,8 @@ from pathlib import Path
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
 from usmkit.data.manifests import manifest_path
-from usmkit.data.recipes.fsdd_synth import digit_take_cut, plan_digit_takes, synthesize_digit_takes
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
+from usmkit.data.recipes.fsdd_synth import digit_take_cut, plan_digit_takes, synthesize_digit_takes
 
 CORPUS = "fsdd"
 SAMPLE_RATE = 16000
