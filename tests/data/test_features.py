@@ -140,6 +140,56 @@ def test_random_gain_is_a_per_utterance_log_offset():
     assert torch.equal(random_gain(feats, 0.0), feats)
 
 
+def _log_mel_speech(batch: int, frames: int, band_bins: int = 80) -> torch.Tensor:
+    """Speech-like log-mel power (B, T, 80): loud in ``band_bins`` low bins, at the energy floor above."""
+    torch.manual_seed(0)
+    feats = torch.randn(batch, frames, 80) * 2.0 - 2.0
+    feats[:, :, band_bins:] = -23.0  # log(1e-10): an 8-kHz recording resampled to 16 kHz
+    return feats
+
+
+def test_add_noise_reaches_the_drawn_snr_inside_the_band_only():
+    from usmkit.data.augment import add_noise
+
+    feats = _log_mel_speech(3, 400, band_bins=40)
+    lens = torch.tensor([400, 300, 250])
+    feats[1, 300:] = 0.0
+    feats[2, 250:] = 0.0
+    out = add_noise(feats, lens, (10.0, 10.0), prob=1.0, sample_rate=16000)
+    assert torch.all(out >= feats)  # noise only adds power
+    assert torch.equal(out[:, :, 40:], feats[:, :, 40:])  # nothing outside the recording's band
+    assert torch.equal(out[1, 300:], feats[1, 300:]) and torch.equal(out[2, 250:], feats[2, 250:])  # padding
+    for row, length in enumerate(lens.tolist()):
+        signal = feats[row, :length].exp().sum(-1).mean()
+        noise = (out[row, :length].exp() - feats[row, :length].exp()).sum(-1).mean()
+        snr = 10 * torch.log10(signal / noise)
+        assert abs(float(snr) - 10.0) < 0.5, (row, float(snr))
+
+
+def test_add_noise_prob_and_config_checks():
+    import pytest
+
+    from usmkit.data.augment import add_noise
+
+    feats = _log_mel_speech(64, 20)
+    lens = torch.full((64,), 20)
+    assert torch.equal(add_noise(feats, lens, (5.0, 30.0), prob=0.0, sample_rate=16000), feats)
+    changed = (add_noise(feats, lens, (5.0, 30.0), prob=0.5, sample_rate=16000) != feats).flatten(1).any(1)
+    assert 10 < int(changed.sum()) < 54  # about half the utterances
+    with pytest.raises(ValueError, match="noise_snr_db"):
+        DataConfig(noise_snr_db=(30.0, 5.0))
+    with pytest.raises(ValueError, match="noise_prob"):
+        DataConfig(noise_snr_db=(5.0, 30.0), noise_prob=1.5)
+
+
+def test_dataset_adds_noise_in_training_only(audio_corpus):
+    cuts = CutSet.from_cuts(list(audio_corpus)[:2])
+    clean = AsrDataset(ON_THE_FLY)[cuts].features
+    noisy = AsrDataset(ON_THE_FLY, noise_snr_db=(0.0, 0.0), noise_prob=1.0)[cuts].features
+    assert noisy.shape == clean.shape and not torch.allclose(noisy, clean)
+    assert torch.equal(AsrDataset(ON_THE_FLY, noise_snr_db=(), noise_prob=1.0)[cuts].features, clean)
+
+
 def test_utterance_mean_norm_removes_a_gain_change_exactly():
     from usmkit.data.dataset import subtract_utterance_mean
 

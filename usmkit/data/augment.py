@@ -1,4 +1,5 @@
-"""Training-time augmentation: SpecAugment (torchaudio) on features, speed perturbation (lhotse) on cuts.
+"""Training-time augmentation: SpecAugment (torchaudio), random gain and background noise on features,
+speed perturbation (lhotse) on cuts.
 
 Shapes: B batch, T frames, F mel bins, L valid frames of one utterance.
 """
@@ -78,3 +79,63 @@ def random_gain(features: torch.Tensor, max_db: float) -> torch.Tensor:
         return features
     gain_db = (torch.rand(features.shape[0]) * 2 - 1) * max_db  # (B,)
     return features + (gain_db * math.log(10) / 10)[:, None, None].to(features.dtype)
+
+
+NOISE_BAND_FLOOR_DB = 30.0  # the band ends at the highest mel bin within this of the strongest bin
+NOISE_FLUCTUATION_SHAPE = 4.0  # gamma shape of the noise power's frame-to-frame fluctuation (mean 1)
+
+
+def mel_bin_centers(num_bins: int, sample_rate: int, low_hz: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Center frequencies and widths (Hz), each (F,), of the kaldi mel filterbank (20 Hz .. Nyquist)."""
+    mel = torch.linspace(
+        1127.0 * math.log1p(low_hz / 700.0), 1127.0 * math.log1p(sample_rate / 2 / 700.0), num_bins + 2
+    )
+    hz = 700.0 * torch.expm1(mel / 1127.0)  # (F + 2,) filter edges and centers
+    return hz[1:-1], hz[2:] - hz[:-2]
+
+
+def add_noise(
+    features: torch.Tensor, feature_lens: torch.Tensor, snr_db: tuple[float, float], prob: float, sample_rate: int
+) -> torch.Tensor:
+    """Stationary background noise at a random SNR, added to a random share ``prob`` of the utterances.
+
+    Works on log-mel power features, so on stored features too: speech and independent noise add in
+    power, and the log-mel of their mixture is ``log(exp(features) + noise)`` up to the cross term,
+    whose mean is zero. Each noisy utterance draws:
+
+    - an SNR uniform in ``snr_db`` (dB; signal = its mean power per valid frame),
+    - a color: mel-bin power proportional to ``width * f**-alpha``, alpha uniform in [0, 2]
+      (white to brown noise),
+    - frame-to-frame fluctuation of every bin's power (gamma, mean 1).
+
+    The noise stays inside the utterance's own band (up to its highest mel bin whose mean is within
+    ``NOISE_BAND_FLOOR_DB`` of its strongest bin's): a band-limited recording (FSDD's 8 kHz audio, resampled to 16 kHz) gets noise
+    below 4 kHz only, as its microphone's noise would be. Recordings of some speakers are much
+    noisier than others (FSDD: theo's speech is only ~18 dB above his noise floor, lucas's 46 dB).
+
+    features (B, T, F) unnormalized log-mel power, feature_lens (B,) -> (B, T, F); padding unchanged.
+    """
+    lo, hi = snr_db
+    batch, frames, bins = features.shape
+    noisy_rows = torch.rand(batch) < prob  # (B,)
+    if not noisy_rows.any():
+        return features
+    valid = (torch.arange(frames) < feature_lens[:, None])[:, :, None]  # (B, T, 1)
+    count = feature_lens.clamp_min(1).to(features.dtype)  # (B,)
+    power = features.exp()  # (B, T, F)
+    signal = (power * valid).sum((1, 2)) / count  # (B,) mean power per frame
+    mean_log = (features * valid).sum(1) / count[:, None]  # (B, F)
+    floor = mean_log.amax(-1, keepdim=True) - NOISE_BAND_FLOOR_DB * math.log(10) / 10
+    above = (mean_log > floor).flip(-1).cummax(-1).values.flip(-1)  # (B, F): bins at or below the band's top
+    centers, widths = mel_bin_centers(bins, sample_rate)
+    alpha = torch.rand(batch, 1) * 2  # (B, 1)
+    color = widths * centers**-alpha * above  # (B, F)
+    color = color / color.sum(-1, keepdim=True).clamp_min(1e-30)
+    snr = lo + torch.rand(batch) * (hi - lo)  # (B,)
+    level = signal * 10 ** (-snr / 10)  # (B,) noise power per frame
+    fluctuation = torch.distributions.Gamma(NOISE_FLUCTUATION_SHAPE, NOISE_FLUCTUATION_SHAPE).sample(
+        (batch, frames, bins)
+    )
+    noise = level[:, None, None] * color[:, None, :] * fluctuation  # (B, T, F)
+    mixed = torch.log(power + noise)
+    return torch.where(noisy_rows[:, None, None] & valid, mixed, features)

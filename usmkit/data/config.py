@@ -86,6 +86,10 @@ class DataConfig:
       the subset is deterministic by seed and nested (10% is inside 20%).
     - ``gain_db``: training utterances get a random loudness change in [-gain_db, +gain_db] dB
       (applied to the log-mel features; 0 disables), for speakers recorded at other levels.
+    - ``noise_snr_db`` / ``noise_prob``: a share ``noise_prob`` of the training utterances gets
+      stationary colored background noise at an SNR uniform in ``noise_snr_db = (low, high)`` dB,
+      inside the recording's own band (applied to the log-mel features; ``()`` disables), for
+      speakers recorded with more noise than the training set.
     - ``pad_to_frames``: pad each batch's feature frames up to a multiple of this (0 = off). With
       ``trainer.compile=true`` it keeps the compiled step to a few static time lengths (use 256);
       without compilation it only wastes compute.
@@ -107,6 +111,8 @@ class DataConfig:
     num_workers: int = 1
     speed_perturb: tuple[float, ...] = ()
     gain_db: float = 0.0
+    noise_snr_db: tuple[float, ...] = ()
+    noise_prob: float = 0.5
     pad_to_frames: int = 0
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
@@ -134,6 +140,12 @@ class DataConfig:
             raise ValueError(f"DataConfig.pad_to_frames must be >= 0 (0 = off), got {self.pad_to_frames}")
         if self.gain_db < 0:
             raise ValueError(f"DataConfig.gain_db must be >= 0 (a range in dB), got {self.gain_db}")
+        if self.noise_snr_db and (len(self.noise_snr_db) != 2 or self.noise_snr_db[0] > self.noise_snr_db[1]):
+            raise ValueError(
+                f"DataConfig.noise_snr_db must be () (off) or [low, high] dB with low <= high, got {list(self.noise_snr_db)}"
+            )
+        if not 0.0 <= self.noise_prob <= 1.0:
+            raise ValueError(f"DataConfig.noise_prob must be in [0, 1], got {self.noise_prob}")
         if self.language_temperature <= 0:
             raise ValueError(f"DataConfig.language_temperature must be > 0, got {self.language_temperature}")
         if self.on_bad_input not in ("error", "skip"):

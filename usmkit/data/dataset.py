@@ -3,8 +3,8 @@
 Shapes: B batch, T feature frames, F mel bins, U tokens.
 
 Per batch (in a loader worker): speed perturbation (train, lhotse) -> features (lhotse input
-strategy: stored or on-the-fly fbank) -> global mean/variance normalization -> SpecAugment (train,
-torchaudio) -> tokens from the supervision text.
+strategy: stored or on-the-fly fbank) -> random gain and background noise (train) -> global
+mean/variance normalization -> SpecAugment (train, torchaudio) -> tokens from the supervision text.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from lhotse import CutSet
 from lhotse.cut import Cut
 
-from usmkit.data.augment import SpecAugment, random_gain, speed_perturbation
+from usmkit.data.augment import SpecAugment, add_noise, random_gain, speed_perturbation
 from usmkit.data.batch import Batch
 from usmkit.data.config import FeatureConfig, SpecAugmentConfig
 from usmkit.data.features import input_strategy, to_sample_rate
@@ -55,7 +55,8 @@ class AsrDataset(torch.utils.data.Dataset):
 
     ``tokenizer=None`` gives audio-only batches (tokens (B, 0)). ``stats=None`` leaves features
     unnormalized (only for computing the stats themselves; training always passes them).
-    ``spec_augment`` / ``speed_perturb`` / ``gain_db`` are for training; leave them off for evaluation.
+    ``spec_augment`` / ``speed_perturb`` / ``gain_db`` / ``noise_snr_db`` are for training; leave them
+    off for evaluation.
     """
 
     def __init__(
@@ -67,6 +68,8 @@ class AsrDataset(torch.utils.data.Dataset):
         spec_augment: SpecAugmentConfig | None = None,
         speed_perturb: tuple[float, ...] = (),
         gain_db: float = 0.0,
+        noise_snr_db: tuple[float, ...] = (),
+        noise_prob: float = 0.5,
         pad_to_frames: int = 0,
         utterance_mean_norm: bool = False,
         seed: int = 0,
@@ -86,6 +89,8 @@ class AsrDataset(torch.utils.data.Dataset):
         self.spec_augment = SpecAugment(spec_augment) if spec_augment is not None and spec_augment.enabled else None
         self.perturb = speed_perturbation(speed_perturb, seed)
         self.gain_db = gain_db
+        self.noise_snr_db = noise_snr_db
+        self.noise_prob = noise_prob
         self.pad_to_frames = pad_to_frames
         self.utterance_mean_norm = utterance_mean_norm
         self.input = input_strategy(features)
@@ -105,6 +110,9 @@ class AsrDataset(torch.utils.data.Dataset):
         feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
         feats, feat_lens = feats.float(), feat_lens.long()
         feats = random_gain(feats, self.gain_db)
+        if self.noise_snr_db:
+            low, high = self.noise_snr_db
+            feats = add_noise(feats, feat_lens, (low, high), self.noise_prob, self.features.sample_rate)
         if self.stats is not None:
             feats = self.stats.normalize(feats, feat_lens)  # padding -> 0
         else:

@@ -147,6 +147,8 @@ def make_loader(
         spec_augment=cfg.spec_augment if train else None,
         speed_perturb=cfg.speed_perturb if train else (),
         gain_db=cfg.gain_db if train else 0.0,
+        noise_snr_db=cfg.noise_snr_db if train else (),
+        noise_prob=cfg.noise_prob,
         pad_to_frames=cfg.pad_to_frames,
         utterance_mean_norm=cfg.utterance_mean_norm,
         seed=seed + rank,
