@@ -351,10 +351,11 @@ def _load(args, device: torch.device):
         raise UsageError(
             f"--rescore needs an attention (LAS) decoder, but checkpoint {ckpt} is CTC-only; drop --rescore"
         )
-    if cfg.data.utterance_mean_norm:
+    if cfg.data.utterance_mean_norm or cfg.data.speaker_mean_norm:
+        which = "utterance_mean_norm" if cfg.data.utterance_mean_norm else "speaker_mean_norm"
         raise UsageError(
-            f"checkpoint {ckpt} was trained with data.utterance_mean_norm=true (each utterance's own mean "
-            "subtracted), which needs the whole utterance first; decode it with python -m usmkit.evaluate"
+            f"checkpoint {ckpt} was trained with data.{which}=true (an utterance's or speaker's own mean "
+            "subtracted), which needs the whole audio first; decode it with python -m usmkit.evaluate"
         )
     try:
         stats = load_feature_stats(find_feature_stats(ckpt, cfg.data.manifest_dir), cfg.data.features)

@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} == 10 ]] && NEED_SYN=0
+[[ ${ROUND:-4} == 10 || ${ROUND:-4} == 11 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -42,7 +42,20 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 10 ]]; then  # round 10: background noise (data.noise_snr_db) in FSDD fine-tuning
+if [[ ${ROUND:-4} == 11 ]]; then  # round 11: per-speaker mean normalization (data.speaker_mean_norm) on FSDD
+FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT"
+SPK="data.speaker_mean_norm=true"
+declare -A RUNS=(
+  [F_s2]="FS $FT trainer.seed=2"
+  [F_spk_s0]="FS $FT $SPK trainer.seed=0"
+  [F_spk_s1]="FS $FT $SPK trainer.seed=1"
+  [F_spk_s2]="FS $FT $SPK trainer.seed=2"
+  [F_spk_ng_s0]="FS $FT $SPK data.gain_db=0 trainer.seed=0"
+  [F_spk_ng_s1]="FS $FT $SPK data.gain_db=0 trainer.seed=1"
+  [F_spk_n_s0]="FS $FT $SPK 'data.noise_snr_db=[5,30]' trainer.seed=0"
+  [F_spk_scratch]="FS trainer.max_steps=1200 optim.lr=2e-3 $SPK"
+)
+elif [[ ${ROUND:-4} == 10 ]]; then  # round 10: background noise (data.noise_snr_db) in FSDD fine-tuning
 FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT"
 N="'data.noise_snr_db=[5,30]'"
 declare -A RUNS=(

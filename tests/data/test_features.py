@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -188,6 +189,34 @@ def test_dataset_adds_noise_in_training_only(audio_corpus):
     noisy = AsrDataset(ON_THE_FLY, noise_snr_db=(0.0, 0.0), noise_prob=1.0)[cuts].features
     assert noisy.shape == clean.shape and not torch.allclose(noisy, clean)
     assert torch.equal(AsrDataset(ON_THE_FLY, noise_snr_db=(), noise_prob=1.0)[cuts].features, clean)
+
+
+def test_speaker_mean_norm_centers_every_speaker_and_removes_its_gain(audio_corpus):
+    import pytest
+
+    from usmkit.data.normalize import speaker_mean_shifts
+
+    stats = compute_global_stats(audio_corpus, ON_THE_FLY)
+    shifts = speaker_mean_shifts(audio_corpus, ON_THE_FLY, stats)
+    assert sorted(shifts) == ["de-spk0", "de-spk1", "en-spk0", "en-spk1"]
+    batch = AsrDataset(ON_THE_FLY, stats=stats, speaker_shifts=shifts)[audio_corpus]
+    speakers = [c.supervisions[0].speaker for c in audio_corpus]
+    order = [speakers[[c.id for c in audio_corpus].index(i)] for i in batch.cut_ids]
+    valid = torch.arange(batch.features.shape[1]) < batch.feature_lens[:, None]  # (B, T)
+    for speaker in shifts:
+        rows = [i for i, s in enumerate(order) if s == speaker]
+        frames = batch.features[rows][valid[rows]]  # (frames of the speaker, F)
+        torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=0.02, rtol=0)  # fbank dither
+    assert torch.all(batch.features[~valid] == 0)
+    # A speaker recorded 20 dB louder: the same normalized features once its own mean is subtracted.
+    louder = {s: v + 2 * math.log(10) / stats.std for s, v in shifts.items()}
+    shifted = AsrDataset(ON_THE_FLY, stats=stats, speaker_shifts=louder)[audio_corpus].features
+    assert not torch.allclose(shifted, batch.features)
+    unknown = {s: v for s, v in shifts.items() if s != "en-spk0"}
+    with pytest.raises(ValueError, match="en-spk0"):
+        AsrDataset(ON_THE_FLY, stats=stats, speaker_shifts=unknown)[audio_corpus]
+    with pytest.raises(ValueError, match="pick one"):
+        DataConfig(speaker_mean_norm=True, utterance_mean_norm=True)
 
 
 def test_utterance_mean_norm_removes_a_gain_change_exactly():

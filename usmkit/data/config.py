@@ -96,6 +96,11 @@ class DataConfig:
     - ``utterance_mean_norm``: after global normalization, subtract each utterance's own per-bin mean
       (CMN; removes recording-level gain and channel offsets). Needs the whole utterance, so models
       trained with it decode offline (``usmkit.evaluate``), not with streaming ``usmkit-transcribe``.
+    - ``speaker_mean_norm``: after global normalization, subtract each speaker's own per-bin mean,
+      computed over all of that speaker's utterances in the set being loaded (Kaldi's per-speaker
+      CMN: removes the speaker's microphone and room, keeps what distinguishes one word from another,
+      which a single short utterance's own mean does not). At evaluation a test speaker's mean comes
+      from that speaker's test utterances (unlabeled), as in Kaldi recipes. Offline decoding only.
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
@@ -121,6 +126,7 @@ class DataConfig:
     labeled_fraction: float = 1.0
     max_cut_duration: float = 30.0
     utterance_mean_norm: bool = False
+    speaker_mean_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.max_duration <= 0:
@@ -146,6 +152,10 @@ class DataConfig:
             )
         if not 0.0 <= self.noise_prob <= 1.0:
             raise ValueError(f"DataConfig.noise_prob must be in [0, 1], got {self.noise_prob}")
+        if self.speaker_mean_norm and self.utterance_mean_norm:
+            raise ValueError(
+                "DataConfig.speaker_mean_norm and utterance_mean_norm both subtract a mean; pick one of them"
+            )
         if self.language_temperature <= 0:
             raise ValueError(f"DataConfig.language_temperature must be > 0, got {self.language_temperature}")
         if self.on_bad_input not in ("error", "skip"):

@@ -72,6 +72,7 @@ class AsrDataset(torch.utils.data.Dataset):
         noise_prob: float = 0.5,
         pad_to_frames: int = 0,
         utterance_mean_norm: bool = False,
+        speaker_shifts: dict[str, torch.Tensor] | None = None,
         seed: int = 0,
     ) -> None:
         if speed_perturb and features.precomputed:
@@ -93,6 +94,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.noise_prob = noise_prob
         self.pad_to_frames = pad_to_frames
         self.utterance_mean_norm = utterance_mean_norm
+        self.speaker_shifts = speaker_shifts
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
@@ -120,6 +122,8 @@ class AsrDataset(torch.utils.data.Dataset):
             feats = feats.masked_fill(~valid[:, :, None], 0.0)
         if self.utterance_mean_norm:
             feats = subtract_utterance_mean(feats, feat_lens)
+        if self.speaker_shifts is not None:
+            feats = self._subtract_speaker_means(feats, feat_lens, cuts)
         if self.spec_augment is not None:
             feats = self.spec_augment(feats, feat_lens)
         if self.pad_to_frames > 0:  # a few static time lengths for a compiled step
@@ -136,6 +140,17 @@ class AsrDataset(torch.utils.data.Dataset):
             languages=[cut_language(c) for c in cuts],
             cut_ids=[c.id for c in cuts],
         )
+
+    def _subtract_speaker_means(self, feats: torch.Tensor, feat_lens: torch.Tensor, cuts: CutSet) -> torch.Tensor:
+        """feats (B, T, F) normalized -> each utterance minus its speaker's shift (F,); padding stays 0."""
+        shifts = []
+        for cut in cuts:
+            speaker = cut.supervisions[0].speaker if cut.supervisions else None
+            if speaker not in self.speaker_shifts:
+                raise ValueError(f"cut {cut.id!r}: speaker {speaker!r} has no mean (data.speaker_mean_norm)")
+            shifts.append(self.speaker_shifts[speaker])
+        valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
+        return (feats - torch.stack(shifts)[:, None, :]).masked_fill(~valid, 0.0)
 
     def _tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, U) int64 padded with -1, and (B,) lengths; (B, 0) without a tokenizer."""

@@ -25,7 +25,7 @@ from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
 from usmkit.data.dataset import AsrDataset, TextEncoder
 from usmkit.data.features import feature_storage_dir, precompute_features
-from usmkit.data.normalize import FeatureStats
+from usmkit.data.normalize import FeatureStats, speaker_mean_shifts
 from usmkit.data.sampling import labeled_subset, language_balanced, make_sampler
 from usmkit.data.validate import ValidationReport, validate_cuts
 
@@ -134,6 +134,8 @@ def make_loader(
                 f"features.precomputed=True but cut {bare!r} has no stored features: pass the cuts through "
                 "usmkit.data.loader.prepare_cuts first, or set features.precomputed=False"
             )
+    # before language sampling, which can make the training stream endless
+    speaker_shifts = speaker_mean_shifts(cuts, cfg.features, stats) if cfg.speaker_mean_norm and stats else None
     if train:
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
@@ -151,6 +153,7 @@ def make_loader(
         noise_prob=cfg.noise_prob,
         pad_to_frames=cfg.pad_to_frames,
         utterance_mean_norm=cfg.utterance_mean_norm,
+        speaker_shifts=speaker_shifts,
         seed=seed + rank,
     )
     return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)

@@ -117,3 +117,28 @@ def load_or_compute_stats(cuts: CutSet, cfg: DataConfig, *, max_cuts: int = 2000
 def _config_key(cfg: FeatureConfig) -> str:
     # Storage choice does not change the features themselves.
     return json.dumps(asdict(cfg) | {"precomputed": None}, sort_keys=True)
+
+
+def speaker_mean_shifts(
+    cuts: CutSet, cfg: FeatureConfig, stats: FeatureStats, *, max_cuts_per_speaker: int = 500
+) -> dict[str, torch.Tensor]:
+    """Per speaker, its mean log-mel in globally normalized units: ``(speaker mean - mean) / std``, (F,).
+
+    Over at most ``max_cuts_per_speaker`` of each speaker's cuts (the first ones). Subtracting it from
+    a normalized utterance of that speaker is Kaldi's per-speaker CMN. Every cut needs a speaker.
+    """
+    by_speaker: dict[str, list] = {}
+    for cut in cuts:
+        speaker = cut.supervisions[0].speaker if cut.supervisions else None
+        if not speaker:
+            raise ValueError(
+                f"cut {cut.id!r} has no speaker, which data.speaker_mean_norm=true needs; set the supervisions' "
+                "speaker in the manifest, or turn speaker_mean_norm off"
+            )
+        group = by_speaker.setdefault(speaker, [])
+        if len(group) < max_cuts_per_speaker:
+            group.append(cut)
+    return {
+        speaker: (compute_global_stats(CutSet.from_cuts(group), cfg).mean - stats.mean) / stats.std
+        for speaker, group in by_speaker.items()
+    }
