@@ -121,6 +121,22 @@ def test_train_resume_evaluate(corpus, tmp_path):
     )
     assert json.loads(avg_json.read_text())["sets"]["test"]["utterances"] == res["utterances"]
 
+    # An ensemble of the step-3 and step-6 checkpoints: their CTC posteriors averaged.
+    ens_json = tmp_path / "eval_ensemble.json"
+    _run(
+        [
+            f"checkpoint={exp}/checkpoints/step-000003",
+            f"ensemble=[{exp}/checkpoints/step-000006]",
+            "test_sets=[test]",
+            f"output={ens_json}",
+        ],
+        tmp_path,
+        module="usmkit.evaluate",
+    )
+    ens = json.loads(ens_json.read_text())
+    assert [Path(p).name for p in ens["ensemble"]] == ["step-000003", "step-000006"]
+    assert ens["sets"]["test"]["utterances"] == res["utterances"]
+
 
 def test_bad_override_is_a_clear_error(corpus, tmp_path):
     proc = _run(["recipe=stage3_ctc", f"data.manifest_dir={corpus}", "+trainer.max_step=3"], tmp_path, check=False)

@@ -23,6 +23,7 @@ from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import load_cuts
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.metrics import TextNormConfig, normalize_text, score
+from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
 from usmkit.streaming.features import find_feature_stats, load_feature_stats
 from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
@@ -47,10 +48,16 @@ class EvalConfig:
     left_chunks: int | str = "default"
     norm: TextNormConfig = field(default_factory=TextNormConfig)
     lexicon: LexiconConfig = field(default_factory=LexiconConfig)
+    ensemble: tuple[str, ...] = ()  # more checkpoints whose CTC posteriors are averaged with checkpoint's
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
+        if self.ensemble and self.decode not in (*ENSEMBLE_DECODE_MODES, "ctc_lexicon"):
+            raise ValueError(
+                f"decode={self.decode!r} with an ensemble: posterior averaging decodes with "
+                f"{(*ENSEMBLE_DECODE_MODES, 'ctc_lexicon')}"
+            )
 
 
 def evaluate(cfg: EvalConfig) -> dict[str, Any]:
@@ -71,13 +78,19 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         max_duration=cfg.max_duration,
     )
     stats = load_feature_stats(find_feature_stats(ckpt, train_cfg.data.manifest_dir), train_cfg.data.features)
+    if cfg.ensemble:
+        members = [load_trained(path, device, **changes) for path in cfg.ensemble]
+        for _, member_cfg, member_tok, member_ckpt in members:
+            check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, member_ckpt, ckpt)
+        module = CtcEnsemble([module, *(m[0] for m in members)])
     word_decoder = build_word_decoder(cfg, train_cfg, tokenizer) if cfg.decode == "ctc_lexicon" else None
     results: dict[str, Any] = {
         "checkpoint": str(ckpt),
+        **({"ensemble": [str(ckpt), *(str(m[3]) for m in members)]} if cfg.ensemble else {}),
         "decode": cfg.decode,
         "beam_size": cfg.beam_size,
         **({"lexicon": asdict(cfg.lexicon)} if cfg.decode == "ctc_lexicon" else {}),
-        "chunk_size": module.encoder.cfg.chunk_size if hasattr(module, "encoder") else None,
+        "chunk_size": first_encoder_chunk(module),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "sets": {},
@@ -116,6 +129,32 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     return results
 
 
+def first_encoder_chunk(module: torch.nn.Module) -> int | None:
+    """The encoder's chunk size (of the first member, for an ensemble), or None without an encoder."""
+    module = module.members[0] if isinstance(module, CtcEnsemble) else module
+    return module.encoder.cfg.chunk_size if hasattr(module, "encoder") else None
+
+
+def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, member_ckpt, ckpt) -> None:
+    """Refuse a member whose tokens, features or normalization differ from the first checkpoint's."""
+    if member_tok is None or member_tok.model_proto != tokenizer.model_proto:
+        raise ValueError(f"ensemble member {member_ckpt} has another tokenizer than {ckpt}; members must share it")
+    for field_name in ("features", "utterance_mean_norm", "speaker_mean_norm"):
+        if getattr(member_cfg.data, field_name) != getattr(train_cfg.data, field_name):
+            raise ValueError(
+                f"ensemble member {member_ckpt} was trained with other data.{field_name} than {ckpt}: "
+                f"{getattr(member_cfg.data, field_name)} vs {getattr(train_cfg.data, field_name)}"
+            )
+    member_stats = load_feature_stats(
+        find_feature_stats(member_ckpt, member_cfg.data.manifest_dir), member_cfg.data.features
+    )
+    if not (torch.allclose(member_stats.mean, stats.mean) and torch.allclose(member_stats.std, stats.std)):
+        raise ValueError(
+            f"ensemble member {member_ckpt} normalizes features with other statistics than {ckpt} "
+            "(trained on another training set?); members must share them"
+        )
+
+
 def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer) -> LexiconDecoder:
     """Lexicon and word LM from the transcripts of the split the checkpoint was trained on."""
     cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
@@ -136,7 +175,9 @@ def print_table(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{results['checkpoint']} ({results['decode']})")
+    members = len(results.get("ensemble", ()))
+    ensemble = f" + {members - 1} more, posteriors averaged" if members else ""
+    table = Table(title=f"{results['checkpoint']}{ensemble} ({results['decode']})")
     for col in ("set", "lang", "utts", "WER %", "CER %", "sub", "del", "ins", "RTF"):
         table.add_column(col, justify="left" if col in ("set", "lang") else "right")
     for name, e in results["sets"].items():

@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} == 10 || ${ROUND:-4} == 11 ]] && NEED_SYN=0
+[[ ${ROUND:-4} == 10 || ${ROUND:-4} == 11 || ${ROUND:-4} == 12 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -42,7 +42,12 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 11 ]]; then  # round 11: per-speaker mean normalization (data.speaker_mean_norm) on FSDD
+if [[ ${ROUND:-4} == 12 ]]; then  # round 12: 8 seeds of per-speaker CMN fine-tuning, and their CTC ensembles
+FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true"
+declare -A RUNS=()
+for seed in 0 1 2 3 4 5 6 7; do RUNS[F_spk_s$seed]="FS $FT trainer.seed=$seed"; done
+ENSEMBLES="3 5 8"  # members: the first N seeds
+elif [[ ${ROUND:-4} == 11 ]]; then  # round 11: per-speaker mean normalization (data.speaker_mean_norm) on FSDD
 FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT"
 SPK="data.speaker_mean_norm=true"
 declare -A RUNS=(
@@ -158,7 +163,11 @@ for m in sorted(out.glob("*.metrics.jsonl")):
         label = ev.name[: -len(".eval.json")]
         print(f"{label:14s} steps={steps[-1] if steps else '-'} dev wer={sets['dev']['wer']:.3f} dev_en={en('dev')['wer']:.3f} "
               f"test wer={sets['test']['wer']:.3f} test_en={en('test')['wer']:.3f}")
+for ev in sorted(out.glob("ens*.eval.json")):  # ensembles: no metrics of their own
+    sets = json.loads(ev.read_text())["sets"]
+    print(f"{ev.name[:-len('.eval.json')]:14s} dev wer={sets['dev']['wer']:.3f} test wer={sets['test']['wer']:.3f}")
 PY
+for ens in "$OUTDIR"/ens*.eval.log; do [[ -e $ens && ! -e ${ens%.log}.json ]] && { echo "== $ens:"; tail -3 "$ens"; }; done
 for name in "${!RUNS[@]}"; do grep -q "done:" "$OUTDIR/$name.log" 2>/dev/null || { echo "== $name failed:"; tail -4 "$OUTDIR/$name.log"; }; done
 }
 finish() {  # the summary and the tarball, also when the call's time limit stops the sweep
@@ -187,6 +196,13 @@ for name in "${!RUNS[@]}"; do
   spec=${RUNS[$name]}
   if [[ ${spec%% *} == SYN ]]; then base=SYN; else base=FS; fi
   run_one "$name" "$base" "${spec#* }" &
+done
+wait
+for n in ${ENSEMBLES:-}; do  # CTC posterior averaging over the first n seeds' last checkpoints
+  members=(); for ((seed = 0; seed < n; seed++)); do members+=("$(ls -d exp/sweep/F_spk_s$seed/checkpoints/step-* | tail -1)"); done
+  rest=$(IFS=,; echo "${members[*]:1}")
+  timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
+    output=exp/sweep/eval/ens$n.eval.json > "$OUTDIR/ens$n.eval.log" 2>&1 &
 done
 wait
 echo "trained and evaluated at $(date +%T)"

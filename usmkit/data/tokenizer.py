@@ -52,6 +52,11 @@ class Tokenizer:
         self._sp = processor
         self._path = path
 
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized sentencepiece model: equal bytes, equal tokenization."""
+        return self._sp.serialized_model_proto()
+
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """Load ``path`` (a ``.model`` file, or a directory holding ``tokenizer.model``)."""
