@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from torch import nn
 
 from usmkit.data.batch import Batch
