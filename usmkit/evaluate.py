@@ -48,14 +48,14 @@ class EvalConfig:
     left_chunks: int | str = "default"
     norm: TextNormConfig = field(default_factory=TextNormConfig)
     lexicon: LexiconConfig = field(default_factory=LexiconConfig)
-    ensemble: tuple[str, ...] = ()  # more checkpoints whose CTC posteriors are averaged with checkpoint's
+    ensemble: tuple[str, ...] = ()  # more checkpoints, combined with checkpoint per hypothesis (models/ensemble.py)
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
         if self.ensemble and self.decode not in (*ENSEMBLE_DECODE_MODES, "ctc_lexicon"):
             raise ValueError(
-                f"decode={self.decode!r} with an ensemble: posterior averaging decodes with "
+                f"decode={self.decode!r} with an ensemble: ensembles decode with "
                 f"{(*ENSEMBLE_DECODE_MODES, 'ctc_lexicon')}"
             )
 
@@ -176,7 +176,7 @@ def print_table(results: dict[str, Any]) -> None:
     from rich.table import Table
 
     members = len(results.get("ensemble", ()))
-    ensemble = f" + {members - 1} more, posteriors averaged" if members else ""
+    ensemble = f" + {members - 1} more (ensemble)" if members else ""
     table = Table(title=f"{results['checkpoint']}{ensemble} ({results['decode']})")
     for col in ("set", "lang", "utts", "WER %", "CER %", "sub", "del", "ins", "RTF"):
         table.add_column(col, justify="left" if col in ("set", "lang") else "right")

@@ -14,6 +14,7 @@ from usmkit.config import TaskConfig
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.ensemble import CtcEnsemble
 
 
 def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) -> torch.nn.Module:
@@ -60,7 +61,11 @@ def transcribe_batches(
         batch = batch.to(device)
         start = time.perf_counter()
         with torch.no_grad():
-            if word_decoder is not None:
+            if isinstance(module, CtcEnsemble):
+                texts = module.transcribe(
+                    batch.features, batch.feature_lens, tokenizer, mode, beam_size, word_decoder=word_decoder
+                )
+            elif word_decoder is not None:
                 enc, enc_lens = module.encode(batch.features, batch.feature_lens)
                 texts = word_decoder(module.ctc(enc), enc_lens)
             else:

@@ -198,7 +198,7 @@ for name in "${!RUNS[@]}"; do
   run_one "$name" "$base" "${spec#* }" &
 done
 wait
-for n in ${ENSEMBLES:-}; do  # CTC posterior averaging over the first n seeds' last checkpoints
+for n in ${ENSEMBLES:-}; do  # ensembles (usmkit/models/ensemble.py) of the first n seeds' last checkpoints
   members=(); for ((seed = 0; seed < n; seed++)); do members+=("$(ls -d exp/sweep/F_spk_s$seed/checkpoints/step-* | tail -1)"); done
   rest=$(IFS=,; echo "${members[*]:1}")
   timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \

@@ -1,31 +1,38 @@
-"""CTC posterior averaging over several trained models (e.g. the same recipe with different seeds).
+"""Ensembles of CTC models (e.g. one recipe trained with different seeds), combined per hypothesis.
 
-Shapes: B batch, T feature frames, F mel bins, T' encoder frames, V vocabulary.
+Shapes: B batch, T feature frames, F mel bins, T' encoder frames, V vocabulary, P (utterance,
+candidate) pairs, N members.
 
-Each member encodes the same features; the ensemble's frame posteriors are the members' averaged
-in probability, ``log p(v | t) = log mean_i p_i(v | t)``, and are decoded exactly as one model's
-would be (greedy, prefix beam, or the lexicon decoder through ``encode`` + ``ctc``). Averaging
-probabilities rather than picking by vote keeps each member's confidence: a seed that is sure of
-a word outweighs two that hesitate. Members must share the tokenizer, the features and the
-encoder's subsampling, so that frame t' and token v mean the same in each; ``check_compatible``
-says which of these differ.
+Averaging the members' frame posteriors does not work for CTC: each model puts its spikes on its own
+frames, so on every frame most members say blank and the average decodes to nothing. The ensemble
+therefore works on whole hypotheses. Every member decodes on its own (greedy, prefix beam, or the
+lexicon decoder), which proposes candidate transcripts; each candidate is scored by every member's
+CTC likelihood, summed over all alignments, so it does not matter where a member spikes:
+
+    score(y) = log mean_i p_i(y | x)
+
+and the best-scoring candidate wins: a seed that is sure of a word outweighs two that hesitate.
+Scores are acoustic only (the lexicon decoder's word LM shapes the candidates, not the choice).
+Members must share the tokenizer and the features (``usmkit.evaluate`` checks both).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
-from usmkit.decoding.ctc_greedy import ctc_greedy_hypotheses
+from usmkit.decoding.ctc_greedy import ctc_greedy
 from usmkit.decoding.ctc_prefix_beam import ctc_prefix_beam_search_batch
-from usmkit.decoding.hypothesis import Hypothesis
 
 ENSEMBLE_DECODE_MODES = ("ctc_greedy", "ctc_beam")
+WordDecoder = Callable[[torch.Tensor, torch.Tensor], list[str]]
 
 
 class CtcEnsemble(torch.nn.Module):
-    """``encode`` / ``ctc`` / ``decode`` of an ``AsrModel``, over ``members`` (each with a CTC head)."""
+    """Several trained CTC models (``AsrModel`` with a CTC head) that transcribe as one."""
 
     def __init__(self, members: list[torch.nn.Module]) -> None:
         super().__init__()
@@ -33,37 +40,78 @@ class CtcEnsemble(torch.nn.Module):
             raise ValueError(f"an ensemble needs at least 2 models, got {len(members)}")
         missing = [i for i, m in enumerate(members) if getattr(m, "ctc", None) is None]
         if missing:
-            raise ValueError(f"ensemble members {missing} have no CTC head; posterior averaging needs CTC models")
+            raise ValueError(f"ensemble members {missing} have no CTC head; this ensemble combines CTC models")
         self.members = torch.nn.ModuleList(members)
 
-    def encode(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """features (B, T, F), lengths (B,) -> every member's enc (B, T', D_i), and enc_lens (B,)."""
-        encoded = [member.encode(features, lengths) for member in self.members]
-        enc_lens = encoded[0][1]
-        for i, (_, lens) in enumerate(encoded[1:], start=1):
-            if not torch.equal(lens, enc_lens):
+    @torch.no_grad()
+    def log_probs(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> every member's CTC log-probs (B, T', V), and enc_lens (B,)."""
+        outputs = []
+        enc_lens = None
+        for i, member in enumerate(self.members):
+            enc, lens = member.encode(features, lengths)
+            if enc_lens is not None and not torch.equal(lens, enc_lens):
                 raise ValueError(f"ensemble member {i} subsamples differently from member 0; members must match")
-        return [enc for enc, _ in encoded], enc_lens
-
-    def ctc(self, encoded: list[torch.Tensor]) -> torch.Tensor:
-        """Every member's enc -> the averaged CTC log-probabilities (B, T', V)."""
-        log_probs = torch.stack([member.ctc(enc) for member, enc in zip(self.members, encoded, strict=True)])
-        return torch.logsumexp(log_probs, dim=0) - math.log(len(self.members))  # log of the mean probability
+            enc_lens = lens
+            outputs.append(member.ctc(enc).float())
+        return outputs, enc_lens
 
     @torch.no_grad()
-    def decode_hypotheses(
-        self, features: torch.Tensor, lengths: torch.Tensor, mode: str = "ctc_greedy", beam_size: int = 10
-    ) -> list[Hypothesis]:
-        if mode not in ENSEMBLE_DECODE_MODES:
-            raise ValueError(f"an ensemble decodes with {ENSEMBLE_DECODE_MODES} or ctc_lexicon, not {mode!r}")
-        encoded, enc_lens = self.encode(features, lengths)
-        log_probs = self.ctc(encoded)
-        if mode == "ctc_greedy":
-            return ctc_greedy_hypotheses(log_probs, enc_lens)
-        return [nbest[0] for nbest in ctc_prefix_beam_search_batch(log_probs, enc_lens, beam_size)]
+    def transcribe(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        tokenizer,
+        mode: str = "ctc_greedy",
+        beam_size: int = 10,
+        word_decoder: WordDecoder | None = None,
+    ) -> list[str]:
+        """One transcript per utterance: the members' candidates, the one of highest mean likelihood.
 
-    def decode(
-        self, features: torch.Tensor, lengths: torch.Tensor, mode: str = "ctc_greedy", beam_size: int = 10
-    ) -> list[list[int]]:
-        """Token ids of the best hypothesis per utterance, like ``AsrModel.decode``."""
-        return [list(h.tokens) for h in self.decode_hypotheses(features, lengths, mode, beam_size)]
+        ``word_decoder`` (e.g. the lexicon decoder) proposes the candidates when given; otherwise each
+        member's ``mode`` decoding does (``ctc_beam`` proposes its whole n-best list).
+        """
+        if word_decoder is None and mode not in ENSEMBLE_DECODE_MODES:
+            raise ValueError(f"an ensemble decodes with {ENSEMBLE_DECODE_MODES} or ctc_lexicon, not {mode!r}")
+        log_probs, enc_lens = self.log_probs(features, lengths)
+        candidates: list[dict[tuple[int, ...], None]] = [{} for _ in range(features.shape[0])]  # ordered sets
+        for member_log_probs in log_probs:
+            if word_decoder is not None:
+                proposals = [[tuple(tokenizer.encode(text))] for text in word_decoder(member_log_probs, enc_lens)]
+            elif mode == "ctc_greedy":
+                proposals = [[tuple(ids)] for ids in ctc_greedy(member_log_probs, enc_lens)]
+            else:
+                nbests = ctc_prefix_beam_search_batch(member_log_probs, enc_lens, beam_size)
+                proposals = [[tuple(h.tokens) for h in nbest] for nbest in nbests]
+            for row, token_lists in enumerate(proposals):
+                candidates[row].update(dict.fromkeys(token_lists))
+        best = choose_by_mean_likelihood(log_probs, enc_lens, [list(c) for c in candidates])
+        return [tokenizer.decode(list(ids)) for ids in best]
+
+
+def choose_by_mean_likelihood(
+    log_probs: list[torch.Tensor], enc_lens: torch.Tensor, candidates: list[list[tuple[int, ...]]]
+) -> list[tuple[int, ...]]:
+    """Per utterance, the candidate token sequence maximizing ``log mean_i p_i(y | x)``.
+
+    log_probs: N tensors (B, T', V); enc_lens (B,); candidates[b]: token id tuples (at least one).
+    One batched CTC forward per member over all P (utterance, candidate) pairs.
+    """
+    rows = [b for b, cands in enumerate(candidates) for _ in cands]
+    flat = [ids for cands in candidates for ids in cands]
+    index = torch.tensor(rows, device=enc_lens.device)  # (P,)
+    targets = torch.tensor([t for ids in flat for t in ids], dtype=torch.long, device=enc_lens.device)
+    target_lens = torch.tensor([len(ids) for ids in flat], dtype=torch.long, device=enc_lens.device)
+    per_member = []
+    for member_log_probs in log_probs:
+        pairs = member_log_probs[index].transpose(0, 1)  # (T', P, V): each pair's utterance
+        nll = F.ctc_loss(pairs, targets, enc_lens[index], target_lens, reduction="none", zero_infinity=False)
+        per_member.append(-nll)  # (P,) log p_i(y | x)
+    scores = torch.logsumexp(torch.stack(per_member), dim=0) - math.log(len(log_probs))  # (P,)
+    best: list[tuple[int, ...]] = []
+    start = 0
+    for cands in candidates:
+        pick = int(scores[start : start + len(cands)].argmax())
+        best.append(cands[pick])
+        start += len(cands)
+    return best
