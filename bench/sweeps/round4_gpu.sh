@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} == 10 || ${ROUND:-4} == 11 || ${ROUND:-4} == 12 ]] && NEED_SYN=0
+[[ ${ROUND:-4} -ge 10 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -42,7 +42,14 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 12 ]]; then  # round 12: 8 seeds of per-speaker CMN fine-tuning, and their CTC ensembles
+if [[ ${ROUND:-4} == 13 ]]; then  # round 13: round 12 with each seed's last 5 checkpoints averaged, ensembles of those
+FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true trainer.save_every=100 trainer.keep_last=12"
+declare -A RUNS=()
+for seed in 0 1 2 3 4 5 6 7; do RUNS[F_spk_s$seed]="FS $FT trainer.seed=$seed"; done
+AVG="5"
+ENSEMBLES="3 5 8"
+ENSEMBLE_MEMBER="avg-last5"
+elif [[ ${ROUND:-4} == 12 ]]; then  # round 12: 8 seeds of per-speaker CMN fine-tuning, and their CTC ensembles
 FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true"
 declare -A RUNS=()
 for seed in 0 1 2 3 4 5 6 7; do RUNS[F_spk_s$seed]="FS $FT trainer.seed=$seed"; done
@@ -199,7 +206,8 @@ for name in "${!RUNS[@]}"; do
 done
 wait
 for n in ${ENSEMBLES:-}; do  # ensembles (usmkit/models/ensemble.py) of the first n seeds' last checkpoints
-  members=(); for ((seed = 0; seed < n; seed++)); do members+=("$(ls -d exp/sweep/F_spk_s$seed/checkpoints/step-* | tail -1)"); done
+  members=(); for ((seed = 0; seed < n; seed++)); do
+    members+=("$(ls -d exp/sweep/F_spk_s$seed/checkpoints/${ENSEMBLE_MEMBER:-step-*} | tail -1)"); done
   rest=$(IFS=,; echo "${members[*]:1}")
   timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
     output=exp/sweep/eval/ens$n.eval.json > "$OUTDIR/ens$n.eval.log" 2>&1 &

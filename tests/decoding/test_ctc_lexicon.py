@@ -94,7 +94,19 @@ def test_lexicon_decoding_respects_lengths(tmp_path, tokenizer):
     assert out == ["they should win the game", "a normal party"]
 
 
+def test_lexicon_nbest_is_distinct_transcripts_best_first(tmp_path, tokenizer):
+    decoder = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=1, beam_size=50, nbest=5))
+    exact = emissions_for(tokenizer, "they should win the game")
+    (nbest,) = decoder.nbest(exact, torch.tensor([exact.shape[1]]))
+    assert nbest[0] == "they should win the game" == decoder(exact, torch.tensor([exact.shape[1]]))[0]
+    assert 1 < len(nbest) <= 5 and len(set(nbest)) == len(nbest)
+    words = {w for t in TEXTS for w in t.split()}
+    assert all(set(t.split()) <= words for t in nbest)
+
+
 def test_config_rejects_bad_order():
     with pytest.raises(ValueError, match="order"):
         LexiconConfig(order=3)
+    with pytest.raises(ValueError, match="nbest"):
+        LexiconConfig(nbest=0)
     assert math.isinf(float("-inf"))

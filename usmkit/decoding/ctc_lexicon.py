@@ -41,6 +41,8 @@ class LexiconConfig:
     - ``beam_size``: hypotheses kept per frame; ``beam_threshold``: prune below best minus this.
     - ``lm_path``: an ARPA or KenLM binary file to use instead of the built one (its words should be
       the lexicon's words).
+    - ``nbest``: hypotheses kept per utterance; the transcript is the first, an ensemble
+      (``usmkit.evaluate ensemble=[...]``) takes them all as candidates.
     """
 
     order: int = 1
@@ -49,8 +51,11 @@ class LexiconConfig:
     beam_size: int = 200  # 50 / 25.0 gave 35.3% dev WER, 200 / 50.0 gave 34.0% (bench/lexicon_tuning.py's model)
     beam_threshold: float = 50.0
     lm_path: str | None = None
+    nbest: int = 1
 
     def __post_init__(self) -> None:
+        if self.nbest < 1:
+            raise ValueError(f"LexiconConfig.nbest must be >= 1, got {self.nbest}")
         if self.order not in (0, 1, 2):
             raise ValueError(f"LexiconConfig.order must be 0 (no LM), 1 or 2, got {self.order}")
         if self.beam_size < 1:
@@ -141,7 +146,7 @@ class LexiconDecoder:
             lexicon=str(directory / "lexicon.txt"),
             tokens=str(directory / "tokens.txt"),
             lm=lm,
-            nbest=1,
+            nbest=cfg.nbest,
             beam_size=cfg.beam_size,
             beam_threshold=cfg.beam_threshold,
             lm_weight=cfg.lm_weight,
@@ -171,10 +176,15 @@ class LexiconDecoder:
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """log_probs (B, T, V) CTC log-probabilities; lengths (B,) valid frames. Returns B transcripts."""
+        return [texts[0] if texts else "" for texts in self.nbest(log_probs, lengths)]
+
+    def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[str]]:
+        """Like ``__call__``, but up to ``cfg.nbest`` distinct transcripts per utterance, best first."""
         if log_probs.dim() != 3 or lengths.shape != log_probs.shape[:1]:
             raise ValueError(
                 f"need log_probs (B, T, V) and lengths (B,), got {tuple(log_probs.shape)} and {tuple(lengths.shape)}"
             )
         emissions = log_probs.detach().float().cpu().contiguous()
         results = self._decoder(emissions, lengths.detach().cpu().to(torch.int32))
-        return [" ".join(w for w in nbest[0].words if w != UNK_WORD) if nbest else "" for nbest in results]
+        texts = [[" ".join(w for w in hyp.words if w != UNK_WORD) for hyp in hyps] for hyps in results]
+        return [list(dict.fromkeys(t)) for t in texts]  # alignments of the same words count once

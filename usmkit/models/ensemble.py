@@ -68,8 +68,8 @@ class CtcEnsemble(torch.nn.Module):
     ) -> list[str]:
         """One transcript per utterance: the members' candidates, the one of highest mean likelihood.
 
-        ``word_decoder`` (e.g. the lexicon decoder) proposes the candidates when given; otherwise each
-        member's ``mode`` decoding does (``ctc_beam`` proposes its whole n-best list).
+        ``word_decoder`` (e.g. the lexicon decoder, with its whole n-best list) proposes the candidates
+        when given; otherwise each member's ``mode`` decoding does (``ctc_beam``: its whole n-best list).
         """
         if word_decoder is None and mode not in ENSEMBLE_DECODE_MODES:
             raise ValueError(f"an ensemble decodes with {ENSEMBLE_DECODE_MODES} or ctc_lexicon, not {mode!r}")
@@ -77,7 +77,12 @@ class CtcEnsemble(torch.nn.Module):
         candidates: list[dict[tuple[int, ...], None]] = [{} for _ in range(features.shape[0])]  # ordered sets
         for member_log_probs in log_probs:
             if word_decoder is not None:
-                proposals = [[tuple(tokenizer.encode(text))] for text in word_decoder(member_log_probs, enc_lens)]
+                texts = (
+                    word_decoder.nbest(member_log_probs, enc_lens)
+                    if hasattr(word_decoder, "nbest")
+                    else [[text] for text in word_decoder(member_log_probs, enc_lens)]
+                )
+                proposals = [[tuple(tokenizer.encode(t)) for t in texts_b] or [()] for texts_b in texts]
             elif mode == "ctc_greedy":
                 proposals = [[tuple(ids)] for ids in ctc_greedy(member_log_probs, enc_lens)]
             else:
