@@ -62,8 +62,15 @@ def build_longform(data: Path, out: Path, minutes: float) -> dict:
         rec = Recording.from_file(path, recording_id=f"longform_{idx:02d}")
         recordings.append(rec)
         supervisions.append(
-            SupervisionSegment(id=rec.id, recording_id=rec.id, start=0.0, duration=rec.duration,
-                               text=" ".join(texts), language="en", speaker="mixed")  # fmt: skip
+            SupervisionSegment(
+                id=rec.id,
+                recording_id=rec.id,
+                start=0.0,
+                duration=rec.duration,
+                text=" ".join(texts),
+                language="en",
+                speaker="mixed",
+            )  # fmt: skip
         )
 
     for split in ("test", "test_other"):
@@ -88,7 +95,9 @@ def evaluate(checkpoint: str, manifest_dir: Path, split: str, chunk: str, out: P
            f"test_sets=[{split}]", f"chunk_size={chunk}", "max_duration=400", f"output={out}"]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, check=True)
     s = json.loads(out.read_text())["sets"][split]
-    keep = {k: s[k] for k in ("wer", "cer", "substitutions", "deletions", "insertions", "ref_words", "utterances", "rtf")}
+    keep = {
+        k: s[k] for k in ("wer", "cer", "substitutions", "deletions", "insertions", "ref_words", "utterances", "rtf")
+    }
     if "per_language" in s:
         keep["per_language_wer"] = {lang: round(v["wer"], 4) for lang, v in s["per_language"].items()}
     return keep
@@ -104,11 +113,15 @@ def run_wer(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, chunk in (("chunkwise_8s", "default"), ("full_attention", "null")):
             table["long_form"][name] = evaluate(args.checkpoint, out, "longform", chunk, Path(tmp) / f"l_{name}.json")
-            table["short_form_test"][name] = evaluate(args.checkpoint, data, "test", chunk, Path(tmp) / f"s_{name}.json")
+            table["short_form_test"][name] = evaluate(
+                args.checkpoint, data, "test", chunk, Path(tmp) / f"s_{name}.json"
+            )
     print(f"\n{'set':16s} {'attention':16s} {'WER %':>7s} {'sub':>5s} {'del':>5s} {'ins':>5s}")
     for form, rows in table.items():
         for name, r in rows.items():
-            print(f"{form:16s} {name:16s} {100 * r['wer']:7.2f} {r['substitutions']:5d} {r['deletions']:5d} {r['insertions']:5d}")
+            print(
+                f"{form:16s} {name:16s} {100 * r['wer']:7.2f} {r['substitutions']:5d} {r['deletions']:5d} {r['insertions']:5d}"
+            )
     _merge(
         "wer",
         {
@@ -125,7 +138,9 @@ def run_memory(args) -> None:
     from usmkit.data.manifests import load_cuts
 
     data = Path(args.data)
-    base = np.concatenate([np.concatenate([c.load_audio()[0].astype(np.float32), PAUSE]) for c in load_cuts(data, "test")])
+    base = np.concatenate(
+        [np.concatenate([c.load_audio()[0].astype(np.float32), PAUSE]) for c in load_cuts(data, "test")]
+    )
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for minutes in (5, 60):
