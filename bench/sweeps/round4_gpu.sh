@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} -ge 10 ]] && NEED_SYN=0
+[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} -le 13 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -42,7 +42,14 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 13 ]]; then  # round 13: round 12 with each seed's last 5 checkpoints averaged, ensembles of those
+if [[ ${ROUND:-4} == 14 ]]; then  # round 14: a synth encoder trained with per-speaker CMN first, then FSDD seeds from it
+PRE_RUN="Q_spk"  # trained (and evaluated) before the others, which start from it
+PRE_SPEC="SYN task.inter_ctc_weight=0.3 data.speaker_mean_norm=true"
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q_spk 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for seed in 0 1 2 3 4 5; do RUNS[F_spk_s$seed]="FS $FT trainer.seed=$seed"; done
+ENSEMBLES="3 6"
+elif [[ ${ROUND:-4} == 13 ]]; then  # round 13: round 12 with each seed's last 5 checkpoints averaged, ensembles of those
 FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true trainer.save_every=100 trainer.keep_last=12"
 declare -A RUNS=()
 for seed in 0 1 2 3 4 5 6 7; do RUNS[F_spk_s$seed]="FS $FT trainer.seed=$seed"; done
@@ -199,7 +206,13 @@ run_one() {  # name base-array-name overrides...
   wait
 }
 trap finish EXIT TERM
+if [[ -n ${PRE_RUN:-} ]]; then
+  RUNS[$PRE_RUN]=$PRE_SPEC  # listed for the summary; trained here, before the runs that start from it
+  run_one "$PRE_RUN" SYN "${PRE_SPEC#* }"
+  echo "$PRE_RUN trained at $(date +%T)"
+fi
 for name in "${!RUNS[@]}"; do
+  [[ $name == "${PRE_RUN:-}" ]] && continue
   spec=${RUNS[$name]}
   if [[ ${spec%% *} == SYN ]]; then base=SYN; else base=FS; fi
   run_one "$name" "$base" "${spec#* }" &
