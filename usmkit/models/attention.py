@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from usmkit.kernels.chunk_attention.api import Impl, chunk_attention
+from usmkit.models.dropout import Dropout
 from usmkit.models.rotary import RotaryTable, apply_rotary
 
 
@@ -28,7 +29,7 @@ class MultiHeadSelfAttention(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def project_qkv(
         self, x: torch.Tensor, positions: torch.Tensor | RotaryTable

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from usmkit.models.dropout import Dropout
+
 
 class ConvolutionModule(nn.Module):
     def __init__(self, d_model: int, kernel_size: int, causal: bool, dropout: float) -> None:
@@ -32,7 +34,7 @@ class ConvolutionModule(nn.Module):
         self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model)  # unpadded; see depthwise()
         self.norm_mid = nn.LayerNorm(d_model)
         self.pointwise2 = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     @property
     def left_context(self) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from usmkit.models.dropout import Dropout
+
 
 class FeedForward(nn.Module):
     """LayerNorm -> Linear(D, ff_mult * D) -> Swish -> dropout -> Linear(ff_mult * D, D) -> dropout.
@@ -21,7 +23,7 @@ class FeedForward(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.up = nn.Linear(d_model, ff_mult * d_model)
         self.down = nn.Linear(ff_mult * d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.dropout(nn.functional.silu(self.up(self.norm(x))))  # (B, T, ff_mult * D)

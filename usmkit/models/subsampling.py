@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from usmkit.models.dropout import Dropout
+
 SUBSAMPLING_FACTOR = 4
 RECEPTIVE_FIELD = 7  # input frames read by one output frame: 4t .. 4t + 6
 
@@ -45,7 +47,7 @@ class Conv2dSubsampling(nn.Module):
             nn.ReLU(),
         )
         self.proj = nn.Linear(channels * conv_out_size(input_dim), d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """features (B, T, F), lengths (B,) -> frames (B, T', D), output lengths (B,)."""
