@@ -14,8 +14,10 @@ The synth settings come from the GPU sweeps in ``bench/results/synth_ctc_sweep.j
 batches, lr 2.5e-3, a 320-piece (about character) tokenizer, light SpecAugment (2 time masks, freq
 width 15), dropout 0.1 and intermediate CTC at weight 0.3 (GPU round 8, at 2800 steps: test-en
 lexicon WER 23.8 / 24.0 / 22.4% over three seeds, against 25.1-29.4% over six seeds without it).
-On this CPU these settings run at about 2 steps/s, so the 20-minute budget holds 2200 steps with one
-dev evaluation at the end.
+On this CPU these settings run at 2.1 steps/s since our CPU dropout (``usmkit/models/dropout.py``;
+torch's CPU dropout took 23% of the step), so the 20-minute budget holds 2200 steps with one dev
+evaluation at the end: 17.6 minutes on 2026-11-22 (before it, 20.6 minutes, and 23.6 minutes for
+2100 steps while the VM lost 11% of its CPU time to steal).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ RESULTS = REPO / "bench" / "results" / "baseline_wer.json"
 RUNS = {
     "synth": {
         "key": "synth_test",
-        "exp": "exp/synth_v5",
+        "exp": "exp/synth_v7",
         "train": [
             "recipe=stage3_ctc",
             "model=tiny",
@@ -64,18 +66,22 @@ RUNS = {
     },
     "fsdd": {
         "key": "fsdd_heldout_speaker",
-        "exp": "exp/fsdd_v5",
+        "exp": "exp/fsdd_v6",  # members exp/fsdd_v6_s0, _s1, _s2
         "prepare": [sys.executable, "-m", "usmkit.data.recipes.fsdd", "out=data/fsdd", "test_speakers=theo"],
         # Fine-tuned from the synth run's encoder (58 espeak voices; run() adds its init_from): from
         # scratch, four training speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep
-        # round 4); fine-tuned, 7-15% over five seeds (bench/results/synth_ctc_sweep.json, rounds 5-8).
+        # round 4); fine-tuned, 7-15% over nine seeds (bench/results/synth_ctc_sweep.json, rounds 5-10).
+        # Per-speaker CMN (data.speaker_mean_norm) lowered that to 8.7-9.0% on average over 3 x 8 seeds
+        # and an ensemble of 3 seeds to 5.2% (rounds 11-13), so the baseline is 3 seeds, ensembled.
         "pretrained": "synth",
+        "seeds": [0, 1, 2],
         "train": [
             "recipe=stage3_ctc",
             "model=tiny",
             "model.overrides={subsampling_channels: 32}",
             "data=fsdd",
             "data.manifest_dir=data/fsdd",
+            "data.speaker_mean_norm=true",
             "trainer.max_steps=1200",
             "optim.lr=5e-4",
             "optim.warmup_steps=60",
@@ -109,49 +115,71 @@ def log_minutes(exp: Path) -> float:
     return (stamps[-1] - stamps[0]).total_seconds() / 60
 
 
+def member_exps(spec: dict) -> list[str]:
+    """The run's experiment directories: one, or one per seed (``{exp}_s{seed}``) for an ensemble."""
+    return [f"{spec['exp']}_s{seed}" for seed in spec["seeds"]] if "seeds" in spec else [spec["exp"]]
+
+
+def evaluate(spec: dict, exps: list[str], decode: str, out_json: Path) -> dict:
+    """Score ``exps`` (one checkpoint, or an ensemble of several) on the run's sets; the results dict."""
+    sets = f"test_sets=[{','.join(spec['test_sets'])}]"
+    ensemble = [f"ensemble=[{','.join(exps[1:])}]"] if len(exps) > 1 else []
+    cmd = ["-m", "usmkit.evaluate", f"checkpoint={exps[0]}", *ensemble, sets, f"decode={decode}", f"output={out_json}"]
+    sh([sys.executable, *cmd])
+    ev = json.loads(out_json.read_text())
+    main = ev["sets"][spec["main_set"]]
+    d = {
+        "wer": main["wer"],
+        "cer": main["cer"],
+        "eval_command": "python " + shlex.join(cmd[:-1]),
+        "sets": {k: {m: v[m] for m in ("wer", "cer", "utterances", "rtf")} for k, v in ev["sets"].items()},
+    }
+    if spec["main_language"]:
+        per_lang = main.get("per_language", {})
+        d["per_language"] = {
+            k: {"wer": v["wer"], "cer": v["cer"], "utterances": v["utterances"]} for k, v in per_lang.items()
+        }
+        d["wer_" + spec["main_language"]] = per_lang[spec["main_language"]]["wer"]
+    return d
+
+
 def run(name: str, eval_only: bool = False) -> None:
     spec = RUNS[name]
     init = [f"init_from={RUNS[spec['pretrained']]['exp']}"] if "pretrained" in spec else []
-    train = [sys.executable, "-m", "usmkit.train", *spec["train"], *init, f"trainer.exp_dir={spec['exp']}"]
     if init and not (REPO / RUNS[spec["pretrained"]]["exp"] / "checkpoints").is_dir():
         raise SystemExit(f"{name} fine-tunes the {spec['pretrained']} run's encoder: run that one first")
+    exps = member_exps(spec)
+    seeds = spec.get("seeds", [None])
+    trains = [
+        [sys.executable, "-m", "usmkit.train", *spec["train"], *init]
+        + ([f"trainer.seed={seed}"] if seed is not None else [])
+        + [f"trainer.exp_dir={exp}"]
+        for exp, seed in zip(exps, seeds, strict=True)
+    ]
     if eval_only:
-        minutes = log_minutes(REPO / spec["exp"])
+        minutes = [log_minutes(REPO / exp) for exp in exps]
     else:
         if "prepare" in spec:
             sh(spec["prepare"])
-        start = time.perf_counter()
-        sh(train)
-        minutes = (time.perf_counter() - start) / 60
-    sets = f"test_sets=[{','.join(spec['test_sets'])}]"
-    decoded = {}
-    for decode in spec["decodes"]:
-        out_json = REPO / spec["exp"] / f"eval_baseline_{decode}.json"
-        sh([sys.executable, "-m", "usmkit.evaluate", f"checkpoint={spec['exp']}", sets, f"decode={decode}",
-            f"output={out_json}"])  # fmt: skip
-        ev = json.loads(out_json.read_text())
-        main = ev["sets"][spec["main_set"]]
-        d = {
-            "wer": main["wer"],
-            "cer": main["cer"],
-            "eval_command": f"python -m usmkit.evaluate checkpoint={spec['exp']} {sets} decode={decode}",
-            "sets": {k: {m: v[m] for m in ("wer", "cer", "utterances", "rtf")} for k, v in ev["sets"].items()},
-        }
-        if spec["main_language"]:
-            per_lang = main.get("per_language", {})
-            d["per_language"] = {
-                k: {"wer": v["wer"], "cer": v["cer"], "utterances": v["utterances"]} for k, v in per_lang.items()
-            }
-            d["wer_" + spec["main_language"]] = per_lang[spec["main_language"]]["wer"]
-        decoded[decode] = d
+        minutes = []
+        for train in trains:
+            start = time.perf_counter()
+            sh(train)
+            minutes.append((time.perf_counter() - start) / 60)
+    decoded = {
+        decode: evaluate(spec, exps, decode, REPO / exps[0] / f"eval_baseline_{decode}.json")
+        for decode in spec["decodes"]
+    }
     headline = decoded[spec["decodes"][0]]
     entry = {
         "wer": headline["wer"],
         "cer": headline["cer"],
         **({f"wer_{spec['main_language']}": headline[f"wer_{spec['main_language']}"]} if spec["main_language"] else {}),
         "decode": spec["decodes"][0],
-        "model": "tiny",
-        "train_minutes": round(minutes, 1),
+        "model": "tiny"
+        if len(exps) == 1
+        else f"ensemble of {len(exps)} tiny models (seeds {', '.join(map(str, seeds))})",
+        "train_minutes": round(sum(minutes), 1),
         **(
             {
                 "pretrained_from": RUNS[spec["pretrained"]]["exp"],
@@ -160,16 +188,21 @@ def run(name: str, eval_only: bool = False) -> None:
             if "pretrained" in spec
             else {}
         ),
-        "command": "python -m usmkit.train " + shlex.join(train[3:]),
+        "command": " && ".join("python -m usmkit.train " + shlex.join(t[3:]) for t in trains),
         "eval_command": headline["eval_command"],
         "decodes": decoded,
     }
+    if len(exps) > 1:  # each member alone, with the headline decode
+        entry["members"] = {}
+        for exp, mins in zip(exps, minutes, strict=True):
+            alone = evaluate(spec, [exp], spec["decodes"][0], REPO / exp / f"eval_baseline_{spec['decodes'][0]}.json")
+            entry["members"][exp] = {"wer": alone["wer"], "cer": alone["cer"], "train_minutes": round(mins, 1)}
     entry["machine"] = f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
     entry["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     results[spec["key"]] = entry
     RESULTS.write_text(json.dumps(results, indent=2))
-    print(json.dumps({spec["key"]: {k: entry[k] for k in entry if k != "sets"}}, indent=2))
+    print(json.dumps({spec["key"]: {k: entry[k] for k in entry if k != "decodes"}}, indent=2))
 
 
 def plot() -> None:
@@ -177,7 +210,9 @@ def plot() -> None:
     from usmkit.plots import plot_training_curves
 
     runs = {
-        n: REPO / s["exp"] / "metrics.jsonl" for n, s in RUNS.items() if (REPO / s["exp"] / "metrics.jsonl").is_file()
+        n: REPO / member_exps(s)[0] / "metrics.jsonl"
+        for n, s in RUNS.items()
+        if (REPO / member_exps(s)[0] / "metrics.jsonl").is_file()
     }
     print(plot_training_curves(runs, REPO / "bench" / "results" / "baseline_curves.png", "tiny CTC baselines (CPU)"))
 
