@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} -le 13 ]] && NEED_SYN=0
+[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} != 14 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -42,7 +42,16 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 14 ]]; then  # round 14: a synth encoder trained with per-speaker CMN first, then FSDD seeds from it
+if [[ ${ROUND:-4} == 15 ]]; then  # round 15: FSDD from the CPU synth_v2 vs synth_v7 encoders, 4 seeds each, ensembles
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for seed in 0 1 2 3; do
+  RUNS[F_v2_s$seed]="FS $FT init_from=.carry/synth_v2/checkpoints/step-002200 trainer.seed=$seed"
+  RUNS[F_v7_s$seed]="FS $FT init_from=.carry/synth_v7/checkpoints/step-002200 trainer.seed=$seed"
+done
+ENSEMBLES="4"
+ENSEMBLE_PREFIXES="F_v2_s F_v7_s"
+elif [[ ${ROUND:-4} == 14 ]]; then  # round 14: a synth encoder trained with per-speaker CMN first, then FSDD seeds from it
 PRE_RUN="Q_spk"  # trained (and evaluated) before the others, which start from it
 PRE_SPEC="SYN task.inter_ctc_weight=0.3 data.speaker_mean_norm=true"
 FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q_spk 'model.overrides={subsampling_channels: 32}'"
@@ -218,12 +227,15 @@ for name in "${!RUNS[@]}"; do
   run_one "$name" "$base" "${spec#* }" &
 done
 wait
+for prefix in ${ENSEMBLE_PREFIXES:-F_spk_s}; do
 for n in ${ENSEMBLES:-}; do  # ensembles (usmkit/models/ensemble.py) of the first n seeds' last checkpoints
   members=(); for ((seed = 0; seed < n; seed++)); do
-    members+=("$(ls -d exp/sweep/F_spk_s$seed/checkpoints/${ENSEMBLE_MEMBER:-step-*} | tail -1)"); done
+    members+=("$(ls -d exp/sweep/$prefix$seed/checkpoints/${ENSEMBLE_MEMBER:-step-*} | tail -1)"); done
   rest=$(IFS=,; echo "${members[*]:1}")
+  label=ens$n; [[ -n ${ENSEMBLE_PREFIXES:-} ]] && label=ens${n}_${prefix%_s}
   timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
-    output=exp/sweep/eval/ens$n.eval.json > "$OUTDIR/ens$n.eval.log" 2>&1 &
+    output=exp/sweep/eval/$label.eval.json > "$OUTDIR/$label.eval.log" 2>&1 &
+done
 done
 wait
 echo "trained and evaluated at $(date +%T)"
