@@ -362,14 +362,15 @@ def test_traced_step_gives_the_eager_transcript_and_timings(ckpt, audio, capsys,
     assert [s["text"] for s in jit["segments"]] == [s["text"] for s in runs["eager"][1]["segments"]]
 
 
-def test_checkpoint_trained_with_utterance_mean_norm_is_refused(tmp_path, audio, capsys):
+@pytest.mark.parametrize("option", ["utterance_mean_norm", "speaker_mean_norm"])
+def test_checkpoint_trained_with_a_whole_audio_mean_is_refused(tmp_path, audio, capsys, option):
     from usmkit.checkpoint import CONFIG_FILE
 
     root = make_checkpoint(tmp_path / "cmn")
     config = root / "checkpoints" / "step-000001" / CONFIG_FILE
     cfg = yaml.safe_load(config.read_text())
-    cfg["data"]["utterance_mean_norm"] = True
+    cfg["data"][option] = True
     config.write_text(yaml.safe_dump(cfg))
     code, _, err = run_cli(capsys, audio, "--checkpoint", root)
-    assert code == 2 and "utterance_mean_norm" in err and "usmkit.evaluate" in err
+    assert code == 2 and option in err and "usmkit.evaluate" in err
     assert "Traceback" not in err
