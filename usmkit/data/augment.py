@@ -12,6 +12,7 @@ import random
 import torch
 import torchaudio.functional as AF
 from lhotse.dataset import PerturbSpeed
+from torchaudio.compliance.kaldi import inverse_mel_scale, mel_scale_scalar
 
 from usmkit.data.config import SpecAugmentConfig
 
@@ -87,10 +88,8 @@ NOISE_FLUCTUATION_SHAPE = 4.0  # gamma shape of the noise power's frame-to-frame
 
 def mel_bin_centers(num_bins: int, sample_rate: int, low_hz: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Center frequencies and widths (Hz), each (F,), of the kaldi mel filterbank (20 Hz .. Nyquist)."""
-    mel = torch.linspace(
-        1127.0 * math.log1p(low_hz / 700.0), 1127.0 * math.log1p(sample_rate / 2 / 700.0), num_bins + 2
-    )
-    hz = 700.0 * torch.expm1(mel / 1127.0)  # (F + 2,) filter edges and centers
+    edges = torch.linspace(mel_scale_scalar(low_hz), mel_scale_scalar(sample_rate / 2), num_bins + 2)
+    hz = inverse_mel_scale(edges)  # (F + 2,) filter edges and centers
     return hz[1:-1], hz[2:] - hz[:-2]
 
 

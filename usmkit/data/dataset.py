@@ -22,7 +22,7 @@ from usmkit.data.batch import Batch
 from usmkit.data.config import FeatureConfig, SpecAugmentConfig
 from usmkit.data.features import input_strategy, to_sample_rate
 from usmkit.data.normalize import FeatureStats
-from usmkit.data.sampling import cut_language
+from usmkit.data.sampling import cut_language, cut_speaker
 
 TOKEN_PAD = -1
 
@@ -39,6 +39,12 @@ def cut_text(cut: Cut) -> str:
     return " ".join(s.text.strip() for s in sups if s.text and s.text.strip())
 
 
+def subtract_per_utterance(feats: torch.Tensor, feat_lens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """feats (B, T, F) minus one offset (B, F) per utterance on its valid frames; padding stays 0."""
+    valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
+    return (feats - offsets[:, None, :]).masked_fill(~valid, 0.0)
+
+
 def subtract_utterance_mean(feats: torch.Tensor, feat_lens: torch.Tensor) -> torch.Tensor:
     """Per-utterance, per-bin mean over the valid frames subtracted (CMN); padding stays 0.
 
@@ -46,8 +52,8 @@ def subtract_utterance_mean(feats: torch.Tensor, feat_lens: torch.Tensor) -> tor
     bin, so this removes it exactly (a speaker recorded 20 dB quieter looks like the others).
     """
     valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
-    mean = (feats * valid).sum(1, keepdim=True) / feat_lens.clamp_min(1)[:, None, None]  # (B, 1, F)
-    return (feats - mean).masked_fill(~valid, 0.0)
+    mean = (feats * valid).sum(1) / feat_lens.clamp_min(1)[:, None]  # (B, F)
+    return subtract_per_utterance(feats, feat_lens, mean)
 
 
 class AsrDataset(torch.utils.data.Dataset):
@@ -145,12 +151,11 @@ class AsrDataset(torch.utils.data.Dataset):
         """feats (B, T, F) normalized -> each utterance minus its speaker's shift (F,); padding stays 0."""
         shifts = []
         for cut in cuts:
-            speaker = cut.supervisions[0].speaker if cut.supervisions else None
+            speaker = cut_speaker(cut)
             if speaker not in self.speaker_shifts:
                 raise ValueError(f"cut {cut.id!r}: speaker {speaker!r} has no mean (data.speaker_mean_norm)")
             shifts.append(self.speaker_shifts[speaker])
-        valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
-        return (feats - torch.stack(shifts)[:, None, :]).masked_fill(~valid, 0.0)
+        return subtract_per_utterance(feats, feat_lens, torch.stack(shifts))
 
     def _tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, U) int64 padded with -1, and (B,) lengths; (B, 0) without a tokenizer."""

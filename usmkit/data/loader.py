@@ -120,12 +120,15 @@ def make_loader(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
+    speaker_shifts: dict[str, torch.Tensor] | None = None,
 ) -> AsrLoader:
     """Loader over ``cuts`` (already through ``prepare_cuts``).
 
     Training: ``labeled_fraction`` subset (only for labeled loaders, i.e. with a tokenizer), cuts over
     ``max_cut_duration`` left out, language temperature sampling, shuffled duration buckets, speed
     perturbation and SpecAugment. Evaluation: every cut once, in bucket order, no augmentation.
+    With ``cfg.speaker_mean_norm`` the speakers' means come from ``speaker_shifts`` when given (to build
+    loaders over the same cuts repeatedly), else from ``cuts``.
     """
     if cfg.features.precomputed:
         bare = next((c.id for c in cuts if not c.has_features), None)
@@ -134,8 +137,9 @@ def make_loader(
                 f"features.precomputed=True but cut {bare!r} has no stored features: pass the cuts through "
                 "usmkit.data.loader.prepare_cuts first, or set features.precomputed=False"
             )
-    # before language sampling, which can make the training stream endless
-    speaker_shifts = speaker_mean_shifts(cuts, cfg.features, stats) if cfg.speaker_mean_norm and stats else None
+    if cfg.speaker_mean_norm and stats is not None and speaker_shifts is None:
+        # before language sampling, which can make the training stream endless
+        speaker_shifts = speaker_mean_shifts(cuts, cfg.features, stats)
     if train:
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)

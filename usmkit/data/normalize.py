@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor, to_sample_rate
+from usmkit.data.sampling import cut_speaker
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +130,8 @@ def speaker_mean_shifts(
     """
     by_speaker: dict[str, list] = {}
     for cut in cuts:
-        speaker = cut.supervisions[0].speaker if cut.supervisions else None
-        if not speaker:
+        speaker = cut_speaker(cut)
+        if speaker is None:
             raise ValueError(
                 f"cut {cut.id!r} has no speaker, which data.speaker_mean_norm=true needs; set the supervisions' "
                 "speaker in the manifest, or turn speaker_mean_norm off"

@@ -32,6 +32,11 @@ def cut_language(cut: Cut) -> str:
     return str((cut.custom or {}).get("language", ""))
 
 
+def cut_speaker(cut: Cut) -> str | None:
+    """The speaker of the cut's first supervision that names one; None when none does."""
+    return next((sup.speaker for sup in cut.supervisions if sup.speaker), None)
+
+
 def language_probabilities(counts: dict[str, int], temperature: float) -> dict[str, float]:
     """USM-style temperature sampling: p_l = n_l^(1/T) / sum_k n_k^(1/T).
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 BYTE_LEVELS = 256
+LITTLE_ENDIAN = sys.byteorder == "little"  # keep_mask reads the low 7 bytes of each 64-bit word
 
 
 def byte_threshold(p: float) -> int:
@@ -52,12 +53,7 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        cpu_mask = (
-            x.device.type == "cpu"
-            and not torch.compiler.is_compiling()
-            and self.threshold > 0
-            and sys.byteorder == "little"
-        )
+        cpu_mask = x.device.type == "cpu" and not torch.compiler.is_compiling() and self.threshold > 0 and LITTLE_ENDIAN
         if not cpu_mask:
             return F.dropout(x, self.p, training=True)
         scale = BYTE_LEVELS / (BYTE_LEVELS - self.threshold)

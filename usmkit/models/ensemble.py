@@ -100,10 +100,15 @@ def choose_by_mean_likelihood(
     """Per utterance, the candidate token sequence maximizing ``log mean_i p_i(y | x)``.
 
     log_probs: N tensors (B, T', V); enc_lens (B,); candidates[b]: token id tuples (at least one).
-    One batched CTC forward per member over all P (utterance, candidate) pairs.
+    One batched CTC forward per member over the P (utterance, candidate) pairs of the utterances
+    with more than one candidate; where every member proposed the same, that is the answer.
     """
-    rows = [b for b, cands in enumerate(candidates) for _ in cands]
-    flat = [ids for cands in candidates for ids in cands]
+    best = [cands[0] for cands in candidates]
+    contested = [b for b, cands in enumerate(candidates) if len(cands) > 1]
+    if not contested:
+        return best
+    rows = [b for b in contested for _ in candidates[b]]
+    flat = [ids for b in contested for ids in candidates[b]]
     index = torch.tensor(rows, device=enc_lens.device)  # (P,)
     targets = torch.tensor([t for ids in flat for t in ids], dtype=torch.long, device=enc_lens.device)
     target_lens = torch.tensor([len(ids) for ids in flat], dtype=torch.long, device=enc_lens.device)
@@ -113,10 +118,9 @@ def choose_by_mean_likelihood(
         nll = F.ctc_loss(pairs, targets, enc_lens[index], target_lens, reduction="none", zero_infinity=False)
         per_member.append(-nll)  # (P,) log p_i(y | x)
     scores = torch.logsumexp(torch.stack(per_member), dim=0) - math.log(len(log_probs))  # (P,)
-    best: list[tuple[int, ...]] = []
     start = 0
-    for cands in candidates:
-        pick = int(scores[start : start + len(cands)].argmax())
-        best.append(cands[pick])
-        start += len(cands)
+    for b in contested:
+        count = len(candidates[b])
+        best[b] = candidates[b][int(scores[start : start + count].argmax())]
+        start += count
     return best

@@ -33,7 +33,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 
 from usmkit.data.manifests import manifest_path
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
-from usmkit.data.recipes.fsdd_synth import digit_take_cut, plan_digit_takes, synthesize_digit_takes
+from usmkit.data.recipes.fsdd_synth import plan_digit_takes, synthesize_digit_takes
 
 CORPUS = "fsdd"
 SAMPLE_RATE = 16000
@@ -110,19 +110,20 @@ def _check_speakers(found: set[str], test_speakers: set[str], dev_speakers: set[
         )
 
 
-def _cut(item: FsddFile) -> MonoCut:
-    recording = Recording.from_file(item.path, recording_id=item.id).resample(SAMPLE_RATE)
+def _cut(path: Path, cut_id: str, digit: int, speaker: str) -> MonoCut:
+    """One spoken digit (a real FSDD file or a synthetic take), resampled to 16 kHz when loaded."""
+    recording = Recording.from_file(path, recording_id=cut_id).resample(SAMPLE_RATE)
     supervision = SupervisionSegment(
-        id=item.id,
-        recording_id=item.id,
+        id=cut_id,
+        recording_id=cut_id,
         start=0.0,
         duration=recording.duration,
         channel=0,
-        text=DIGIT_WORDS[item.digit],
+        text=DIGIT_WORDS[digit],
         language="en",
-        speaker=item.speaker,
+        speaker=speaker,
     )
-    return MonoCut(item.id, 0.0, recording.duration, 0, recording=recording, supervisions=[supervision])
+    return MonoCut(cut_id, 0.0, recording.duration, 0, recording=recording, supervisions=[supervision])
 
 
 def prepare_fsdd(
@@ -152,13 +153,13 @@ def prepare_fsdd(
     _check_speakers({f.speaker for f in files}, test_set, dev_set)
     by_split: dict[str, list[MonoCut]] = {"train": [], "dev": [], "test": []}
     for item in files:
-        by_split[_assign(item, test_set, dev_set)].append(_cut(item))
+        by_split[_assign(item, test_set, dev_set)].append(_cut(item.path, item.id, item.digit, item.speaker))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if synth_takes:
         takes = plan_digit_takes(DIGIT_WORDS, synth_takes, synth_seed)
         written = synthesize_digit_takes(out_dir / "synth_digits", takes, synth_seed, workers)
-        by_split["train"] += [digit_take_cut(take, path, CORPUS, SAMPLE_RATE) for take, path in written]
+        by_split["train"] += [_cut(path, f"{CORPUS}-{take.stem}", take.digit, take.speaker) for take, path in written]
     result = {}
     for split, cuts in by_split.items():
         if not cuts:

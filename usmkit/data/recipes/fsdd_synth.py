@@ -8,8 +8,8 @@ in the fine-tuning data itself, saying exactly the words of the task.
 Each take is one digit word from a random espeak-ng variant (``VARIANTS``: formants, breathiness,
 ...) with a random English accent, rate and pitch (:func:`ordinary_voice`, the embedded corpus's
 ordinary voices), rendered the way FSDD was recorded: 8 kHz mono WAV, trimmed of silence,
-at a random peak level. Files: ``{out}/{digit}_synth_{index}.wav``; the cuts resample to 16 kHz
-when loaded, like the real ones, and carry the speaker ``synth-{variant}``.
+at a random peak level. Files: ``{out}/{digit}_synth_{index}.wav``; ``fsdd.py`` makes their cuts
+the way it makes the real ones (16 kHz when loaded), with the speaker ``synth-{variant}``.
 
 Rendering runs in fresh worker processes, one shard each (espeak-ng's global state then starts from
 the same point in every build; see ``usmkit.data.synth.render``).
@@ -27,7 +27,6 @@ import numpy as np
 import soundfile as sf
 import torch
 import torchaudio
-from lhotse import MonoCut, Recording, SupervisionSegment
 from tqdm import tqdm
 
 from usmkit.data.synth.espeak import get_espeak
@@ -139,20 +138,3 @@ def synthesize_digit_takes(
                 written[take.index] = (take, path)
             bar.update(len(shard))
     return [written[take.index] for take in takes]
-
-
-def digit_take_cut(take: DigitTake, path: Path, corpus: str, sample_rate: int) -> MonoCut:
-    """The cut of a written take: its recording resampled to ``sample_rate`` on load, like FSDD's."""
-    cut_id = f"{corpus}-{take.stem}"
-    recording = Recording.from_file(path, recording_id=cut_id).resample(sample_rate)
-    supervision = SupervisionSegment(
-        id=cut_id,
-        recording_id=cut_id,
-        start=0.0,
-        duration=recording.duration,
-        channel=0,
-        text=take.word,
-        language="en",
-        speaker=take.speaker,
-    )
-    return MonoCut(cut_id, 0.0, recording.duration, 0, recording=recording, supervisions=[supervision])
