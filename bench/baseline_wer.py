@@ -15,9 +15,10 @@ batches, lr 2.5e-3, a 320-piece (about character) tokenizer, light SpecAugment (
 width 15), dropout 0.1 and intermediate CTC at weight 0.3 (GPU round 8, at 2800 steps: test-en
 lexicon WER 23.8 / 24.0 / 22.4% over three seeds, against 25.1-29.4% over six seeds without it).
 On this CPU these settings run at 2.1 steps/s since our CPU dropout (``usmkit/models/dropout.py``;
-``bench/results/dropout_cpu.json``: the tiny model's step 1.48x faster than with torch's dropout), so the 20-minute budget holds 2200 steps with one dev
-evaluation at the end: 17.6 minutes on 2026-11-22 (before it, 20.6 minutes, and 23.6 minutes for
-2100 steps while the VM lost 11% of its CPU time to steal).
+``bench/results/dropout_cpu.json``: the tiny model's step 1.48x faster than with torch's dropout),
+so the 20-minute budget holds 2200 steps with one dev evaluation at the end: 17.6 minutes on
+2026-11-22 (before it, 20.6 minutes, and 23.6 minutes for 2100 steps while the VM lost 11% of its
+CPU time to steal).
 """
 
 from __future__ import annotations

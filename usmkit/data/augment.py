@@ -108,9 +108,9 @@ def add_noise(
     - frame-to-frame fluctuation of every bin's power (gamma, mean 1).
 
     The noise stays inside the utterance's own band (up to its highest mel bin whose mean is within
-    ``NOISE_BAND_FLOOR_DB`` of its strongest bin's): a band-limited recording (FSDD's 8 kHz audio, resampled to 16 kHz) gets noise
-    below 4 kHz only, as its microphone's noise would be. Recordings of some speakers are much
-    noisier than others (FSDD: theo's speech is only ~18 dB above his noise floor, lucas's 46 dB).
+    ``NOISE_BAND_FLOOR_DB`` of its strongest bin's): a band-limited recording (FSDD's 8 kHz audio,
+    resampled to 16 kHz) gets noise below 4 kHz only, as its microphone's noise would be. It is meant for test speakers recorded
+    with more noise than the training speakers.
 
     features (B, T, F) unnormalized log-mel power, feature_lens (B,) -> (B, T, F); padding unchanged.
     """
