@@ -137,3 +137,55 @@ def test_module_health_check_warns_once(tmp_path, caplog):
     warnings = [r.message for r in caplog.records if "something is off" in r.message]
     assert warnings == ["something is off at step 1"]  # once, not at every log line
     assert Unhealthy.calls == 1
+
+
+class EncoderHeadTask(ToyTask):
+    """ToyTask with its first layer named like a pre-trained encoder (``encoder.*``) and a new head."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.head = self.net[0], self.net[2]
+        del self.net  # parameters named encoder.* and head.* only
+
+    def forward(self, batch):
+        y = self.head(torch.relu(self.encoder(batch.features))).squeeze(-1)  # (B, T)
+        return StepOutput(loss=(y - 1).pow(2).mean(), metrics={})
+
+
+def _encoder_head_trainer(tmp_path, max_steps, **optim):
+    cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=max_steps, eval_every=0, save_every=100, progress=False)
+    return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2, **optim), EncoderHeadTask(), ToyLoader(), "x: 1\n")
+
+
+def test_frozen_encoder_steps_train_only_the_head(tmp_path):
+    trainer = _encoder_head_trainer(tmp_path, 3, freeze_encoder_steps=3)
+    encoder0 = {k: v.clone() for k, v in trainer.module.encoder.state_dict().items()}
+    head0 = trainer.module.head.weight.clone()
+    trainer.fit()
+    for k, v in trainer.module.encoder.state_dict().items():
+        assert torch.equal(v, encoder0[k]), k  # no update, no weight decay either
+    assert not torch.equal(trainer.module.head.weight, head0)
+    trainer = _encoder_head_trainer(tmp_path / "b", 4, freeze_encoder_steps=3)
+    trainer.fit()  # step 4 is past the freeze: the encoder learns
+    assert not torch.equal(trainer.module.encoder.weight, encoder0["weight"])
+
+
+def test_encoder_lr_scale_sets_the_encoder_groups_rate(tmp_path):
+    trainer = _encoder_head_trainer(tmp_path, 10, encoder_lr_scale=0.25, freeze_encoder_steps=2)
+    rates = []
+    for _ in range(5):
+        rates.append([g["lr"] for g in trainer.optimizer.param_groups])
+        trainer.optimizer.step()  # no gradients: only keeps the scheduler's order
+        trainer.scheduler.step()
+    head, encoder = [r[0] for r in rates], [r[2] for r in rates]
+    assert [r[0] for r in rates] == [r[1] for r in rates] and encoder == [r[3] for r in rates]
+    assert encoder[:2] == [0.0, 0.0]  # frozen
+    assert encoder[2:] == pytest.approx([0.25 * h for h in head[2:]])
+    ids = {id(p) for g in trainer.optimizer.param_groups[2:] for p in g["params"]}
+    assert ids == {id(p) for p in trainer.module.encoder.parameters()}
+
+
+def test_encoder_options_need_an_encoder(tmp_path):
+    cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=1, progress=False)
+    with pytest.raises(ValueError, match="encoder"):
+        Trainer(cfg, OptimConfig(encoder_lr_scale=0.5), ToyTask(), ToyLoader(), "x: 1\n")

@@ -75,6 +75,23 @@ class OptimConfig:
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
     grad_clip: float = 5.0  # max global grad norm; 0 disables
     accum_steps: int = 1  # micro-batches per optimizer step
+    # Fine-tuning a pre-trained encoder under a new head (``init_from``): the encoder's parameters
+    # (names starting ``encoder.``) learn at ``lr * encoder_lr_scale``, and not at all during the first
+    # ``freeze_encoder_steps`` steps, so the randomly initialized head settles before its gradients
+    # reach the encoder (fairseq's ``freeze_finetune_updates`` for wav2vec 2.0).
+    encoder_lr_scale: float = 1.0
+    freeze_encoder_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.encoder_lr_scale < 0:
+            raise ValueError(f"optim.encoder_lr_scale must be >= 0, got {self.encoder_lr_scale}")
+        if self.freeze_encoder_steps < 0:
+            raise ValueError(f"optim.freeze_encoder_steps must be >= 0, got {self.freeze_encoder_steps}")
+
+    @property
+    def splits_encoder(self) -> bool:
+        """Whether the encoder gets its own learning rate (own optimizer parameter groups)."""
+        return self.encoder_lr_scale != 1.0 or self.freeze_encoder_steps > 0
 
 
 @dataclass(frozen=True)

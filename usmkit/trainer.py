@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import LambdaLR
 
 from usmkit.checkpoint import (
     CheckpointError,
@@ -93,14 +94,46 @@ def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     return f
 
 
+def encoder_lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
+    """The encoder's multiplier when it has its own rate: 0 while frozen, else the schedule times the scale."""
+    base = lr_lambda(cfg, max_steps)
+
+    def f(step: int) -> float:
+        return 0.0 if step < cfg.freeze_encoder_steps else cfg.encoder_lr_scale * base(step)
+
+    return f
+
+
 def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and norm gains (1-d parameters)."""
-    decay, no_decay = [], []
-    for p in module.parameters():
+    """AdamW; no weight decay on biases and norm gains (1-d parameters).
+
+    Parameter groups: (decay, no decay), then, when ``cfg.splits_encoder``, the same two for the
+    encoder's parameters (``encoder.*``), whose rate ``make_scheduler`` sets apart. The head's groups
+    come first, so group 0's rate is the one a progress bar shows.
+    """
+    parts: dict[str, tuple[list, list]] = {"rest": ([], []), "encoder": ([], [])}
+    for name, p in module.named_parameters():
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            part = "encoder" if cfg.splits_encoder and name.startswith("encoder.") else "rest"
+            parts[part][0 if p.dim() >= 2 else 1].append(p)
+    if cfg.splits_encoder and not any(parts["encoder"]):
+        raise ValueError(
+            "optim.encoder_lr_scale / optim.freeze_encoder_steps are set but the model has no parameters "
+            "named encoder.*; leave them at 1.0 / 0 for this task"
+        )
+    groups = []
+    for part in ("rest", "encoder") if cfg.splits_encoder else ("rest",):
+        decay, no_decay = parts[part]
+        groups += [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=None)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> LambdaLR:
+    """The schedule of ``lr_lambda`` for every group; the encoder's groups get ``encoder_lr_lambda``."""
+    if not cfg.splits_encoder:
+        return LambdaLR(optimizer, lr_lambda(cfg, max_steps))
+    head, encoder = lr_lambda(cfg, max_steps), encoder_lr_lambda(cfg, max_steps)
+    return LambdaLR(optimizer, [head, head, encoder, encoder])  # make_optimizer's group order
 
 
 def is_main_process() -> bool:
@@ -133,7 +166,7 @@ class Trainer:
         self.exp_dir = Path(cfg.exp_dir)
         self.ckpt_root = self.exp_dir / "checkpoints"
         self.optimizer = make_optimizer(self.module, optim_cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim_cfg, cfg.max_steps))
+        self.scheduler = make_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.step_module: torch.nn.Module = self.module
         if self.distributed:

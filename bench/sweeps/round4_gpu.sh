@@ -42,7 +42,17 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 15 ]]; then  # round 15: FSDD from the CPU synth_v2 vs synth_v7 encoders, 4 seeds each, ensembles
+if [[ ${ROUND:-4} == 16 ]]; then  # round 16: the encoder frozen for the first 200 steps / at 0.3 x lr, 3 seeds each
+FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true"
+declare -A RUNS=()
+for seed in 0 1 2; do
+  RUNS[F_fz_s$seed]="FS $FT optim.freeze_encoder_steps=200 trainer.seed=$seed"
+  RUNS[F_els_s$seed]="FS $FT optim.encoder_lr_scale=0.3 trainer.seed=$seed"
+done
+for seed in 0 1; do RUNS[F_fzels_s$seed]="FS $FT optim.freeze_encoder_steps=200 optim.encoder_lr_scale=0.3 trainer.seed=$seed"; done
+ENSEMBLES="3"
+ENSEMBLE_PREFIXES="F_fz_s F_els_s"
+elif [[ ${ROUND:-4} == 15 ]]; then  # round 15: FSDD from the CPU synth_v2 vs synth_v7 encoders, 4 seeds each, ensembles
 FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for seed in 0 1 2 3; do
