@@ -139,7 +139,7 @@ def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, m
     """Refuse a member whose tokens, features or normalization differ from the first checkpoint's."""
     if member_tok is None or member_tok.model_proto != tokenizer.model_proto:
         raise ValueError(f"ensemble member {member_ckpt} has another tokenizer than {ckpt}; members must share it")
-    for field_name in ("features", "utterance_mean_norm", "speaker_mean_norm"):
+    for field_name in ("features", "utterance_mean_norm", "speaker_mean_norm", "speaker_var_norm"):
         if getattr(member_cfg.data, field_name) != getattr(train_cfg.data, field_name):
             raise ValueError(
                 f"ensemble member {member_ckpt} was trained with other data.{field_name} than {ckpt}: "

@@ -42,7 +42,13 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 16 ]]; then  # round 16: the encoder frozen for the first 200 steps / at 0.3 x lr, 3 seeds each
+if [[ ${ROUND:-4} == 17 ]]; then  # round 17: per-speaker mean and variance normalization (CMVN), 8 seeds, ensembles
+FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true data.speaker_var_norm=true"
+declare -A RUNS=()
+for seed in 0 1 2 3 4 5 6 7; do RUNS[F_cmvn_s$seed]="FS $FT trainer.seed=$seed"; done
+ENSEMBLES="3 5 8"
+ENSEMBLE_PREFIXES="F_cmvn_s"
+elif [[ ${ROUND:-4} == 16 ]]; then  # round 16: the encoder frozen for the first 200 steps / at 0.3 x lr, 3 seeds each
 FT="trainer.max_steps=1200 optim.lr=5e-4 $INIT data.speaker_mean_norm=true"
 declare -A RUNS=()
 for seed in 0 1 2; do

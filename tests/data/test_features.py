@@ -194,29 +194,54 @@ def test_dataset_adds_noise_in_training_only(audio_corpus):
 def test_speaker_mean_norm_centers_every_speaker_and_removes_its_gain(audio_corpus):
     import pytest
 
-    from usmkit.data.normalize import speaker_mean_shifts
+    from usmkit.data.normalize import SpeakerNorm, speaker_norms
 
     stats = compute_global_stats(audio_corpus, ON_THE_FLY)
-    shifts = speaker_mean_shifts(audio_corpus, ON_THE_FLY, stats)
-    assert sorted(shifts) == ["de-spk0", "de-spk1", "en-spk0", "en-spk1"]
-    batch = AsrDataset(ON_THE_FLY, stats=stats, speaker_shifts=shifts)[audio_corpus]
-    speakers = [c.supervisions[0].speaker for c in audio_corpus]
-    order = [speakers[[c.id for c in audio_corpus].index(i)] for i in batch.cut_ids]
-    valid = torch.arange(batch.features.shape[1]) < batch.feature_lens[:, None]  # (B, T)
-    for speaker in shifts:
-        rows = [i for i, s in enumerate(order) if s == speaker]
-        frames = batch.features[rows][valid[rows]]  # (frames of the speaker, F)
+    norms = speaker_norms(audio_corpus, ON_THE_FLY, stats)
+    assert sorted(norms) == ["de-spk0", "de-spk1", "en-spk0", "en-spk1"]
+    assert all(torch.equal(n.scale, torch.ones(80)) for n in norms.values())  # mean only
+    batch = AsrDataset(ON_THE_FLY, stats=stats, speaker_norms=norms)[audio_corpus]
+    for frames in _frames_by_speaker(batch, audio_corpus).values():
         torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=0.02, rtol=0)  # fbank dither
+    valid = torch.arange(batch.features.shape[1]) < batch.feature_lens[:, None]  # (B, T)
     assert torch.all(batch.features[~valid] == 0)
     # A speaker recorded 20 dB louder: the same normalized features once its own mean is subtracted.
-    louder = {s: v + 2 * math.log(10) / stats.std for s, v in shifts.items()}
-    shifted = AsrDataset(ON_THE_FLY, stats=stats, speaker_shifts=louder)[audio_corpus].features
+    louder = {s: SpeakerNorm(n.shift + 2 * math.log(10) / stats.std, n.scale) for s, n in norms.items()}
+    shifted = AsrDataset(ON_THE_FLY, stats=stats, speaker_norms=louder)[audio_corpus].features
     assert not torch.allclose(shifted, batch.features)
-    unknown = {s: v for s, v in shifts.items() if s != "en-spk0"}
+    unknown = {s: v for s, v in norms.items() if s != "en-spk0"}
     with pytest.raises(ValueError, match="en-spk0"):
-        AsrDataset(ON_THE_FLY, stats=stats, speaker_shifts=unknown)[audio_corpus]
+        AsrDataset(ON_THE_FLY, stats=stats, speaker_norms=unknown)[audio_corpus]
     with pytest.raises(ValueError, match="pick one"):
         DataConfig(speaker_mean_norm=True, utterance_mean_norm=True)
+
+
+def _frames_by_speaker(batch, cuts) -> dict[str, torch.Tensor]:
+    """Each speaker's valid frames of ``batch`` (frames, F)."""
+    speaker_of = {c.id: c.supervisions[0].speaker for c in cuts}
+    order = [speaker_of[i] for i in batch.cut_ids]
+    valid = torch.arange(batch.features.shape[1]) < batch.feature_lens[:, None]  # (B, T)
+    return {
+        s: batch.features[rows][valid[rows]]
+        for s in set(order)
+        for rows in [[i for i, o in enumerate(order) if o == s]]
+    }
+
+
+def test_speaker_var_norm_gives_every_speaker_unit_variance(audio_corpus):
+    import pytest
+
+    from usmkit.data.normalize import speaker_norms
+
+    stats = compute_global_stats(audio_corpus, ON_THE_FLY)
+    norms = speaker_norms(audio_corpus, ON_THE_FLY, stats, variance=True)
+    assert not all(torch.allclose(n.scale, torch.ones(80)) for n in norms.values())
+    batch = AsrDataset(ON_THE_FLY, stats=stats, speaker_norms=norms)[audio_corpus]
+    for frames in _frames_by_speaker(batch, audio_corpus).values():
+        torch.testing.assert_close(frames.mean(0), torch.zeros(80), atol=0.02, rtol=0)  # fbank dither
+        torch.testing.assert_close(frames.std(0, correction=0), torch.ones(80), atol=0.02, rtol=0)
+    with pytest.raises(ValueError, match="speaker_mean_norm"):
+        DataConfig(speaker_var_norm=True)
 
 
 def test_utterance_mean_norm_removes_a_gain_change_exactly():

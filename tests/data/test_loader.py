@@ -67,21 +67,23 @@ def test_eval_loader_is_deterministic_and_covers_every_cut_once(audio_corpus, st
 
 
 def test_given_speaker_means_are_used_instead_of_recomputed(audio_corpus, stats, tiny_tokenizer, build_config):
-    from usmkit.data.normalize import speaker_mean_shifts
+    from usmkit.data.normalize import SpeakerNorm, speaker_norms
 
     def features(cfg, **kw) -> dict[str, torch.Tensor]:
         loader = make_loader(audio_corpus, cfg, tokenizer=tiny_tokenizer, stats=stats, train=False, **kw)
         return {i: b.features[j, : b.feature_lens[j]] for b in loader for j, i in enumerate(b.cut_ids)}
 
     plain = features(build_config())
-    shifts = speaker_mean_shifts(audio_corpus, FeatureConfig(precomputed=False), stats)
-    zero = {speaker: torch.zeros_like(v) for speaker, v in shifts.items()}
-    given = features(build_config(speaker_mean_norm=True), speaker_shifts=zero)
+    norms = speaker_norms(audio_corpus, FeatureConfig(precomputed=False), stats)
+    identity = {
+        s: SpeakerNorm(shift=torch.zeros_like(n.shift), scale=torch.ones_like(n.scale)) for s, n in norms.items()
+    }
+    given = features(build_config(speaker_mean_norm=True), speaker_norms=identity)
     computed = features(build_config(speaker_mean_norm=True))
     speaker = {c.id: c.supervisions[0].speaker for c in audio_corpus}
     for cut_id, feats in plain.items():
-        torch.testing.assert_close(given[cut_id], feats)  # zero shifts given: nothing subtracted
-        torch.testing.assert_close(computed[cut_id], feats - shifts[speaker[cut_id]], atol=0.05, rtol=0)  # dither
+        torch.testing.assert_close(given[cut_id], feats)  # the identity given: nothing changed
+        torch.testing.assert_close(computed[cut_id], feats - norms[speaker[cut_id]].shift, atol=0.05, rtol=0)  # dither
 
 
 def _ids(batches) -> list[list[str]]:

@@ -101,6 +101,9 @@ class DataConfig:
       CMN: removes the speaker's microphone and room, keeps what distinguishes one word from another,
       which a single short utterance's own mean does not). At evaluation a test speaker's mean comes
       from that speaker's test utterances (unlabeled), as in Kaldi recipes. Offline decoding only.
+    - ``speaker_var_norm``: with ``speaker_mean_norm``, also scale each bin to the global std by the
+      speaker's own (per-speaker CMVN): a speaker with a narrower dynamic range (a quieter recording
+      over the same noise floor) is stretched to the others'.
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
@@ -127,6 +130,7 @@ class DataConfig:
     max_cut_duration: float = 30.0
     utterance_mean_norm: bool = False
     speaker_mean_norm: bool = False
+    speaker_var_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.max_duration <= 0:
@@ -156,6 +160,8 @@ class DataConfig:
             raise ValueError(
                 "DataConfig.speaker_mean_norm and utterance_mean_norm both subtract a mean; pick one of them"
             )
+        if self.speaker_var_norm and not self.speaker_mean_norm:
+            raise ValueError("DataConfig.speaker_var_norm=true needs speaker_mean_norm=true (CMVN = mean and variance)")
         if self.language_temperature <= 0:
             raise ValueError(f"DataConfig.language_temperature must be > 0, got {self.language_temperature}")
         if self.on_bad_input not in ("error", "skip"):

@@ -21,7 +21,7 @@ from usmkit.data.augment import SpecAugment, add_noise, random_gain, speed_pertu
 from usmkit.data.batch import Batch
 from usmkit.data.config import FeatureConfig, SpecAugmentConfig
 from usmkit.data.features import input_strategy, to_sample_rate
-from usmkit.data.normalize import FeatureStats
+from usmkit.data.normalize import FeatureStats, SpeakerNorm
 from usmkit.data.sampling import cut_language, cut_speaker
 
 TOKEN_PAD = -1
@@ -39,10 +39,16 @@ def cut_text(cut: Cut) -> str:
     return " ".join(s.text.strip() for s in sups if s.text and s.text.strip())
 
 
-def subtract_per_utterance(feats: torch.Tensor, feat_lens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """feats (B, T, F) minus one offset (B, F) per utterance on its valid frames; padding stays 0."""
+def shift_per_utterance(
+    feats: torch.Tensor, feat_lens: torch.Tensor, offsets: torch.Tensor, scales: torch.Tensor | None = None
+) -> torch.Tensor:
+    """feats (B, T, F) minus one offset (B, F) per utterance, times one scale (B, F) if given, on the
+    valid frames; padding stays 0."""
     valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
-    return (feats - offsets[:, None, :]).masked_fill(~valid, 0.0)
+    out = feats - offsets[:, None, :]
+    if scales is not None:
+        out = out * scales[:, None, :]
+    return out.masked_fill(~valid, 0.0)
 
 
 def subtract_utterance_mean(feats: torch.Tensor, feat_lens: torch.Tensor) -> torch.Tensor:
@@ -53,7 +59,7 @@ def subtract_utterance_mean(feats: torch.Tensor, feat_lens: torch.Tensor) -> tor
     """
     valid = (torch.arange(feats.shape[1]) < feat_lens[:, None])[:, :, None]  # (B, T, 1)
     mean = (feats * valid).sum(1) / feat_lens.clamp_min(1)[:, None]  # (B, F)
-    return subtract_per_utterance(feats, feat_lens, mean)
+    return shift_per_utterance(feats, feat_lens, mean)
 
 
 class AsrDataset(torch.utils.data.Dataset):
@@ -78,7 +84,7 @@ class AsrDataset(torch.utils.data.Dataset):
         noise_prob: float = 0.5,
         pad_to_frames: int = 0,
         utterance_mean_norm: bool = False,
-        speaker_shifts: dict[str, torch.Tensor] | None = None,
+        speaker_norms: dict[str, SpeakerNorm] | None = None,
         seed: int = 0,
     ) -> None:
         if speed_perturb and features.precomputed:
@@ -100,7 +106,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.noise_prob = noise_prob
         self.pad_to_frames = pad_to_frames
         self.utterance_mean_norm = utterance_mean_norm
-        self.speaker_shifts = speaker_shifts
+        self.speaker_norms = speaker_norms
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
@@ -128,8 +134,8 @@ class AsrDataset(torch.utils.data.Dataset):
             feats = feats.masked_fill(~valid[:, :, None], 0.0)
         if self.utterance_mean_norm:
             feats = subtract_utterance_mean(feats, feat_lens)
-        if self.speaker_shifts is not None:
-            feats = self._subtract_speaker_means(feats, feat_lens, cuts)
+        if self.speaker_norms is not None:
+            feats = self._normalize_speakers(feats, feat_lens, cuts)
         if self.spec_augment is not None:
             feats = self.spec_augment(feats, feat_lens)
         if self.pad_to_frames > 0:  # a few static time lengths for a compiled step
@@ -147,15 +153,16 @@ class AsrDataset(torch.utils.data.Dataset):
             cut_ids=[c.id for c in cuts],
         )
 
-    def _subtract_speaker_means(self, feats: torch.Tensor, feat_lens: torch.Tensor, cuts: CutSet) -> torch.Tensor:
-        """feats (B, T, F) normalized -> each utterance minus its speaker's shift (F,); padding stays 0."""
-        shifts = []
+    def _normalize_speakers(self, feats: torch.Tensor, feat_lens: torch.Tensor, cuts: CutSet) -> torch.Tensor:
+        """feats (B, T, F) normalized -> each utterance through its speaker's ``SpeakerNorm``; padding stays 0."""
+        norms = []
         for cut in cuts:
             speaker = cut_speaker(cut)
-            if speaker not in self.speaker_shifts:
+            if speaker not in self.speaker_norms:
                 raise ValueError(f"cut {cut.id!r}: speaker {speaker!r} has no mean (data.speaker_mean_norm)")
-            shifts.append(self.speaker_shifts[speaker])
-        return subtract_per_utterance(feats, feat_lens, torch.stack(shifts))
+            norms.append(self.speaker_norms[speaker])
+        shifts = torch.stack([n.shift for n in norms])  # (B, F)
+        return shift_per_utterance(feats, feat_lens, shifts, torch.stack([n.scale for n in norms]))
 
     def _tokenize(self, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, U) int64 padded with -1, and (B,) lengths; (B, 0) without a tokenizer."""

@@ -25,7 +25,8 @@ from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
 from usmkit.data.dataset import AsrDataset, TextEncoder
 from usmkit.data.features import feature_storage_dir, precompute_features
-from usmkit.data.normalize import FeatureStats, speaker_mean_shifts
+from usmkit.data.normalize import FeatureStats, SpeakerNorm
+from usmkit.data.normalize import speaker_norms as compute_speaker_norms
 from usmkit.data.sampling import labeled_subset, language_balanced, make_sampler
 from usmkit.data.validate import ValidationReport, validate_cuts
 
@@ -120,15 +121,16 @@ def make_loader(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
-    speaker_shifts: dict[str, torch.Tensor] | None = None,
+    speaker_norms: dict[str, SpeakerNorm] | None = None,
 ) -> AsrLoader:
     """Loader over ``cuts`` (already through ``prepare_cuts``).
 
     Training: ``labeled_fraction`` subset (only for labeled loaders, i.e. with a tokenizer), cuts over
     ``max_cut_duration`` left out, language temperature sampling, shuffled duration buckets, speed
     perturbation and SpecAugment. Evaluation: every cut once, in bucket order, no augmentation.
-    With ``cfg.speaker_mean_norm`` the speakers' means come from ``speaker_shifts`` when given (to build
-    loaders over the same cuts repeatedly), else from ``cuts``.
+    With ``cfg.speaker_mean_norm`` the speakers' norms (means, and with ``cfg.speaker_var_norm``
+    variances) come from ``speaker_norms`` when given (to build loaders over the same cuts
+    repeatedly), else from ``cuts``.
     """
     if cfg.features.precomputed:
         bare = next((c.id for c in cuts if not c.has_features), None)
@@ -137,9 +139,9 @@ def make_loader(
                 f"features.precomputed=True but cut {bare!r} has no stored features: pass the cuts through "
                 "usmkit.data.loader.prepare_cuts first, or set features.precomputed=False"
             )
-    if cfg.speaker_mean_norm and stats is not None and speaker_shifts is None:
+    if cfg.speaker_mean_norm and stats is not None and speaker_norms is None:
         # before language sampling, which can make the training stream endless
-        speaker_shifts = speaker_mean_shifts(cuts, cfg.features, stats)
+        speaker_norms = compute_speaker_norms(cuts, cfg.features, stats, variance=cfg.speaker_var_norm)
     if train:
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
@@ -157,7 +159,7 @@ def make_loader(
         noise_prob=cfg.noise_prob,
         pad_to_frames=cfg.pad_to_frames,
         utterance_mean_norm=cfg.utterance_mean_norm,
-        speaker_shifts=speaker_shifts,
+        speaker_norms=speaker_norms,
         seed=seed + rank,
     )
     return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)

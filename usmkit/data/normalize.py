@@ -120,13 +120,25 @@ def _config_key(cfg: FeatureConfig) -> str:
     return json.dumps(asdict(cfg) | {"precomputed": None}, sort_keys=True)
 
 
-def speaker_mean_shifts(
-    cuts: CutSet, cfg: FeatureConfig, stats: FeatureStats, *, max_cuts_per_speaker: int = 500
-) -> dict[str, torch.Tensor]:
-    """Per speaker, its mean log-mel in globally normalized units: ``(speaker mean - mean) / std``, (F,).
+@dataclass(frozen=True)
+class SpeakerNorm:
+    """One speaker's correction of globally normalized features: ``(feats - shift) * scale``, each (F,).
 
-    Over at most ``max_cuts_per_speaker`` of each speaker's cuts (the first ones). Subtracting it from
-    a normalized utterance of that speaker is Kaldi's per-speaker CMN. Every cut needs a speaker.
+    ``shift`` = (speaker mean - global mean) / global std, so subtracting it is Kaldi's per-speaker
+    CMN; ``scale`` = global std / speaker std with variance normalization (CMVN), else ones.
+    """
+
+    shift: torch.Tensor  # (F,)
+    scale: torch.Tensor  # (F,)
+
+
+def speaker_norms(
+    cuts: CutSet, cfg: FeatureConfig, stats: FeatureStats, *, variance: bool = False, max_cuts_per_speaker: int = 500
+) -> dict[str, SpeakerNorm]:
+    """Per speaker, its ``SpeakerNorm`` over at most ``max_cuts_per_speaker`` of its cuts (the first ones).
+
+    ``variance=False``: mean only (``data.speaker_mean_norm``); ``True``: mean and variance
+    (``data.speaker_var_norm``). Every cut needs a speaker.
     """
     by_speaker: dict[str, list] = {}
     for cut in cuts:
@@ -139,7 +151,9 @@ def speaker_mean_shifts(
         group = by_speaker.setdefault(speaker, [])
         if len(group) < max_cuts_per_speaker:
             group.append(cut)
-    return {
-        speaker: (compute_global_stats(CutSet.from_cuts(group), cfg).mean - stats.mean) / stats.std
-        for speaker, group in by_speaker.items()
-    }
+    norms = {}
+    for speaker, group in by_speaker.items():
+        own = compute_global_stats(CutSet.from_cuts(group), cfg)
+        scale = stats.std / own.std if variance else torch.ones_like(own.std)
+        norms[speaker] = SpeakerNorm(shift=(own.mean - stats.mean) / stats.std, scale=scale)
+    return norms
