@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
-from usmkit.streaming.features import find_feature_stats, load_feature_stats  # noqa: E402
+from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
 from usmkit.tasks import load_trained, transcribe_batches  # noqa: E402
 
 
@@ -32,7 +32,7 @@ def main() -> None:
     args = ap.parse_args()
     module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
     data = cfg.data
-    stats = load_feature_stats(find_feature_stats(ckpt, data.manifest_dir), data.features)
+    stats = checkpoint_feature_stats(ckpt, data)
     cuts, _ = prepare_cuts(
         load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True
     )

@@ -25,7 +25,7 @@ from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.decoding.ctc_lexicon import LexiconConfig  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
-from usmkit.streaming.features import find_feature_stats, load_feature_stats  # noqa: E402
+from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
 from usmkit.tasks import load_trained  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
     data = replace(cfg.data, max_duration=200.0)
-    stats = load_feature_stats(find_feature_stats(ckpt, data.manifest_dir), data.features)
+    stats = checkpoint_feature_stats(ckpt, data)
     cuts, _ = prepare_cuts(
         load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True
     )

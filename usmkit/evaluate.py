@@ -24,7 +24,7 @@ from usmkit.data.manifests import load_cuts
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
-from usmkit.streaming.features import find_feature_stats, load_feature_stats
+from usmkit.streaming.features import checkpoint_feature_stats
 from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
@@ -77,7 +77,7 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         corpus=cfg.corpus or train_cfg.data.corpus,
         max_duration=cfg.max_duration,
     )
-    stats = load_feature_stats(find_feature_stats(ckpt, train_cfg.data.manifest_dir), train_cfg.data.features)
+    stats = checkpoint_feature_stats(ckpt, train_cfg.data)
     if cfg.ensemble:
         members = [load_trained(path, device, **changes) for path in cfg.ensemble]
         for _, member_cfg, member_tok, member_ckpt in members:
@@ -145,9 +145,7 @@ def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, m
                 f"ensemble member {member_ckpt} was trained with other data.{field_name} than {ckpt}: "
                 f"{getattr(member_cfg.data, field_name)} vs {getattr(train_cfg.data, field_name)}"
             )
-    member_stats = load_feature_stats(
-        find_feature_stats(member_ckpt, member_cfg.data.manifest_dir), member_cfg.data.features
-    )
+    member_stats = checkpoint_feature_stats(member_ckpt, member_cfg.data)
     if not (torch.allclose(member_stats.mean, stats.mean) and torch.allclose(member_stats.std, stats.std)):
         raise ValueError(
             f"ensemble member {member_ckpt} normalizes features with other statistics than {ckpt} "

@@ -34,7 +34,7 @@ from usmkit.models.streaming import NotStreamableError, StreamingEncoder, check_
 from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
 from usmkit.streaming.decoder import DecoderConfig, EndpointConfig, Segment, StreamingDecoder
-from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, find_feature_stats, load_feature_stats
+from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 CLIP_WARN_FRACTION = 0.001  # warn when more than 0.1% of the samples sit at full scale
@@ -358,7 +358,7 @@ def _load(args, device: torch.device):
             "subtracted), which needs the whole audio first; decode it with python -m usmkit.evaluate"
         )
     try:
-        stats = load_feature_stats(find_feature_stats(ckpt, cfg.data.manifest_dir), cfg.data.features)
+        stats = checkpoint_feature_stats(ckpt, cfg.data)
     except StatsNotFoundError as e:
         raise UsageError(str(e)) from e
     return model, cfg, tokenizer, ckpt, stats

@@ -65,6 +65,33 @@ def test_8khz_input_is_resampled_to_16khz(tmp_path, build_corpus):
     assert stored[0].load_features().shape == (stored[0].num_frames, 80)
 
 
+def test_narrowband_features_keep_their_own_cache_and_stats(audio_corpus, tmp_path):
+    from usmkit.data.loader import prepare_cuts
+
+    wide = DataConfig(manifest_dir=str(tmp_path), features=STORED)
+    narrow = replace(wide, features=replace(STORED, sample_rate=8000))
+    cuts = audio_corpus.subset(first=3)
+    first, _ = prepare_cuts(cuts, wide, split="train", require_text=True)
+    manifest = feature_storage_dir(tmp_path, "train") / "cuts.jsonl.gz"
+    stamp = manifest.stat().st_mtime_ns
+    eight, _ = prepare_cuts(cuts, narrow, split="train", require_text=True)
+    assert feature_storage_dir(tmp_path, "train", 8000) == tmp_path / "feats_train_8000hz"
+    assert (feature_storage_dir(tmp_path, "train", 8000) / "cuts.jsonl.gz").is_file()
+    assert eight[0].sampling_rate == 8000 and abs(eight[0].num_frames - first[0].num_frames) <= 1
+    prepare_cuts(cuts, wide, split="train", require_text=True)
+    assert manifest.stat().st_mtime_ns == stamp, "the 16 kHz cache survives an 8 kHz run"
+    load_or_compute_stats(first, wide)
+    load_or_compute_stats(eight, narrow)
+    assert (
+        stats_path(tmp_path).is_file() and stats_path(tmp_path, 8000) == tmp_path / "feature_stats_8000hz.safetensors"
+    )
+    wide_mean, narrow_mean = (
+        FeatureStats.load(stats_path(tmp_path)).mean,
+        FeatureStats.load(stats_path(tmp_path, 8000)).mean,
+    )
+    assert not torch.allclose(wide_mean, narrow_mean)  # 80 bins over 0-8 kHz vs over 0-4 kHz
+
+
 def test_global_stats_match_direct_computation_and_round_trip(audio_corpus, tmp_path):
     stats = compute_global_stats(audio_corpus, ON_THE_FLY, max_cuts=5)
     ex = fbank_extractor(ON_THE_FLY)

@@ -2,7 +2,9 @@
 
 Shapes: B batch, T feature frames (10 ms hop), F mel bins (80).
 
-Precomputed features live in ``{manifest_dir}/feats_{split}/``: lhotse writes one array per cut
+Precomputed features live in ``{manifest_dir}/feats_{split}/`` (``feats_{split}_{rate}hz/`` for a
+feature rate other than 16 kHz, so narrowband and wideband runs over one corpus keep their own
+caches): lhotse writes one array per cut
 (``NumpyFilesWriter``) and we keep the cut manifest that points at them (``cuts.jsonl.gz``) plus the
 feature config it was made with (``feature_config.json``). The cache is reused when the config matches
 and every requested cut is in it; cuts missing from it are computed and appended; a different
@@ -60,8 +62,13 @@ def input_strategy(cfg: FeatureConfig) -> BatchIO:
     return OnTheFlyFeatures(fbank_extractor(cfg))
 
 
-def feature_storage_dir(manifest_dir: str | Path, split: str) -> Path:
-    return Path(manifest_dir) / f"feats_{split}"
+def rate_suffix(sample_rate: int) -> str:
+    """File-name suffix of a feature rate: none for the default 16 kHz, else ``_{rate}hz``."""
+    return "" if sample_rate == 16000 else f"_{sample_rate}hz"
+
+
+def feature_storage_dir(manifest_dir: str | Path, split: str, sample_rate: int = 16000) -> Path:
+    return Path(manifest_dir) / f"feats_{split}{rate_suffix(sample_rate)}"
 
 
 def to_sample_rate(cut: Cut, sample_rate: int) -> Cut:

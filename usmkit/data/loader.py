@@ -42,7 +42,12 @@ def prepare_cuts(
         cuts, require_text=require_text, on_bad=cfg.on_bad_input, expected_sample_rate=cfg.features.sample_rate
     )
     if cfg.features.precomputed:
-        cuts = precompute_features(cuts, cfg.features, feature_storage_dir(cfg.manifest_dir, split), num_jobs=num_jobs)
+        cuts = precompute_features(
+            cuts,
+            cfg.features,
+            feature_storage_dir(cfg.manifest_dir, split, cfg.features.sample_rate),
+            num_jobs=num_jobs,
+        )
     return cuts, report
 
 

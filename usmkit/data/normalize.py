@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from usmkit.data.config import DataConfig, FeatureConfig
-from usmkit.data.features import fbank_extractor, to_sample_rate
+from usmkit.data.features import fbank_extractor, rate_suffix, to_sample_rate
 from usmkit.data.sampling import cut_speaker
 
 log = logging.getLogger(__name__)
@@ -96,14 +96,16 @@ def compute_global_stats(cuts: CutSet, cfg: FeatureConfig, *, max_cuts: int = 20
     return FeatureStats(mean=mean, std=std)
 
 
-def stats_path(manifest_dir: str | Path) -> Path:
-    return Path(manifest_dir) / STATS_FILE
+def stats_path(manifest_dir: str | Path, sample_rate: int = 16000) -> Path:
+    """``{manifest_dir}/feature_stats.safetensors``; ``feature_stats_{rate}hz.safetensors`` for a
+    feature rate other than 16 kHz (its own features, see ``feature_storage_dir``)."""
+    return Path(manifest_dir) / STATS_FILE.replace(".safetensors", f"{rate_suffix(sample_rate)}.safetensors")
 
 
 def load_or_compute_stats(cuts: CutSet, cfg: DataConfig, *, max_cuts: int = 2000) -> FeatureStats:
     """Stats from ``{cfg.manifest_dir}/feature_stats.safetensors``; computed from ``cuts`` (the training
     cuts) and saved when absent or when they were made with another feature config."""
-    path = stats_path(cfg.manifest_dir)
+    path = stats_path(cfg.manifest_dir, cfg.features.sample_rate)
     if path.is_file():
         with safe_open(str(path), framework="pt") as f:
             made_with = (f.metadata() or {}).get("feature_config")

@@ -21,19 +21,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from usmkit.data.config import FeatureConfig
+from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor
-from usmkit.data.normalize import STATS_FILE, FeatureStats
+from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path
 
 
 class StatsNotFoundError(FileNotFoundError):
     """No ``feature_stats.safetensors`` where the checkpoint's training run would have left one."""
 
 
-def find_feature_stats(ckpt_path: str | Path, manifest_dir: str | Path) -> Path:
+def find_feature_stats(ckpt_path: str | Path, manifest_dir: str | Path, sample_rate: int = 16000) -> Path:
     """The normalization stats of a checkpoint: ``<exp_dir>/feature_stats.safetensors`` (exp_dir = the
-    checkpoint's grandparent, ``<exp_dir>/checkpoints/step-N``), else ``<manifest_dir>/feature_stats.safetensors``."""
-    candidates = [Path(ckpt_path).parent.parent / STATS_FILE, Path(manifest_dir) / STATS_FILE]
+    checkpoint's grandparent, ``<exp_dir>/checkpoints/step-N``), else the manifest directory's stats for
+    the feature rate (``usmkit.data.normalize.stats_path``)."""
+    candidates = [Path(ckpt_path).parent.parent / STATS_FILE, stats_path(manifest_dir, sample_rate)]
     for path in candidates:
         if path.is_file():
             return path
@@ -56,6 +57,13 @@ def load_feature_stats(path: str | Path, cfg: FeatureConfig) -> FeatureStats:
             "mel bins; use the stats of the run that trained this checkpoint"
         )
     return stats
+
+
+def checkpoint_feature_stats(ckpt_path: str | Path, data: DataConfig) -> FeatureStats:
+    """The checkpoint's stats (``find_feature_stats``), checked against its data config's features."""
+    return load_feature_stats(
+        find_feature_stats(ckpt_path, data.manifest_dir, data.features.sample_rate), data.features
+    )
 
 
 class StreamingFbank:
