@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} != 14 && ${ROUND:-4} != 18 ]] && NEED_SYN=0
+[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} != 14 && ${ROUND:-4} != 18 && ${ROUND:-4} != 19 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -29,7 +29,7 @@ SYN=(recipe=stage3_ctc model=tiny data=synth data.manifest_dir=data/synth optim.
 FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.precision=fp32
   data.max_duration=60 data.spec_augment.time_masks=2 data.spec_augment.freq_width=15 trainer.progress=false
   trainer.eval_every=200 trainer.save_every=200 data.num_workers=1 optim.warmup_steps=60)
-if [[ ${ROUND:-4} == 18 ]]; then  # round 18: narrowband features (8 kHz, FSDD's own rate) for both stages
+if [[ ${ROUND:-4} == 18 || ${ROUND:-4} == 19 ]]; then  # rounds 18-19: narrowband features (8 kHz, FSDD's own rate) for both stages
   SYN+=(data.features.sample_rate=8000); FS+=(data.features.sample_rate=8000)
 fi
 # Features (train, dev and test), stats and tokenizers once: parallel runs would race on the caches.
@@ -45,7 +45,18 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 18 ]]; then  # round 18: a synth encoder trained on 8 kHz features, then FSDD seeds from it
+if [[ ${ROUND:-4} == 19 ]]; then  # round 19: round 18 again (a new Q8) with 9 other seeds, as three ensembles of 3
+PRE_RUN="Q8"
+PRE_SPEC="SYN task.inter_ctc_weight=0.3"
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for i in 0 1 2; do
+  RUNS[F8b_s$i]="FS $FT trainer.seed=$((8 + i))"; RUNS[F8c_s$i]="FS $FT trainer.seed=$((11 + i))"
+  RUNS[F8d_s$i]="FS $FT trainer.seed=$((14 + i))"
+done
+ENSEMBLES="3"
+ENSEMBLE_PREFIXES="F8b_s F8c_s F8d_s"
+elif [[ ${ROUND:-4} == 18 ]]; then  # round 18: a synth encoder trained on 8 kHz features, then FSDD seeds from it
 PRE_RUN="Q8"  # the synth corpus resampled to 8 kHz: the encoder learns the cues below 4 kHz, all FSDD has
 PRE_SPEC="SYN task.inter_ctc_weight=0.3"
 FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
