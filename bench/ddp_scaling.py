@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from train_throughput import SHAPES, OursCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
 
+BLOCK = 5  # steps per timed block
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -43,6 +45,7 @@ def main() -> None:
     ap.add_argument("--grad-view", action="store_true")
     ap.add_argument("--static-graph", action="store_true")
     ap.add_argument("--bf16-hook", action="store_true")
+    ap.add_argument("--batch", type=int, default=0, help="per-GPU batch size B (0: the size's default)")
     args = ap.parse_args()
     options = [f"bucket{args.bucket_mb:g}MB"] + [
         name for name, on in (("grad_view", args.grad_view), ("static_graph", args.static_graph),
@@ -54,6 +57,7 @@ def main() -> None:
     torch.cuda.set_device(device)
     torch.manual_seed(0)
     B, T = SHAPES[args.size]
+    B = args.batch or B
     model = OursCTC(args.size, "sdpa", 128).to(device)
     compile_regions(model, dynamic=False)
     ddp = torch.nn.parallel.DistributedDataParallel(
@@ -79,11 +83,15 @@ def main() -> None:
         step()
         local_step()
     torch.cuda.synchronize()
-    # Interleaved blocks, so both see the same machine state (clocks, neighbours, CPU load).
+    # Interleaved blocks, so both see the same machine state (clocks, neighbours, CPU load). Each block
+    # runs BLOCK steps back to back, as training does (the host queues the next step while the GPU
+    # works), and is timed as a whole: per-step synchronization would add the host's launch latency
+    # at the start of every step to both sides.
     times, local_times = [], []
-    for _ in range(max(1, args.steps // 5)):
-        times += timed(step, 5, before=dist.barrier)
-        local_times += timed(local_step, 5, before=dist.barrier)
+    for _ in range(max(1, args.steps // BLOCK)):
+        times += timed(lambda: [step() for _ in range(BLOCK)], 1, before=dist.barrier)
+        local_times += timed(lambda: [local_step() for _ in range(BLOCK)], 1, before=dist.barrier)
+    times, local_times = [t / BLOCK for t in times], [t / BLOCK for t in local_times]
     ms = torch.tensor([statistics.median(times), statistics.median(local_times)], device=device)
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
     ms, local_ms = ms.tolist()
@@ -95,15 +103,19 @@ def main() -> None:
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "size": args.size,
             "per_gpu_batch": {"B": B, "T": T},
-            "command": f"torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size {args.size} --steps {args.steps}",
+            "timing": f"median over blocks of {BLOCK} back-to-back steps, sync and no-sync blocks interleaved",
+            "command": f"torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size {args.size} --steps {args.steps}"
+            + (f" --batch {args.batch}" if args.batch else ""),
         }
-        key = str(world) if world == 1 else f"{world}/{'+'.join(options)}"
+        key = (str(world) if world == 1 else f"{world}/{'+'.join(options)}") + (f"/B{B}" if args.batch else "")
         res["runs"][key] = {"step_ms": ms, "frames_per_s": round(world * B * T / (ms / 1e3))}
         if world > 1:  # scaling measured side by side: N GPUs synchronized vs the same N working alone
             res["runs"][key] |= {"no_sync_step_ms": local_ms, "scaling_vs_no_sync": round(world * local_ms / ms, 3)}
-        if "1" in res["runs"]:
-            one = res["runs"]["1"]["frames_per_s"]
-            res["scaling"] = {k: round(r["frames_per_s"] / one, 3) for k, r in res["runs"].items() if k != "1"}
+        res["scaling"] = {}  # against the separate 1-GPU run with the same per-GPU batch
+        for k, r in res["runs"].items():
+            one = res["runs"].get("1" + (f"/{k.split('/')[-1]}" if k.split("/")[-1].startswith("B") else ""))
+            if not k.startswith("1") and one:
+                res["scaling"][k] = round(r["frames_per_s"] / one["frames_per_s"], 3)
         path.write_text(json.dumps(res, indent=2))
         print(json.dumps(res))
     dist.destroy_process_group()
