@@ -8,11 +8,15 @@ J=$1
 rm -f "$J"
 nvidia-smi topo -m | head -4
 BEST="--grad-view --static-graph --bucket-mb 200"
-for B in "" "--batch 64"; do
-  timeout 100 torchrun --standalone --nproc-per-node 1 bench/ddp_scaling.py --size base --steps 30 --json "$J" $B 2>&1 | tail -1 | cut -c1-200
-  for v in "" "$BEST" "$BEST --bf16-hook"; do
-    echo "== 2 GPUs $v $B"
-    timeout 110 torchrun --standalone --nproc-per-node 2 bench/ddp_scaling.py --size base --steps 30 --json "$J" $v $B 2>&1 | tail -1 | cut -c1-200
-  done
-done
+run() {  # world, then ddp_scaling.py options
+  local n=$1; shift
+  echo "== $n GPU(s) $*"
+  timeout 110 torchrun --standalone --nproc-per-node "$n" bench/ddp_scaling.py --size base --steps 30 --json "$J" "$@" 2>&1 | tail -1 | cut -c1-200
+}
+run 1
+run 2
+run 2 $BEST
+run 2 $BEST --bf16-hook
+run 1 --batch 64
+run 2 $BEST --batch 64
 python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps({k: d[k] for k in ('runs', 'scaling')}, indent=1))" "$J"
