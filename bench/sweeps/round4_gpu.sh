@@ -12,7 +12,7 @@ mkdir -p "$OUTDIR"
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
-[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} != 14 && ${ROUND:-4} != 18 && ${ROUND:-4} != 19 ]] && NEED_SYN=0
+[[ ${ROUND:-4} -ge 10 && ${ROUND:-4} != 14 && ${ROUND:-4} -lt 18 ]] && NEED_SYN=0
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -29,7 +29,7 @@ SYN=(recipe=stage3_ctc model=tiny data=synth data.manifest_dir=data/synth optim.
 FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.precision=fp32
   data.max_duration=60 data.spec_augment.time_masks=2 data.spec_augment.freq_width=15 trainer.progress=false
   trainer.eval_every=200 trainer.save_every=200 data.num_workers=1 optim.warmup_steps=60)
-if [[ ${ROUND:-4} == 18 || ${ROUND:-4} == 19 ]]; then  # rounds 18-19: narrowband features (8 kHz, FSDD's own rate) for both stages
+if [[ ${ROUND:-4} -ge 18 ]]; then  # rounds 18 on: narrowband features (8 kHz, FSDD's own rate) for both stages
   SYN+=(data.features.sample_rate=8000); FS+=(data.features.sample_rate=8000)
 fi
 # Features (train, dev and test), stats and tokenizers once: parallel runs would race on the caches.
@@ -45,7 +45,16 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 19 ]]; then  # round 19: round 18 again (a new Q8) with 9 other seeds, as three ensembles of 3
+if [[ ${ROUND:-4} == 20 ]]; then  # round 20: 8 more narrowband seeds; ensembles of the 3 best on dev (seen speakers)
+PRE_RUN="Q8"
+PRE_SPEC="SYN task.inter_ctc_weight=0.3"
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for i in 0 1 2 3 4 5 6 7; do RUNS[F8e_s$i]="FS $FT trainer.seed=$((20 + i))"; done
+ENSEMBLES="3 8"
+ENSEMBLE_PREFIXES="F8e_s"
+DEV_SELECT="3"  # also: the ensemble of the 3 seeds with the lowest dev WER (ties: lower seed)
+elif [[ ${ROUND:-4} == 19 ]]; then  # round 19: round 18 again (a new Q8) with 9 other seeds, as three ensembles of 3
 PRE_RUN="Q8"
 PRE_SPEC="SYN task.inter_ctc_weight=0.3"
 FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
@@ -274,6 +283,23 @@ for n in ${ENSEMBLES:-}; do  # ensembles (usmkit/models/ensemble.py) of the firs
   timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
     output=exp/sweep/eval/$label.eval.json > "$OUTDIR/$label.eval.log" 2>&1 &
 done
+done
+for n in ${DEV_SELECT:-}; do  # members chosen by dev WER alone: no held-out speaker's data
+  members=($(python3 - "$n" ${ENSEMBLE_PREFIXES%% *} <<'PY'
+import json, sys
+from pathlib import Path
+n, prefix = int(sys.argv[1]), sys.argv[2]
+evals = sorted(Path("exp/sweep/eval").glob(f"{prefix}*.eval.json"), key=lambda p: int(p.name[len(prefix):].split(".")[0]))
+ranked = sorted(evals, key=lambda p: json.loads(p.read_text())["sets"]["dev"]["wer"])  # stable: ties keep seed order
+for p in ranked[:n]:
+    name = p.name[: -len(".eval.json")]
+    print(sorted(Path(f"exp/sweep/{name}/checkpoints").glob("step-*"))[-1])
+PY
+))
+  rest=$(IFS=,; echo "${members[*]:1}")
+  echo "dev-selected members: ${members[*]}"
+  timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
+    output=exp/sweep/eval/ensdev$n.eval.json > "$OUTDIR/ensdev$n.eval.log" 2>&1 &
 done
 wait
 echo "trained and evaluated at $(date +%T)"
