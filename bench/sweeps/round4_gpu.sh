@@ -31,6 +31,9 @@ FS=(recipe=stage3_ctc model=tiny data=fsdd data.manifest_dir=data/fsdd trainer.p
   trainer.eval_every=200 trainer.save_every=200 data.num_workers=1 optim.warmup_steps=60)
 if [[ ${ROUND:-4} -ge 18 ]]; then  # rounds 18 on: narrowband features (8 kHz, FSDD's own rate) for both stages
   SYN+=(data.features.sample_rate=8000); FS+=(data.features.sample_rate=8000)
+  PRE_RUN="Q8"  # a synth encoder trained first, on the corpus resampled to 8 kHz: it learns the cues below 4 kHz, all FSDD has
+  PRE_SPEC="SYN task.inter_ctc_weight=0.3"
+  FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
 fi
 # Features (train, dev and test), stats and tokenizers once: parallel runs would race on the caches.
 prep_fs() {  # manifest directory under data/
@@ -46,18 +49,12 @@ prep_fs() {  # manifest directory under data/
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
 if [[ ${ROUND:-4} == 20 ]]; then  # round 20: 8 more narrowband seeds; ensembles of the 3 best on dev (seen speakers)
-PRE_RUN="Q8"
-PRE_SPEC="SYN task.inter_ctc_weight=0.3"
-FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for i in 0 1 2 3 4 5 6 7; do RUNS[F8e_s$i]="FS $FT trainer.seed=$((20 + i))"; done
 ENSEMBLES="3 8"
 ENSEMBLE_PREFIXES="F8e_s"
 DEV_SELECT="3"  # also: the ensemble of the 3 seeds with the lowest dev WER (ties: lower seed)
 elif [[ ${ROUND:-4} == 19 ]]; then  # round 19: round 18 again (a new Q8) with 9 other seeds, as three ensembles of 3
-PRE_RUN="Q8"
-PRE_SPEC="SYN task.inter_ctc_weight=0.3"
-FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for i in 0 1 2; do
   RUNS[F8b_s$i]="FS $FT trainer.seed=$((8 + i))"; RUNS[F8c_s$i]="FS $FT trainer.seed=$((11 + i))"
@@ -66,9 +63,6 @@ done
 ENSEMBLES="3"
 ENSEMBLE_PREFIXES="F8b_s F8c_s F8d_s"
 elif [[ ${ROUND:-4} == 18 ]]; then  # round 18: a synth encoder trained on 8 kHz features, then FSDD seeds from it
-PRE_RUN="Q8"  # the synth corpus resampled to 8 kHz: the encoder learns the cues below 4 kHz, all FSDD has
-PRE_SPEC="SYN task.inter_ctc_weight=0.3"
-FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for seed in 0 1 2 3 4 5 6 7; do RUNS[F8_s$seed]="FS $FT trainer.seed=$seed"; done
 ENSEMBLES="3 5 8"
