@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
 from usmkit.config import TrainConfig, from_dict
-from usmkit.data.loader import make_loader, prepare_cuts
+from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
-from usmkit.data.normalize import load_or_compute_stats, speaker_norms
+from usmkit.data.normalize import load_or_compute_stats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.tasks import build_task, make_dev_eval
 from usmkit.trainer import Trainer, resolve_device
@@ -109,11 +109,7 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     dev_eval = None
     if cfg.trainer.eval_every and data.dev_split:
         dev_cuts = prepare(data.dev_split)
-        dev_norms = (
-            speaker_norms(dev_cuts, data.features, stats, variance=data.speaker_var_norm)
-            if data.speaker_mean_norm
-            else None
-        )
+        dev_norms = speaker_norms_for(dev_cuts, data, stats)
 
         def dev_batches():  # a fresh loader per dev evaluation; the speaker means are computed once
             return make_loader(dev_cuts, data, tokenizer=tokenizer, stats=stats, train=False, speaker_norms=dev_norms)

@@ -108,8 +108,8 @@ def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
     """AdamW; no weight decay on biases and norm gains (1-d parameters).
 
     Parameter groups: (decay, no decay), then, when ``cfg.splits_encoder``, the same two for the
-    encoder's parameters (``encoder.*``), whose rate ``make_scheduler`` sets apart. The head's groups
-    come first, so group 0's rate is the one a progress bar shows.
+    encoder's parameters (``encoder.*``), tagged ``"encoder": True`` for ``make_scheduler``. The head's
+    groups come first, so group 0's rate is the one a progress bar shows.
     """
     parts: dict[str, tuple[list, list]] = {"rest": ([], []), "encoder": ([], [])}
     for name, p in module.named_parameters():
@@ -124,7 +124,11 @@ def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
     groups = []
     for part in ("rest", "encoder") if cfg.splits_encoder else ("rest",):
         decay, no_decay = parts[part]
-        groups += [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        tag = {"encoder": part == "encoder"} if cfg.splits_encoder else {}  # make_scheduler reads it
+        groups += [
+            {"params": decay, "weight_decay": cfg.weight_decay, **tag},
+            {"params": no_decay, "weight_decay": 0.0, **tag},
+        ]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=None)
 
 
@@ -133,7 +137,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps
     if not cfg.splits_encoder:
         return LambdaLR(optimizer, lr_lambda(cfg, max_steps))
     head, encoder = lr_lambda(cfg, max_steps), encoder_lr_lambda(cfg, max_steps)
-    return LambdaLR(optimizer, [head, head, encoder, encoder])  # make_optimizer's group order
+    return LambdaLR(optimizer, [encoder if group["encoder"] else head for group in optimizer.param_groups])
 
 
 def is_main_process() -> bool:

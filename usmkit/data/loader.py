@@ -25,8 +25,7 @@ from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
 from usmkit.data.dataset import AsrDataset, TextEncoder
 from usmkit.data.features import feature_storage_dir, precompute_features
-from usmkit.data.normalize import FeatureStats, SpeakerNorm
-from usmkit.data.normalize import speaker_norms as compute_speaker_norms
+from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
 from usmkit.data.sampling import labeled_subset, language_balanced, make_sampler
 from usmkit.data.validate import ValidationReport, validate_cuts
 
@@ -116,6 +115,14 @@ def _reseed_worker(worker_id: int) -> None:
     info.dataset.reseed(info.seed)
 
 
+def speaker_norms_for(cuts: CutSet, cfg: DataConfig, stats: FeatureStats | None) -> dict[str, SpeakerNorm] | None:
+    """The speakers' norms of ``cuts`` that ``cfg`` asks for (``speaker_mean_norm``, ``speaker_var_norm``);
+    None when it asks for none or there are no global stats to express them in."""
+    if not cfg.speaker_mean_norm or stats is None:
+        return None
+    return speaker_norms(cuts, cfg.features, stats, variance=cfg.speaker_var_norm)
+
+
 def make_loader(
     cuts: CutSet,
     cfg: DataConfig,
@@ -144,9 +151,8 @@ def make_loader(
                 f"features.precomputed=True but cut {bare!r} has no stored features: pass the cuts through "
                 "usmkit.data.loader.prepare_cuts first, or set features.precomputed=False"
             )
-    if cfg.speaker_mean_norm and stats is not None and speaker_norms is None:
-        # before language sampling, which can make the training stream endless
-        speaker_norms = compute_speaker_norms(cuts, cfg.features, stats, variance=cfg.speaker_var_norm)
+    if speaker_norms is None:  # before language sampling, which can make the training stream endless
+        speaker_norms = speaker_norms_for(cuts, cfg, stats)
     if train:
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
