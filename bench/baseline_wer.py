@@ -81,7 +81,7 @@ RUNS = {
     },
     "fsdd": {
         "key": "fsdd_heldout_speaker",
-        "exp": "exp/fsdd_v7",  # members exp/fsdd_v7_s0, _s1, _s2
+        "exp": "exp/fsdd_v8",  # members exp/fsdd_v8_s0 ... _s4
         "prepare": [sys.executable, "-m", "usmkit.data.recipes.fsdd", "out=data/fsdd", "test_speakers=theo"],
         # Fine-tuned from the synth run's encoder (58 espeak voices; run() adds its init_from): from
         # scratch, four training speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep
@@ -90,8 +90,12 @@ RUNS = {
         # and an ensemble of 3 seeds to 5.2% (rounds 11-13), so the baseline is 3 seeds, ensembled.
         # Narrowband features in both stages (round 18) took the mean to 7.7% and 3 seeds to 3.8%.
         "pretrained": "synth8",
-        # 5 seeds: on this CPU seeds 0-2 gave 9.8 / 8.2 / 4.2% and 7.2% together (2026-11-22); the GPU
-        # sweeps' larger ensembles are steadier (8 seeds: 4.4 / 3.2%). Members already trained are kept.
+        # A BPE tokenizer: one piece per digit word. The GPU sweeps' tokenizers were (sentencepiece 0.2.2's
+        # unigram spells 9 digits whole); this CPU's 0.2.3 unigram spells them in characters, which left
+        # the CPU baselines with the same members as the GPU's but ensembles of 7.0-10.2%. Round 23 (GPU,
+        # the CPU's synth8 encoder, seeds 0-7): characters 5.0-9.8% per seed and ensembles of 3 / 5 / 8
+        # seeds 5.6 / 5.6 / 6.2%; BPE 4.0-7.2% and 2.0 / 2.6 / 2.6%, dev (seen speakers) 0.0%.
+        # 5 seeds, as before; members already trained are kept.
         "seeds": [0, 1, 2, 3, 4],
         "train": [
             "recipe=stage3_ctc",
@@ -101,6 +105,7 @@ RUNS = {
             "data.manifest_dir=data/fsdd",
             "data.speaker_mean_norm=true",
             "data.features.sample_rate=8000",
+            "tokenizer_type=bpe",
             "trainer.max_steps=1200",
             "optim.lr=5e-4",
             "optim.warmup_steps=60",

@@ -25,3 +25,18 @@ def test_wrong_type_and_literal_are_rejected():
         from_dict(TrainConfig, {"trainer": {"max_steps": "many"}})
     with pytest.raises(ConfigError, match="task.kind"):
         from_dict(TrainConfig, {"task": {"kind": "rnnt"}})
+
+
+def test_tokenizer_path_follows_the_type_unless_given():
+    from pathlib import Path
+
+    from usmkit.config import tokenizer_path
+
+    corpus = {"data": {"manifest_dir": "data/fsdd"}}
+    assert tokenizer_path(from_dict(TrainConfig, corpus)) == Path("data/fsdd/tokenizer/tokenizer.model")
+    bpe = from_dict(TrainConfig, {**corpus, "tokenizer_type": "bpe"})
+    assert tokenizer_path(bpe) == Path("data/fsdd/tokenizer_bpe/tokenizer.model")  # beside, not over, the unigram one
+    given = from_dict(TrainConfig, {**corpus, "tokenizer_type": "bpe", "tokenizer": "exp/tok/tokenizer.model"})
+    assert tokenizer_path(given) == Path("exp/tok/tokenizer.model")
+    with pytest.raises(ConfigError, match="tokenizer_type"):
+        from_dict(TrainConfig, {"tokenizer_type": "word"})

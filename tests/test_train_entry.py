@@ -138,6 +138,21 @@ def test_train_resume_evaluate(corpus, tmp_path):
     assert ens["sets"]["test"]["utterances"] == res["utterances"]
 
 
+def test_bpe_tokenizer_travels_with_the_run(corpus, tmp_path):
+    """tokenizer_type=bpe trains the corpus's BPE model beside its unigram one; the run keeps a copy,
+    which evaluate uses: the corpus's tokenizer may be retrained (another sentencepiece version) later."""
+    exp = tmp_path / "bpe"
+    args = ["recipe=stage3_ctc", f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "tokenizer_type=bpe"]
+    _run([*args, "trainer.max_steps=1", "trainer.eval_every=0", "trainer.save_every=1", *FAST], tmp_path)
+    corpus_bpe = corpus / "tokenizer_bpe" / "tokenizer.model"
+    assert corpus_bpe.is_file() and (exp / "tokenizer.model").read_bytes() == corpus_bpe.read_bytes()
+    assert corpus_bpe.read_bytes() != (corpus / "tokenizer" / "tokenizer.model").read_bytes()
+    corpus_bpe.unlink()  # gone from the corpus: evaluate finds the run's copy
+    out_json = tmp_path / "eval.json"
+    _run([f"checkpoint={exp}", "test_sets=[test]", f"output={out_json}"], tmp_path, module="usmkit.evaluate")
+    assert json.loads(out_json.read_text())["sets"]["test"]["utterances"] > 0
+
+
 def test_bad_override_is_a_clear_error(corpus, tmp_path):
     proc = _run(["recipe=stage3_ctc", f"data.manifest_dir={corpus}", "+trainer.max_step=3"], tmp_path, check=False)
     assert proc.returncode != 0

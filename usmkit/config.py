@@ -11,6 +11,7 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from usmkit.data.config import DataConfig
@@ -119,10 +120,23 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    tokenizer: str | None = None  # sentencepiece model; default: <manifest_dir>/tokenizer/tokenizer.model
+    tokenizer: str | None = None  # sentencepiece model; default: tokenizer_path() below
     vocab_size: int = 512  # used when the tokenizer is trained here because none exists
+    # The model type of a tokenizer trained here: ``unigram`` or ``bpe``. For a corpus of a few words
+    # (FSDD's ten digits) BPE makes each word one piece, whatever the sentencepiece version; unigram's
+    # pieces for such texts depend on it (0.2.2: nine of the ten digits whole, 0.2.3: characters).
+    tokenizer_type: Literal["unigram", "bpe"] = "unigram"
     resume: bool = False  # continue the run in trainer.exp_dir from its last checkpoint
     init_from: str | None = None  # checkpoint dir whose encoder weights start this run
+
+
+def tokenizer_path(cfg: TrainConfig) -> Path:
+    """The run's sentencepiece model: ``cfg.tokenizer``, else the corpus's own for the tokenizer type:
+    ``<manifest_dir>/tokenizer/tokenizer.model`` (unigram) or ``<manifest_dir>/tokenizer_bpe/...``."""
+    if cfg.tokenizer:
+        return Path(cfg.tokenizer)
+    folder = "tokenizer" if cfg.tokenizer_type == "unigram" else f"tokenizer_{cfg.tokenizer_type}"
+    return Path(cfg.data.manifest_dir) / folder / "tokenizer.model"
 
 
 def from_dict(cls: type, data: Any, path: str = "") -> Any:

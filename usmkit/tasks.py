@@ -119,12 +119,11 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
 
     Returns ``(module in eval mode, TrainConfig, Tokenizer | None, checkpoint path)``.
     """
-    from pathlib import Path
-
     import yaml
 
     from usmkit.checkpoint import CONFIG_FILE, load_weights, resolve_checkpoint
-    from usmkit.config import TrainConfig, from_dict
+    from usmkit.config import TrainConfig, from_dict, tokenizer_path
+    from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
     from usmkit.data.tokenizer import Tokenizer
 
     ckpt = resolve_checkpoint(checkpoint)
@@ -136,13 +135,14 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     tokenizer = None
     vocab = 0
     if cfg.task.kind != "bestrq":
-        tok_path = (
-            Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
-        )
-        if not tok_path.is_file():
+        # The training run's copy (<exp_dir>/tokenizer.model, beside the feature stats), else its config's.
+        candidates = [ckpt.parent.parent / TOKENIZER_FILE, tokenizer_path(cfg)]
+        tok_path = next((p for p in candidates if p.is_file()), None)
+        if tok_path is None:
             raise FileNotFoundError(
-                f"the tokenizer this checkpoint was trained with is missing: {tok_path} (rebuild the corpus, "
-                f"or run from the directory the model was trained in)"
+                f"the tokenizer this checkpoint was trained with is missing: looked for {candidates[0]} and "
+                f"{candidates[1]} (copy the training run's {TOKENIZER_FILE} into the experiment directory, "
+                f"rebuild the corpus, or run from the directory the model was trained in)"
             )
         tokenizer = Tokenizer.load(tok_path)
         vocab = tokenizer.vocab_size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import hydra
@@ -17,10 +18,11 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
-from usmkit.config import TrainConfig, from_dict
+from usmkit.config import TrainConfig, from_dict, tokenizer_path
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import load_or_compute_stats
+from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.tasks import build_task, make_dev_eval
 from usmkit.trainer import Trainer, resolve_device
@@ -54,13 +56,23 @@ def rank0_first(rank: int, fn):
 
 
 def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
-    path = Path(cfg.tokenizer) if cfg.tokenizer else Path(cfg.data.manifest_dir) / "tokenizer" / "tokenizer.model"
+    """The run's tokenizer: on ``resume``, the copy in the experiment directory; else ``tokenizer_path``,
+    trained on the training transcripts (rank 0) when it is missing."""
+    copy = Path(cfg.trainer.exp_dir) / TOKENIZER_FILE
+    if cfg.resume and copy.is_file():
+        return Tokenizer.load(copy)
+    path = tokenizer_path(cfg)
     if not path.is_file():
         if rank == 0:
-            log.info("no tokenizer at %s: training one (vocab %d) on the training transcripts", path, cfg.vocab_size)
+            log.info(
+                "no tokenizer at %s: training one (%s, vocab %d) on the training transcripts",
+                path,
+                cfg.tokenizer_type,
+                cfg.vocab_size,
+            )
             cuts = load_cuts(cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus)
             texts = [s.text for c in cuts for s in c.supervisions if s.text]
-            Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size)
+            Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type)
         if dist.is_initialized():
             dist.barrier()
     return Tokenizer.load(path)
@@ -96,6 +108,8 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)
         stats.save(exp_dir / "feature_stats.safetensors", data.features)  # travels with the checkpoints
+        if tokenizer is not None and not (exp_dir / TOKENIZER_FILE).is_file():  # so does the tokenizer:
+            shutil.copyfile(tokenizer_path(cfg), exp_dir / TOKENIZER_FILE)  # the corpus's may be retrained
     loader = make_loader(
         train_cuts,
         data,

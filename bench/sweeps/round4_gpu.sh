@@ -13,6 +13,7 @@ export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 [[ ${ROUND:-4} != 5 ]] && rm -rf exp/sweep  # round 5 reused round 4's synth models (a warm machine)
 [[ ${ROUND:-4} == 9 ]] && NEED_SYN=0 FS_DIRS="fsdd fsdd_sd100 fsdd_sd300"  # rounds 9-10: FSDD only
 [[ ${ROUND:-4} -ge 10 && ${ROUND:-4} != 14 && ${ROUND:-4} -lt 18 ]] && NEED_SYN=0
+[[ ${ROUND:-4} -ge 21 ]] && NEED_SYN=0  # rounds 21-23: fine-tuning only, from a carried encoder
 rm -rf data/fsdd*
 if [[ ${NEED_SYN:-1} == 1 ]]; then
   python3 -m usmkit.data.synth out=data/synth size=default workers=16 > "$OUTDIR/corpus.log" 2>&1
@@ -48,7 +49,36 @@ prep_fs() {  # manifest directory under data/
   for p in "${pids[@]}"; do wait $p || exit 1; done; } > "$OUTDIR/prep.log" 2>&1 || { tail -30 "$OUTDIR/prep.log"; exit 1; }
 echo "prepared at $(date +%T)"
 INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
-if [[ ${ROUND:-4} == 20 ]]; then  # round 20: 8 more narrowband seeds; ensembles of the 3 best on dev (seen speakers)
+if [[ ${ROUND:-4} == 23 ]]; then  # round 23: the FSDD tokenizer: characters (sentencepiece 0.2.3's unigram) vs words (BPE)
+# The GPU sweeps trained FSDD's tokenizer with the device's sentencepiece 0.2.2, whose unigram model spells 9 of the 10
+# digits as one piece each; this CPU's 0.2.3 spells them in characters (the CPU baselines). Both carried, 8 seeds each.
+unset PRE_RUN
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=.carry/synth8_v1/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for i in 0 1 2 3 4 5 6 7; do
+  RUNS[F8chr_s$i]="FS $FT tokenizer=.carry/tok_fsdd_char/tokenizer.model trainer.seed=$i"
+  RUNS[F8bpe_s$i]="FS $FT tokenizer=.carry/tok_fsdd_bpe/tokenizer.model trainer.seed=$i"
+done
+ENSEMBLES="3 5 8"
+ENSEMBLE_PREFIXES="F8chr_s F8bpe_s"
+elif [[ ${ROUND:-4} == 22 ]]; then  # round 22: round 21's seeds 0-7 again, their last checkpoints sent back (members_*.tgz)
+unset PRE_RUN
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=.carry/synth8_v1/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for i in 0 1 2 3 4 5 6 7; do RUNS[F8g_s$i]="FS $FT trainer.seed=$i"; done
+ENSEMBLES="5 8"
+ENSEMBLE_PREFIXES="F8g_s"
+EXPORT_MEMBERS="F8g_s"  # to score these GPU-trained members on another machine (the CPU), as on the GPU
+elif [[ ${ROUND:-4} == 21 ]]; then  # round 21: the CPU baseline's own 8 kHz encoder, seeds 0-7 (as on the CPU) and 8-15; last vs best-by-dev
+# .carry/synth8_v1/checkpoints/step-002200 = config.yaml and model.safetensors of the CPU run (bench/baseline_wer.py synth8)
+unset PRE_RUN
+FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=.carry/synth8_v1/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
+declare -A RUNS=()
+for i in 0 1 2 3 4 5 6 7; do RUNS[F8cpu_s$i]="FS $FT trainer.seed=$i"; RUNS[F8cpub_s$i]="FS $FT trainer.seed=$((8 + i))"; done
+ENSEMBLES="3 5 8"
+ENSEMBLE_PREFIXES="F8cpu_s F8cpub_s"
+BEST_TOO=1  # also each run's best checkpoint by dev WER (what an experiment directory resolves to), alone and ensembled
+elif [[ ${ROUND:-4} == 20 ]]; then  # round 20: 8 more narrowband seeds; ensembles of the 3 best on dev (seen speakers)
 declare -A RUNS=()
 for i in 0 1 2 3 4 5 6 7; do RUNS[F8e_s$i]="FS $FT trainer.seed=$((20 + i))"; done
 ENSEMBLES="3 8"
@@ -218,7 +248,7 @@ out = pathlib.Path(sys.argv[1])
 for m in sorted(out.glob("*.metrics.jsonl")):
     name = m.name.split(".")[0]
     steps = [json.loads(l).get("step") for l in m.open() if "train/loss" in l]
-    evals = sorted(out.glob(f"{name}.eval.json")) + sorted(out.glob(f"{name}.avg*.eval.json"))
+    evals = [*out.glob(f"{name}.eval.json"), *out.glob(f"{name}.best.eval.json"), *sorted(out.glob(f"{name}.avg*.eval.json"))]
     if not evals:
         print(f"{name:14s} no eval ({steps[-1:]})"); continue
     for ev in evals:
@@ -240,11 +270,19 @@ finish() {  # the summary and the tarball, also when the call's time limit stops
   cp exp/sweep/eval/*.eval.json "$OUTDIR/" 2>/dev/null
   summarize
   tar czf /tmp/sweep.tgz -C "$OUTDIR" . && rm -rf "${OUTDIR:?}"/* && mv /tmp/sweep.tgz "$OUTDIR/"
+  if [[ -n ${EXPORT_MEMBERS:-} ]]; then  # two members per file: files come back at up to 16 MB each
+    for pair in 0 2 4 6; do
+      tar czf "$OUTDIR/members_$pair.tgz" exp/sweep/$EXPORT_MEMBERS$pair/checkpoints/step-001200/{config.yaml,model.safetensors} \
+        exp/sweep/$EXPORT_MEMBERS$((pair + 1))/checkpoints/step-001200/{config.yaml,model.safetensors} \
+        exp/sweep/$EXPORT_MEMBERS{$pair,$((pair + 1))}/feature_stats.safetensors
+    done
+  fi
 }
 run_one() {  # name base-array-name overrides...
   local name=$1 base=$2; shift 2
   eval "timeout 420 python3 -m usmkit.train \"\${$base[@]}\" $* trainer.exp_dir=exp/sweep/$name" > "$OUTDIR/$name.log" 2>&1
   local evals=("$name $(ls -d exp/sweep/$name/checkpoints/step-* 2>/dev/null | tail -1)")
+  [[ -n ${BEST_TOO:-} && -e exp/sweep/$name/checkpoints/best.json ]] && evals+=("$name.best exp/sweep/$name")
   for n in ${AVG:-}; do
     python3 -m usmkit.average exp/sweep/$name --last $n >> "$OUTDIR/$name.avg.log" 2>&1 && evals+=("$name.avg$n exp/sweep/$name/checkpoints/avg-last$n")
   done
@@ -276,6 +314,12 @@ for n in ${ENSEMBLES:-}; do  # ensembles (usmkit/models/ensemble.py) of the firs
   label=ens$n; [[ -n ${ENSEMBLE_PREFIXES:-} ]] && label=ens${n}_${prefix%_s}
   timeout 240 python3 -m usmkit.evaluate checkpoint=${members[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
     output=exp/sweep/eval/$label.eval.json > "$OUTDIR/$label.eval.log" 2>&1 &
+  if [[ -n ${BEST_TOO:-} ]]; then  # the same seeds' best checkpoints by dev WER
+    best=(); for ((seed = 0; seed < n; seed++)); do best+=("exp/sweep/$prefix$seed"); done
+    rest=$(IFS=,; echo "${best[*]:1}")
+    timeout 240 python3 -m usmkit.evaluate checkpoint=${best[0]} "ensemble=[$rest]" test_sets=[test,dev] decode=ctc_lexicon \
+      output=exp/sweep/eval/${label}_best.eval.json > "$OUTDIR/${label}_best.eval.log" 2>&1 &
+  fi
 done
 done
 for n in ${DEV_SELECT:-}; do  # members chosen by dev WER alone: no held-out speaker's data

@@ -82,3 +82,15 @@ def test_bpe_and_missing_model(tmp_path: Path) -> None:
     assert bpe.decode(bpe.encode(TEXTS[1])) == TEXTS[1]
     with pytest.raises(FileNotFoundError, match="python -m usmkit.data.synth"):
         Tokenizer.load(tmp_path / "nowhere")
+
+
+def test_bpe_gives_a_few_word_corpus_one_piece_per_word(tmp_path: Path) -> None:
+    """FSDD's transcripts are ten words, each alone: BPE merges each into one piece (what the FSDD
+    baseline trains on), where unigram's pieces for the same texts depend on the sentencepiece version."""
+    digits = "zero one two three four five six seven eight nine".split()
+    texts = [d for d in digits for _ in range(180)]  # FSDD's train split: 1800 utterances of one word
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fewer pieces than asked: expected for ten words
+        bpe = Tokenizer.train(texts, tmp_path / "bpe", vocab_size=512, model_type="bpe")
+    assert all(len(bpe.encode(d)) == 1 for d in digits)
+    assert len(bpe.encode("ten")) > 1  # an unseen word is still spelled, from the pieces BPE kept
