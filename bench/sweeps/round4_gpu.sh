@@ -5,7 +5,8 @@
 # (58 espeak voices) instead of starting from scratch. All 8 train side by side on one GPU.
 #   usage (device, carrying .whl and .carry): bash bench/sweeps/round4_gpu.sh OUTDIR
 #   .carry/fsdd = a copy of ../shared/data/fsdd; .carry/synth_v2 = the committed synth baseline's
-#   checkpoint (exp/synth_v2/checkpoints/step-002200: config.yaml + model.safetensors).
+#   checkpoint (exp/synth_v2/checkpoints/step-002200: config.yaml + model.safetensors); rounds 21-23 carry
+#   .carry/synth8_v1 (the CPU synth8 run's) and round 23 the two FSDD tokenizers (see there).
 set -u
 OUTDIR=${1:-/tmp/sweep_out}
 mkdir -p "$OUTDIR"
