@@ -11,7 +11,8 @@ Run once with N=1 and once with N=2; each run writes its aggregate frames/s to t
 there, the scaling factor of each variant. DDP options, to trade the all-reduce's cost:
 ``--bucket-mb`` (gradient bucket size), ``--grad-view`` (gradients are views into the buckets: no copy),
 ``--static-graph`` (the same parameters are used every step), ``--bf16-hook`` (all-reduce bf16
-copies of the gradients: half the bytes, gradients rounded to bf16 before the mean).
+copies of the gradients: half the bytes, gradients rounded to bf16 before the mean); the environment
+variable ``NCCL_MAX_NCHANNELS`` (recorded in the key) caps the SMs NCCL's kernels occupy.
 Same step as bench/train_throughput.py (``static`` variant, regional compile, bf16, fused AdamW).
 """
 
@@ -51,6 +52,8 @@ def main() -> None:
         name for name, on in (("grad_view", args.grad_view), ("static_graph", args.static_graph),
                               ("bf16_hook", args.bf16_hook)) if on
     ]  # fmt: skip
+    if os.environ.get("NCCL_MAX_NCHANNELS"):  # fewer NCCL channels: fewer SMs taken from the overlapped backward
+        options.append(f"nccl_ch{os.environ['NCCL_MAX_NCHANNELS']}")
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
