@@ -108,8 +108,9 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)
         stats.save(exp_dir / "feature_stats.safetensors", data.features)  # travels with the checkpoints
-        if tokenizer is not None and not (exp_dir / TOKENIZER_FILE).is_file():  # so does the tokenizer:
-            shutil.copyfile(tokenizer_path(cfg), exp_dir / TOKENIZER_FILE)  # the corpus's may be retrained
+        # So does the tokenizer (the corpus's may be retrained); a resumed run keeps the copy it loaded.
+        if tokenizer is not None and not (cfg.resume and (exp_dir / TOKENIZER_FILE).is_file()):
+            shutil.copyfile(tokenizer_path(cfg), exp_dir / TOKENIZER_FILE)
     loader = make_loader(
         train_cuts,
         data,
