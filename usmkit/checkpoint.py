@@ -146,6 +146,12 @@ def read_best(ckpt_root: Path) -> dict | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
+def run_dir(ckpt: str | Path) -> Path:
+    """The experiment directory of checkpoint ``<exp_dir>/checkpoints/step-N``: where the training run
+    keeps what travels with its checkpoints (feature stats, tokenizer)."""
+    return Path(ckpt).parent.parent
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """Accept a checkpoint directory, an experiment dir (its best, else latest), or a checkpoints root."""
     p = Path(path)

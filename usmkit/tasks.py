@@ -121,7 +121,7 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     """
     import yaml
 
-    from usmkit.checkpoint import CONFIG_FILE, load_weights, resolve_checkpoint
+    from usmkit.checkpoint import CONFIG_FILE, load_weights, resolve_checkpoint, run_dir
     from usmkit.config import TrainConfig, from_dict, tokenizer_path
     from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
     from usmkit.data.tokenizer import Tokenizer
@@ -136,7 +136,7 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     vocab = 0
     if cfg.task.kind != "bestrq":
         # The training run's copy (<exp_dir>/tokenizer.model, beside the feature stats), else its config's.
-        candidates = [ckpt.parent.parent / TOKENIZER_FILE, tokenizer_path(cfg)]
+        candidates = [run_dir(ckpt) / TOKENIZER_FILE, tokenizer_path(cfg)]
         tok_path = next((p for p in candidates if p.is_file()), None)
         if tok_path is None:
             raise FileNotFoundError(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import hydra
@@ -21,7 +20,7 @@ from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoin
 from usmkit.config import TrainConfig, from_dict, tokenizer_path
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
-from usmkit.data.normalize import load_or_compute_stats
+from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.tasks import build_task, make_dev_eval
@@ -107,10 +106,9 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)
-        stats.save(exp_dir / "feature_stats.safetensors", data.features)  # travels with the checkpoints
-        # So does the tokenizer (the corpus's may be retrained); a resumed run keeps the copy it loaded.
-        if tokenizer is not None and not (cfg.resume and (exp_dir / TOKENIZER_FILE).is_file()):
-            shutil.copyfile(tokenizer_path(cfg), exp_dir / TOKENIZER_FILE)
+        stats.save(exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
+        if tokenizer is not None:  # so does the tokenizer the run loaded (the corpus's may be retrained)
+            (exp_dir / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
     loader = make_loader(
         train_cuts,
         data,

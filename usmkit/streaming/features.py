@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from usmkit.checkpoint import run_dir
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path
@@ -34,7 +35,7 @@ def find_feature_stats(ckpt_path: str | Path, manifest_dir: str | Path, sample_r
     """The normalization stats of a checkpoint: ``<exp_dir>/feature_stats.safetensors`` (exp_dir = the
     checkpoint's grandparent, ``<exp_dir>/checkpoints/step-N``), else the manifest directory's stats for
     the feature rate (``usmkit.data.normalize.stats_path``)."""
-    candidates = [Path(ckpt_path).parent.parent / STATS_FILE, stats_path(manifest_dir, sample_rate)]
+    candidates = [run_dir(ckpt_path) / STATS_FILE, stats_path(manifest_dir, sample_rate)]
     for path in candidates:
         if path.is_file():
             return path
