@@ -36,6 +36,11 @@ if [[ ${ROUND:-4} -ge 18 ]]; then  # rounds 18 on: narrowband features (8 kHz, F
   PRE_RUN="Q8"  # a synth encoder trained first, on the corpus resampled to 8 kHz: it learns the cues below 4 kHz, all FSDD has
   PRE_SPEC="SYN task.inter_ctc_weight=0.3"
   FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=exp/sweep/Q8 'model.overrides={subsampling_channels: 32}'"
+  if [[ ${ROUND:-4} -ge 21 ]]; then  # rounds 21-23 start from the CPU run's 8 kHz encoder (bench/baseline_wer.py synth8),
+    # carried as .carry/synth8_v1/checkpoints/step-002200 (its config.yaml and model.safetensors), not from a Q8 of their own
+    unset PRE_RUN
+    FT=${FT/init_from=exp\/sweep\/Q8/init_from=.carry/synth8_v1/checkpoints/step-002200}
+  fi
 fi
 # Features (train, dev and test), stats and tokenizers once: parallel runs would race on the caches.
 prep_fs() {  # manifest directory under data/
@@ -53,8 +58,6 @@ INIT="init_from=.carry/synth_v2/checkpoints/step-002200 'model.overrides={subsam
 if [[ ${ROUND:-4} == 23 ]]; then  # round 23: the FSDD tokenizer: characters (sentencepiece 0.2.3's unigram) vs words (BPE)
 # The GPU sweeps trained FSDD's tokenizer with the device's sentencepiece 0.2.2, whose unigram model spells 9 of the 10
 # digits as one piece each; this CPU's 0.2.3 spells them in characters (the CPU baselines). Both carried, 8 seeds each.
-unset PRE_RUN
-FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=.carry/synth8_v1/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for i in 0 1 2 3 4 5 6 7; do
   RUNS[F8chr_s$i]="FS $FT tokenizer=.carry/tok_fsdd_char/tokenizer.model trainer.seed=$i"
@@ -63,17 +66,12 @@ done
 ENSEMBLES="3 5 8"
 ENSEMBLE_PREFIXES="F8chr_s F8bpe_s"
 elif [[ ${ROUND:-4} == 22 ]]; then  # round 22: round 21's seeds 0-7 again, their last checkpoints sent back (members_*.tgz)
-unset PRE_RUN
-FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=.carry/synth8_v1/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for i in 0 1 2 3 4 5 6 7; do RUNS[F8g_s$i]="FS $FT trainer.seed=$i"; done
 ENSEMBLES="5 8"
 ENSEMBLE_PREFIXES="F8g_s"
 EXPORT_MEMBERS="F8g_s"  # to score these GPU-trained members on another machine (the CPU), as on the GPU
 elif [[ ${ROUND:-4} == 21 ]]; then  # round 21: the CPU baseline's own 8 kHz encoder, seeds 0-7 (as on the CPU) and 8-15; last vs best-by-dev
-# .carry/synth8_v1/checkpoints/step-002200 = config.yaml and model.safetensors of the CPU run (bench/baseline_wer.py synth8)
-unset PRE_RUN
-FT="trainer.max_steps=1200 optim.lr=5e-4 data.speaker_mean_norm=true init_from=.carry/synth8_v1/checkpoints/step-002200 'model.overrides={subsampling_channels: 32}'"
 declare -A RUNS=()
 for i in 0 1 2 3 4 5 6 7; do RUNS[F8cpu_s$i]="FS $FT trainer.seed=$i"; RUNS[F8cpub_s$i]="FS $FT trainer.seed=$((8 + i))"; done
 ENSEMBLES="3 5 8"
