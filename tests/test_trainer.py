@@ -189,3 +189,40 @@ def test_encoder_options_need_an_encoder(tmp_path):
     cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=1, progress=False)
     with pytest.raises(ValueError, match="encoder"):
         Trainer(cfg, OptimConfig(encoder_lr_scale=0.5), ToyTask(), ToyLoader(), "x: 1\n")
+
+
+def test_cuda_graph_mode_is_refused_where_it_cannot_serve(tmp_path):
+    with pytest.raises(ValueError, match=r"compile=true.*CUDA device"):
+        _trainer(tmp_path, 1, compile_mode="reduce-overhead", device="cpu")
+    cfg = TrainerConfig(exp_dir=str(tmp_path), compile=True, compile_mode="reduce-overhead", device="cpu")
+    with pytest.raises(ValueError, match=r"accum_steps=1 \(got 2\)"):
+        Trainer(cfg, OptimConfig(accum_steps=2), ToyTask(), ToyLoader(), "x: 1\n")
+
+
+@pytest.mark.gpu
+def test_cuda_graph_steps_match_the_default_compiled_steps(tmp_path):
+    """compile_mode=reduce-overhead: the same losses as the default compiled step, over several batch sizes."""
+    from torch._dynamo.utils import counters
+
+    losses = {}
+    for mode in ("default", "reduce-overhead"):
+        loader = ToyLoader(n=4)
+        for i in range(len(loader.batches)):  # batch sizes 2..5: one CUDA graph recorded per shape
+            B = 2 + i
+            loader.batches[i] = Batch(
+                features=torch.randn(B, 5, 3, generator=torch.Generator().manual_seed(i)),
+                feature_lens=torch.full((B,), 5), tokens=torch.zeros(B, 0, dtype=torch.long),
+                token_lens=torch.zeros(B, dtype=torch.long),
+            )  # fmt: skip
+        torch._dynamo.reset()
+        counters.clear()
+        cfg = TrainerConfig(
+            exp_dir=str(tmp_path / mode), max_steps=10, log_every=1, eval_every=0, save_every=100, progress=False,
+            compile=True, compile_mode=mode, device="cuda", precision="fp32",
+        )  # fmt: skip
+        # EncoderHeadTask has no dropout, so both modes draw no random numbers and must agree.
+        trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), EncoderHeadTask(), loader, "x: 1\n")
+        losses[mode] = [loss for _, loss in trainer.fit().losses]
+        assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert len(losses["default"]) == 10
+    torch.testing.assert_close(losses["reduce-overhead"], losses["default"], rtol=1e-5, atol=1e-6)

@@ -177,18 +177,39 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # No BatchNorm anywhere: buffers (e.g. BEST-RQ's frozen codebooks) need no per-step broadcast.
             self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
+        compile_mode = self._compile_mode()
         if cfg.compile:
             # Static shapes were faster than fully dynamic ones on an H200 (bench/results/
             # train_throughput.json: base 69.5 vs 87.7 ms/step); the time axis comes in a few
             # static lengths (data.pad_to_frames), only the batch and token axes are left dynamic
             # since the bucketing sampler varies them (see _forward_backward).
-            self.step_module = torch.compile(self.step_module, dynamic=False)
+            self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
         self.step = 0
         self.epoch = 0
         self.best: dict | None = None
         self.bad_steps_total = 0
         self.health_warned = False  # a module's health_check warns once per run
         self.bad_steps_in_row = 0
+
+    def _compile_mode(self) -> str | None:
+        """torch.compile's mode for ``cfg.compile_mode``; refuses combinations CUDA graphs cannot serve here."""
+        if self.cfg.compile_mode == "default":
+            return None
+        if self.cfg.compile_mode != "reduce-overhead":
+            raise ValueError(f"trainer.compile_mode must be default or reduce-overhead, got {self.cfg.compile_mode!r}")
+        problems = []
+        if not self.cfg.compile:
+            problems.append("it needs trainer.compile=true")
+        if self.device.type != "cuda":
+            problems.append(f"it needs a CUDA device (this run uses {self.device})")
+        if self.optim_cfg.accum_steps != 1:
+            # The next micro-batch's replay would reuse the memory that holds the accumulated gradients.
+            problems.append(f"it needs optim.accum_steps=1 (got {self.optim_cfg.accum_steps})")
+        if self.distributed:
+            problems.append("it is not supported with several processes (DDP); use compile_mode=default")
+        if problems:
+            raise ValueError("trainer.compile_mode=reduce-overhead (CUDA graphs): " + "; ".join(problems))
+        return "reduce-overhead"
 
     # ---------------------------------------------------------------- state
     def train_state(self) -> dict[str, Any]:
@@ -260,6 +281,8 @@ class Trainer:
             if (self.distributed and not sync and hasattr(self.step_module, "no_sync"))
             else contextlib.nullcontext
         )
+        if self.cfg.compile and self.cfg.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are no longer read
         with no_sync():
             with autocast_context(self.device, self.cfg.precision):
                 out: StepOutput = self.step_module(batch)
