@@ -13,6 +13,8 @@ there, the scaling factor of each variant. DDP options, to trade the all-reduce'
 ``--static-graph`` (the same parameters are used every step), ``--bf16-hook`` (all-reduce bf16
 copies of the gradients: half the bytes, gradients rounded to bf16 before the mean); the environment
 variable ``NCCL_MAX_NCHANNELS`` (recorded in the key) caps the SMs NCCL's kernels occupy.
+``--cuda-graphs`` compiles the regions with ``mode="reduce-overhead"`` (each region's forward and
+backward replay as CUDA graphs; DDP's all-reduce hooks run between them, outside the graphs).
 Same step as bench/train_throughput.py (``static`` variant, regional compile, bf16, fused AdamW).
 """
 
@@ -46,11 +48,12 @@ def main() -> None:
     ap.add_argument("--grad-view", action="store_true")
     ap.add_argument("--static-graph", action="store_true")
     ap.add_argument("--bf16-hook", action="store_true")
+    ap.add_argument("--cuda-graphs", action="store_true")
     ap.add_argument("--batch", type=int, default=0, help="per-GPU batch size B (0: the size's default)")
     args = ap.parse_args()
     options = [f"bucket{args.bucket_mb:g}MB"] + [
         name for name, on in (("grad_view", args.grad_view), ("static_graph", args.static_graph),
-                              ("bf16_hook", args.bf16_hook)) if on
+                              ("bf16_hook", args.bf16_hook), ("cuda_graphs", args.cuda_graphs)) if on
     ]  # fmt: skip
     if os.environ.get("NCCL_MAX_NCHANNELS"):  # fewer NCCL channels: fewer SMs taken from the overlapped backward
         options.append(f"nccl_ch{os.environ['NCCL_MAX_NCHANNELS']}")
@@ -62,7 +65,7 @@ def main() -> None:
     B, T = SHAPES[args.size]
     B = args.batch or B
     model = OursCTC(args.size, "sdpa", 128).to(device)
-    compile_regions(model, dynamic=False)
+    compile_regions(model, dynamic=False, mode="reduce-overhead" if args.cuda_graphs else None)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model,
         device_ids=[device.index],

@@ -62,7 +62,13 @@ def ctc_loss(
 # Wrapping it as a custom op with static output shapes hides that from the tracer: the forward
 # returns only the per-utterance loss (B,), and the backward recomputes log_alpha inside a second
 # custom op (one extra CTC forward, small next to the encoder) instead of saving it.
-@torch.library.custom_op("usmkit::ctc_nll", mutates_args=())
+# Both ops are tagged cudagraph_unsafe: aten's CUDA CTC copies the length tensors to the host (a
+# synchronization a CUDA graph cannot capture). Under ``mode="reduce-overhead"`` inductor then
+# partitions the graph around them: the encoder replays as CUDA graphs, the CTC ops run eagerly.
+_CUDAGRAPH_UNSAFE = (torch.Tag.cudagraph_unsafe,)
+
+
+@torch.library.custom_op("usmkit::ctc_nll", mutates_args=(), tags=_CUDAGRAPH_UNSAFE)
 def ctc_nll(
     log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
@@ -77,7 +83,7 @@ def _(log_probs, tokens, lengths, token_lens):
     return log_probs.new_empty(log_probs.shape[1])
 
 
-@torch.library.custom_op("usmkit::ctc_nll_backward", mutates_args=())
+@torch.library.custom_op("usmkit::ctc_nll_backward", mutates_args=(), tags=_CUDAGRAPH_UNSAFE)
 def ctc_nll_backward(
     grad: torch.Tensor, log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
