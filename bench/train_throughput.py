@@ -17,6 +17,9 @@ Compilation is regional, for both models: the front end and each Conformer layer
 (identical layers share one compiled graph), the CTC loss and glue stay eager. A ``whole_`` prefix
 (``whole_static``, ``whole_triton``, ``ta_whole_static``) compiles the whole model instead, as
 ``trainer.compile=true`` does (~2 min per variant to compile).
+A ``_cdt`` suffix turns on inductor's coordinate-descent tuning of its generated (elementwise and
+reduction) kernels' block sizes, for that variant only (at ``large`` on an H100 it had not finished
+compiling after 4.5 minutes).
 A ``_bf16res`` suffix (ours only) casts each Conformer block's output to bf16, so the residual
 stream between and inside blocks is bf16 instead of the fp32 that autocast's LayerNorm gives: a
 measurement of what fp32 activations cost, not a setting of the model.
@@ -34,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -188,8 +192,10 @@ def time_steps(model, batch, steps: int, compile_mode: str | None) -> dict:
         )
     step = make_step(model, batch)
     t0 = time.perf_counter()
-    for _ in range(3):
-        loss = step()
+    # Inductor compiles at the first call, so its config must hold during the warm-up.
+    with torch._inductor.config.patch(coordinate_descent_tuning="_cdt" in (compile_mode or "")):
+        for _ in range(3):
+            loss = step()
     torch.cuda.synchronize()
     warmup_s = time.perf_counter() - t0
     times = timed(step, steps)

@@ -203,9 +203,10 @@ class Trainer:
         if self.device.type != "cuda":
             problems.append(f"it needs a CUDA device (this run uses {self.device})")
         if self.optim_cfg.accum_steps != 1:
-            # The next micro-batch's replay would reuse the memory that holds the accumulated gradients.
+            # Untested: whether the next micro-batch's replay leaves the gradients accumulated so far intact.
             problems.append(f"it needs optim.accum_steps=1 (got {self.optim_cfg.accum_steps})")
         if self.distributed:
+            # Untested with this whole-model compile (bench/ddp_scaling.py --cuda-graphs graphs each block).
             problems.append("it is not supported with several processes (DDP); use compile_mode=default")
         if problems:
             raise ValueError("trainer.compile_mode=reduce-overhead (CUDA graphs): " + "; ".join(problems))
