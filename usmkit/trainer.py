@@ -34,6 +34,7 @@ from usmkit.checkpoint import (
     set_rng_state,
     write_best,
 )
+from usmkit.compile_blocks import compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
 from usmkit.models.output import StepOutput
@@ -183,7 +184,13 @@ class Trainer:
             # train_throughput.json: base 69.5 vs 87.7 ms/step); the time axis comes in a few
             # static lengths (data.pad_to_frames), only the batch and token axes are left dynamic
             # since the bucketing sampler varies them (see _forward_backward).
-            self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
+            if cfg.compile_scope == "blocks":
+                n = compile_blocks(self.module, compile_mode)
+                log.info("compiling %d blocks of the model one by one (trainer.compile_scope=blocks)", n)
+            elif cfg.compile_scope == "whole":
+                self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
+            else:
+                raise ValueError(f"trainer.compile_scope must be whole or blocks, got {cfg.compile_scope!r}")
         self.step = 0
         self.epoch = 0
         self.best: dict | None = None
