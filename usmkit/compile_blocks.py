@@ -5,9 +5,11 @@ Shapes: B batch, T frames, D model dim.
 ``torch.compile`` of the whole training step traces and compiles every layer of the unrolled model:
 minutes for a deep encoder, again for each padded length. Compiling each Conformer block and the
 subsampling front end on their own compiles one graph that every identical block reuses; the glue
-between them (masks, rotary tables, heads, losses) stays eager. On an H100 (``bench/results/
-train_throughput_cudagraphs.json``, 392M ``large``, CUDA graphs) that compiled in 32 s instead of
-130 s and stepped in 91.4 instead of 98.3 ms.
+between them (masks, rotary tables, heads, losses) stays eager. Compiled this way, ``small`` took
+43 s instead of 220 s to compile on the 2-core CI CPU (``bench/results/compile_scope.json``); in
+``bench/train_throughput.py`` (which also compiles the CTC head) the 392M ``large`` compiled in 32 s
+instead of 130 s on an H100 and stepped in 91.4 instead of 98.3 ms with CUDA graphs
+(``bench/results/train_throughput_cudagraphs.json``).
 
 Only training uses the compiled forward (module in training mode, gradients on): evaluation in the
 same process runs the eager forward, so its varying shapes never recompile. As in the whole-model
