@@ -100,6 +100,19 @@ def test_checkpoints_pruned_to_keep_last(tmp_path):
     assert replace(t.cfg, keep_last=1).keep_last == 1
 
 
+def _batch_size_loader() -> ToyLoader:
+    """Four batches of sizes 2..5 at one padded length (what bucketing gives a compiled step)."""
+    loader = ToyLoader(n=4)
+    for i in range(len(loader.batches)):
+        B = 2 + i
+        loader.batches[i] = Batch(
+            features=torch.randn(B, 5, 3, generator=torch.Generator().manual_seed(i)),
+            feature_lens=torch.full((B,), 5), tokens=torch.zeros(B, 0, dtype=torch.long),
+            token_lens=torch.zeros(B, dtype=torch.long),
+        )  # fmt: skip
+    return loader
+
+
 def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypatch):
     """trainer.compile: static time length, dynamic batch size -> one graph for every batch."""
     from torch._dynamo.utils import counters
@@ -108,13 +121,7 @@ def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypat
 
     real_compile = torch.compile
     monkeypatch.setattr(trainer_mod.torch, "compile", lambda m, **kw: real_compile(m, backend="aot_eager", **kw))
-    loader = ToyLoader(n=4)
-    for i in range(len(loader.batches)):  # batch sizes 2..5 at one padded length
-        B = 2 + i
-        loader.batches[i] = Batch(
-            features=torch.randn(B, 5, 3), feature_lens=torch.full((B,), 5),
-            tokens=torch.zeros(B, 0, dtype=torch.long), token_lens=torch.zeros(B, dtype=torch.long),
-        )  # fmt: skip
+    loader = _batch_size_loader()
     torch._dynamo.reset()
     counters.clear()
     out = _trainer(tmp_path, 4, loader=loader, compile=True).fit()
@@ -206,14 +213,7 @@ def test_cuda_graph_steps_match_the_default_compiled_steps(tmp_path):
 
     losses = {}
     for mode in ("default", "reduce-overhead"):
-        loader = ToyLoader(n=4)
-        for i in range(len(loader.batches)):  # batch sizes 2..5: one CUDA graph recorded per shape
-            B = 2 + i
-            loader.batches[i] = Batch(
-                features=torch.randn(B, 5, 3, generator=torch.Generator().manual_seed(i)),
-                feature_lens=torch.full((B,), 5), tokens=torch.zeros(B, 0, dtype=torch.long),
-                token_lens=torch.zeros(B, dtype=torch.long),
-            )  # fmt: skip
+        loader = _batch_size_loader()  # one CUDA graph recorded per batch shape
         torch._dynamo.reset()
         counters.clear()
         cfg = TrainerConfig(

@@ -179,6 +179,7 @@ class Trainer:
             # No BatchNorm anywhere: buffers (e.g. BEST-RQ's frozen codebooks) need no per-step broadcast.
             self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
         compile_mode = self._compile_mode()
+        self.cuda_graphs = compile_mode == "reduce-overhead"  # each step then marks a new graph replay
         if cfg.compile:
             # Static shapes were faster than fully dynamic ones on an H200 (bench/results/
             # train_throughput.json: base 69.5 vs 87.7 ms/step); the time axis comes in a few
@@ -187,10 +188,8 @@ class Trainer:
             if cfg.compile_scope == "blocks":
                 n = compile_blocks(self.module, compile_mode)
                 log.info("compiling %d blocks of the model one by one (trainer.compile_scope=blocks)", n)
-            elif cfg.compile_scope == "whole":
+            else:  # whole (the config's Literal type is checked where the config is read)
                 self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
-            else:
-                raise ValueError(f"trainer.compile_scope must be whole or blocks, got {cfg.compile_scope!r}")
         self.step = 0
         self.epoch = 0
         self.best: dict | None = None
@@ -200,10 +199,8 @@ class Trainer:
 
     def _compile_mode(self) -> str | None:
         """torch.compile's mode for ``cfg.compile_mode``; refuses combinations CUDA graphs cannot serve here."""
-        if self.cfg.compile_mode == "default":
-            return None
         if self.cfg.compile_mode != "reduce-overhead":
-            raise ValueError(f"trainer.compile_mode must be default or reduce-overhead, got {self.cfg.compile_mode!r}")
+            return None
         problems = []
         if not self.cfg.compile:
             problems.append("it needs trainer.compile=true")
@@ -213,7 +210,7 @@ class Trainer:
             # Untested: whether the next micro-batch's replay leaves the gradients accumulated so far intact.
             problems.append(f"it needs optim.accum_steps=1 (got {self.optim_cfg.accum_steps})")
         if self.distributed:
-            # Untested with this whole-model compile (bench/ddp_scaling.py --cuda-graphs graphs each block).
+            # Untested in the trainer (bench/ddp_scaling.py --cuda-graphs measured it with its own DDP options).
             problems.append("it is not supported with several processes (DDP); use compile_mode=default")
         if problems:
             raise ValueError("trainer.compile_mode=reduce-overhead (CUDA graphs): " + "; ".join(problems))
@@ -289,7 +286,7 @@ class Trainer:
             if (self.distributed and not sync and hasattr(self.step_module, "no_sync"))
             else contextlib.nullcontext
         )
-        if self.cfg.compile and self.cfg.compile_mode == "reduce-overhead":
+        if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are no longer read
         with no_sync():
             with autocast_context(self.device, self.cfg.precision):
