@@ -1,6 +1,6 @@
 """Where a compiled training step's GPU time goes, by kernel category, and what the depthwise convolution costs.
 
-    PYTHONPATH=. python bench/profile_step.py [--size large] [--impl triton] [--json OUT]
+    PYTHONPATH=. python bench/profile_step.py [--size large] [--impl triton] [--top 20] [--no-side-by-side] [--json OUT]
 
 Same step as ``bench/train_throughput.py`` (bf16 autocast, CTC loss, fused AdamW, regional compile,
 static shapes). ``torch.profiler`` records 3 steps; CUDA kernel time is summed per category (matmul,
@@ -77,6 +77,8 @@ def main() -> None:
     ap.add_argument("--impl", default="triton")
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--top", type=int, default=20, help="how many of the costliest kernels to list")
+    ap.add_argument("--no-side-by-side", action="store_true", help="profile only (skip part 2)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "profile_step.json"))
     args = ap.parse_args()
     B, T = SHAPES[args.size]
@@ -99,7 +101,8 @@ def main() -> None:
         step()
     torch.cuda.synchronize()
     result["step_ms"] = statistics.median(timed(step, args.steps))
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    activities = [torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -107,23 +110,37 @@ def main() -> None:
     for ev in prof.key_averages():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
             per_kernel[ev.key] += ev.device_time_total / 3 / 1e3  # ms per step
+    ops = [  # the host ops that launched the GPU time (aten ops outside inductor's kernels, custom ops)
+        (ev.key, ev.count / 3, ev.self_device_time_total / 3 / 1e3)
+        for ev in prof.key_averages()
+        if ev.device_type == torch.autograd.DeviceType.CPU and ev.self_device_time_total > 0
+    ]
+    ops.sort(key=lambda o: -o[2])
+    result["top_host_ops"] = [{"op": k[:120], "calls": c, "ms": round(ms, 3)} for k, c, ms in ops[: args.top]]
     per_cat: dict[str, float] = defaultdict(float)
     for name, ms in per_kernel.items():
         per_cat[category(name)] += ms
     total = sum(per_cat.values())
     result["kernel_ms_per_step"] = round(total, 2)
     result["categories_ms"] = {k: round(v, 2) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])}
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:20]
-    result["top_kernels"] = [{"name": n[:120], "ms": round(ms, 3), "category": category(n)} for n, ms in top]
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]
+    result["top_kernels"] = [{"name": n[:160], "ms": round(ms, 3), "category": category(n)} for n, ms in top]
     print(f"\n{args.size} {args.impl}: step {result['step_ms']:.1f} ms, kernels {total:.1f} ms per step")
     print(f"{'category':16s} {'ms/step':>8s} {'share':>6s}")
     for cat, ms in result["categories_ms"].items():
         print(f"{cat:16s} {ms:8.2f} {100 * ms / total:5.1f}%")
     print("\ntop kernels:")
     for k in result["top_kernels"]:
-        print(f"{k['ms']:8.3f} ms  {k['category']:14s} {k['name'][:90]}")
+        print(f"{k['ms']:8.3f} ms  {k['category']:14s} {k['name'][:110]}")
+    print("\ntop host ops by the GPU time of their own kernels:")
+    for o in result["top_host_ops"]:
+        print(f"{o['ms']:8.3f} ms  {o['calls']:6.0f} calls/step  {o['op']}")
     del model, step
     torch.cuda.empty_cache()
+    if args.no_side_by_side:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        return
 
     # 2. Depthwise convolution: cuDNN vs shifted multiply-adds, and torchaudio's compiled step, alternated.
     variants = {
