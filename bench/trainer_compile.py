@@ -14,10 +14,12 @@ lhotse's bucketing sampler varying the batch size. Variants:
 - a ``_cg`` suffix: ``trainer.compile_mode=reduce-overhead`` (CUDA graphs).
 
 Reported per variant: seconds from launch to the first logged window (process start, data,
-compilation: ``first_log_s``), to the end (``wall_s``), the median of the trainer's own
-``train/frames_per_s`` over the windows after the first third of the run (``frames_per_s``, feature
-frames of the batches' valid audio), and the loss at the last step. The inductor cache directory is
-per variant and starts empty, so every variant compiles from scratch.
+compilation: ``first_log_s``), to the end (``wall_s``) and to every tenth logged step
+(``seconds_to_step``), the median of the trainer's own ``train/frames_per_s`` over the windows after
+the first third of the run (``frames_per_s``, feature frames of the batches' valid audio), and the
+loss at the last step. A variant still running after ``--variant-timeout`` seconds is stopped and
+reports what it logged (``stopped``). The inductor cache directory is per variant and starts empty,
+so every variant compiles from scratch.
 """
 
 from __future__ import annotations
@@ -62,39 +64,51 @@ def run_variant(name: str, args, work: Path) -> dict:
         f"trainer.exp_dir={exp}",
         *VARIANTS[name],
     ]
-    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor_{name}"), "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor_{name}"), "PYTHONPATH": path}
     metrics = exp / "metrics.jsonl"
     log_path = work / f"{name}.log"
     t0 = time.perf_counter()
-    first_log_s = None
+    seen: list[tuple[int, float]] = []  # (step, seconds since launch) of each logged window
+    stopped = False
+
+    def poll() -> None:
+        rows = metrics.read_text().splitlines() if metrics.exists() else []
+        for line in rows[len(seen) :]:
+            if line.endswith("}"):  # a whole line
+                seen.append((json.loads(line)["step"], time.perf_counter() - t0))
+
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "usmkit.train", *overrides], cwd=ROOT, env=env, stdout=log, stderr=log
         )
-        while proc.poll() is None:  # note when the first window is logged: start-up and compilation
-            if first_log_s is None and metrics.exists() and metrics.stat().st_size > 0:
-                first_log_s = time.perf_counter() - t0
+        while proc.poll() is None:
+            poll()
             if time.perf_counter() - t0 > args.variant_timeout:
                 proc.kill()
                 proc.wait()
-                rows = metrics.read_text().splitlines() if metrics.exists() else []
-                last = json.loads(rows[-1])["step"] if rows else 0
-                return {"error": f"stopped after {args.variant_timeout} s at step {last} of {args.steps}"}
+                stopped = True
+                break
             time.sleep(0.2)
     wall_s = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if proc.returncode != 0 and not stopped:
         tail = log_path.read_text()[-600:]
         return {"error": f"exit {proc.returncode}: {tail}"}
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    poll()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     train = [r for r in rows if "train/frames_per_s" in r]
+    result: dict = {"first_log_s": round(seen[0][1], 1) if seen else None, "wall_s": round(wall_s, 1)}
+    if stopped:
+        result["stopped"] = (
+            f"after {args.variant_timeout:.0f} s, at step {train[-1]['step'] if train else 0} of {args.steps}"
+        )
+    result["seconds_to_step"] = {str(step): round(t, 1) for step, t in seen[:: max(1, len(seen) // 10)]}
     steady = train[len(train) // 3 :]
-    return {
-        "first_log_s": round(first_log_s if first_log_s is not None else wall_s, 1),
-        "wall_s": round(wall_s, 1),
-        "frames_per_s": round(statistics.median(r["train/frames_per_s"] for r in steady)),
-        "windows": len(steady),
-        "last_loss": round(train[-1]["train/loss"], 4),
-    }
+    if len(steady) >= 3:
+        result["frames_per_s"] = round(statistics.median(r["train/frames_per_s"] for r in steady))
+        result["windows"] = len(steady)
+        result["last_loss"] = round(train[-1]["train/loss"], 4)
+    return result
 
 
 def main() -> None:
@@ -127,15 +141,15 @@ def main() -> None:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(result, indent=2))
     eager = result["variants"].get("eager", {}).get("frames_per_s")
-    print(f"\n{'variant':10s} {'first log s':>11s} {'wall s':>7s} {'frames/s':>9s} {'vs eager':>8s} {'last loss':>9s}")
+    print(f"\n{'variant':10s} {'first log s':>11s} {'wall s':>7s} {'frames/s':>9s} {'vs eager':>8s}  note")
     for name, r in result["variants"].items():
         if "error" in r:
             print(f"{name:10s} {r['error'][:80]}")
             continue
-        ratio = f"{r['frames_per_s'] / eager:.2f}x" if eager else ""
-        print(
-            f"{name:10s} {r['first_log_s']:11.1f} {r['wall_s']:7.1f} {r['frames_per_s']:9d} {ratio:>8s} {r['last_loss']:9.4f}"
-        )
+        fps = r.get("frames_per_s")
+        ratio = f"{fps / eager:.2f}x" if (eager and fps) else ""
+        first = f"{r['first_log_s']:.1f}" if r["first_log_s"] is not None else "-"
+        print(f"{name:10s} {first:>11s} {r['wall_s']:7.1f} {fps or '-':>9} {ratio:>8s}  {r.get('stopped', '')}")
 
 
 if __name__ == "__main__":
