@@ -124,7 +124,7 @@ def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypat
     loader = _batch_size_loader()
     torch._dynamo.reset()
     counters.clear()
-    out = _trainer(tmp_path, 4, loader=loader, compile=True).fit()
+    out = _trainer(tmp_path, 4, loader=loader, compile=True, compile_scope="whole").fit()
     assert out.step == 4
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
@@ -218,7 +218,7 @@ def test_cuda_graph_steps_match_the_default_compiled_steps(tmp_path):
         counters.clear()
         cfg = TrainerConfig(
             exp_dir=str(tmp_path / mode), max_steps=10, log_every=1, eval_every=0, save_every=100, progress=False,
-            compile=True, compile_mode=mode, device="cuda", precision="fp32",
+            compile=True, compile_mode=mode, compile_scope="whole", device="cuda", precision="fp32",
         )  # fmt: skip
         # EncoderHeadTask has no dropout, so both modes draw no random numbers and must agree.
         trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), EncoderHeadTask(), loader, "x: 1\n")

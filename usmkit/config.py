@@ -109,13 +109,15 @@ class TrainerConfig:
     # With compile on a GPU: "reduce-overhead" replays the compiled forward and backward as CUDA
     # graphs, so the GPU no longer waits on the host between kernels (bench/results/
     # train_throughput_cudagraphs.json, H100: `large` 115 -> 92 ms/step, `base` 95 -> 59 ms). One
-    # graph is recorded per batch shape, so it pays where shapes repeat (data.pad_to_frames and
-    # full batches). Needs CUDA, one process and accum_steps=1.
+    # graph is recorded per batch shape, so it pays only where shapes repeat: with the bucketing
+    # sampler's varying batch sizes the trainer ran at 0.75x eager over steps 40-110
+    # (bench/results/trainer_compile.json). Needs CUDA, one process and accum_steps=1.
     compile_mode: Literal["default", "reduce-overhead"] = "default"
-    # What compile covers: "whole" (the model's training step, one graph per padded length) or
-    # "blocks" (each Conformer block and the front end, the rest eager; usmkit/compile_blocks.py):
-    # compiled 5x faster on this CPU (bench/results/compile_scope.json) and 4x on an H100.
-    compile_scope: Literal["whole", "blocks"] = "whole"
+    # What compile covers: "blocks" (each Conformer block and the front end, the rest eager;
+    # usmkit/compile_blocks.py) or "whole" (the model's training step, one graph per padded length).
+    # The trainer on real batches (bench/results/trainer_compile.json, H200, `base`): blocks logged
+    # step 10 after 112 s and then ran 1.44x eager's frames/s; whole took 367 s to step 10.
+    compile_scope: Literal["whole", "blocks"] = "blocks"
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0
     max_bad_steps: int = 10  # consecutive non-finite losses before training stops
