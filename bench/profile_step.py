@@ -108,6 +108,10 @@ def main() -> None:
         torch.cuda.synchronize()
     per_kernel: dict[str, float] = defaultdict(float)
     for ev in prof.key_averages():
+        # GPU-side ranges of record_function annotations ("Optimizer.step#AdamW.step") span kernels
+        # already counted on their own: skip them.
+        if ev.is_user_annotation:
+            continue
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
             per_kernel[ev.key] += ev.device_time_total / 3 / 1e3  # ms per step
     ops = [  # the host ops that launched the GPU time (aten ops outside inductor's kernels, custom ops)

@@ -20,6 +20,12 @@ Compilation is regional, for both models: the front end and each Conformer layer
 A ``_cdt`` suffix turns on inductor's coordinate-descent tuning of its generated (elementwise and
 reduction) kernels' block sizes, for that variant only (at ``large`` on an H100 it had not finished
 compiling after 4.5 minutes).
+Three suffixes set inductor options (any variant, either model), each for that variant only:
+``_pdl`` (``triton.enable_pdl``: programmatic dependent launch, Hopper's overlap of a kernel's start
+with the previous kernel's end), ``_nomix`` (``triton.mix_order_reduction`` off: LayerNorm backward
+then reduces its weight gradients in kernels of their own instead of partial sums in a workspace
+that an eager ``aten::sum`` finishes, 13 per block at ``large``) and ``_mixtune``
+(``triton.mix_order_reduction_autotune_split_size``: inductor benchmarks the workspace's split).
 A ``_bf16res`` suffix (ours only) casts each Conformer block's output to bf16, so the residual
 stream between and inside blocks is bf16 instead of the fp32 that autocast's LayerNorm gives: a
 measurement of what fp32 activations cost, not a setting of the model.
@@ -177,6 +183,18 @@ def timed(step, n: int, before=None) -> list[float]:
     return times
 
 
+def inductor_options(variant: str) -> dict:
+    """The inductor config a variant's suffixes ask for (see the module docstring)."""
+    options: dict = {"coordinate_descent_tuning": "_cdt" in variant}
+    if "_pdl" in variant:
+        options["triton.enable_pdl"] = True
+    if "_nomix" in variant:
+        options["triton.mix_order_reduction"] = False
+    if "_mixtune" in variant:
+        options["triton.mix_order_reduction_autotune_split_size"] = True
+    return options
+
+
 def time_steps(model, batch, steps: int, compile_mode: str | None) -> dict:
     if compile_mode is not None:
         mode = None
@@ -193,7 +211,7 @@ def time_steps(model, batch, steps: int, compile_mode: str | None) -> dict:
     step = make_step(model, batch)
     t0 = time.perf_counter()
     # Inductor compiles at the first call, so its config must hold during the warm-up.
-    with torch._inductor.config.patch(coordinate_descent_tuning="_cdt" in (compile_mode or "")):
+    with torch._inductor.config.patch(inductor_options(compile_mode or "")):
         for _ in range(3):
             loss = step()
     torch.cuda.synchronize()
