@@ -170,3 +170,19 @@ def test_torchrun_two_processes(corpus, tmp_path):
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert (exp / "checkpoints" / "step-000002" / "model.safetensors").is_file()
     assert len(_losses(exp)) == 2  # only rank 0 logs
+
+
+def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
+    from usmkit.config import TrainConfig, from_dict
+    from usmkit.train import compiled_lengths
+
+    def cfg(**data):
+        return from_dict(TrainConfig, {"trainer": {"compile": True}, "data": data})
+
+    assert compiled_lengths(cfg(pad_to_frames=256, max_cut_duration=30.0)) == 12  # 3000 frames
+    # speed perturbation at 0.9 stretches a 30 s cut to 33.3 s: 3334 frames
+    assert (
+        compiled_lengths(cfg(pad_to_frames=256, speed_perturb=[0.9, 1.0, 1.1], features={"precomputed": False})) == 14
+    )
+    with pytest.raises(SystemExit, match="data.pad_to_frames"):
+        compiled_lengths(cfg(pad_to_frames=0))

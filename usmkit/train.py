@@ -8,6 +8,7 @@ Several processes: ``torchrun --nproc-per-node 2 -m usmkit.train recipe=...`` (D
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -77,8 +78,35 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
     return Tokenizer.load(path)
 
 
+def compiled_lengths(cfg: TrainConfig) -> int:
+    """With ``trainer.compile``: how many padded time lengths the training batches can take.
+
+    The compiled step is static in time, so each length compiles a graph of its own, and
+    ``torch._dynamo`` runs uncompiled whatever comes after its recompile limit (8 graphs per function).
+    Unpadded batches (``data.pad_to_frames=0``) would take every length: refused.
+    """
+    data = cfg.data
+    if data.pad_to_frames == 0:
+        raise SystemExit(
+            "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256): unpadded batches "
+            "compile a new graph for every length, and past torch's recompile limit they run uncompiled"
+        )
+    slowest = min((1.0, *data.speed_perturb))  # a factor below 1 lengthens the audio
+    max_frames = math.ceil(data.max_cut_duration / slowest * 1000 / data.features.frame_shift_ms)
+    return math.ceil(max_frames / data.pad_to_frames)
+
+
 def run(cfg: TrainConfig, config_yaml: str) -> dict:
     """Build data, model and trainer from ``cfg`` and train; returns a small summary."""
+    if cfg.trainer.compile:
+        # Per padded length one graph, and one more for a batch of one row (torch specializes sizes 0 and 1).
+        needed = 2 * compiled_lengths(cfg)
+        limit = torch._dynamo.config.recompile_limit
+        if needed > limit:
+            torch._dynamo.config.recompile_limit = needed
+            log.info(
+                "compiled step: up to %d graphs per function, torch's recompile limit %d -> %d", needed, limit, needed
+            )
     rank, world, device = setup_distributed(cfg.trainer.device)
     torch.manual_seed(cfg.trainer.seed + rank)
     exp_dir = Path(cfg.trainer.exp_dir)

@@ -25,6 +25,18 @@ def _features(B, T, seed=1):
     return torch.randn(B, T, F_BINS, generator=torch.Generator().manual_seed(seed))
 
 
+def test_every_block_sees_the_fp32_residual_stream_under_autocast():
+    """Under autocast the front end's projection returns bf16 and (on CUDA) each block's LayerNorm fp32:
+    the encoder starts the residual stream in fp32, so all blocks take one dtype (one compiled graph)."""
+    enc = _encoder(num_layers=3)
+    seen = []
+    for block in enc.blocks:
+        block.register_forward_pre_hook(lambda module, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        enc(_features(2, 64), torch.tensor([64, 40]))
+    assert seen == [torch.float32] * 3
+
+
 # ---- subsampling
 
 

@@ -124,6 +124,11 @@ class ConformerEncoder(nn.Module):
         if any(not 1 <= k <= len(self.blocks) for k in layers):
             raise ValueError(f"intermediate layers {layers} must lie in 1..{len(self.blocks)} (the encoder's blocks)")
         x, lengths = self.subsampling(features, lengths)  # (B, T', D), (B,)
+        if torch.is_autocast_enabled(x.device.type):
+            # Under CUDA's autocast each block returns its LayerNorm's fp32, while the front end's
+            # projection returns bf16: start the residual stream in fp32 too, so every block sees one
+            # dtype (compiled blocks: one graph per length, not two).
+            x = x.float()
         T = x.shape[1]
         valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
         positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
