@@ -10,8 +10,8 @@ between them (masks, rotary tables, heads, losses) stays eager. Compiled this wa
 ``bench/train_throughput.py`` (which also compiles the CTC head) the 392M ``large`` compiled in 32 s
 instead of 130 s on an H100 and stepped in 91.4 instead of 98.3 ms with CUDA graphs
 (``bench/results/train_throughput_cudagraphs.json``). In the trainer on real batches (``base``,
-H200, ``bench/results/trainer_compile.json``) it logged step 10 after 112 s against 367 s for the
-whole model, then ran 1.44x eager's frames/s; hence the default ``trainer.compile_scope=blocks``.
+H200, ``bench/results/trainer_compile.json``) it logged step 10 after 76 s against 367 s for the
+whole model, then ran 1.38x eager's frames/s; hence the default ``trainer.compile_scope=blocks``.
 
 Only training uses the compiled forward (module in training mode, gradients on): evaluation in the
 same process runs the eager forward, so its varying shapes never recompile. As in the whole-model

@@ -116,7 +116,7 @@ class TrainerConfig:
     # What compile covers: "blocks" (each Conformer block and the front end, the rest eager;
     # usmkit/compile_blocks.py) or "whole" (the model's training step, one graph per padded length).
     # The trainer on real batches (bench/results/trainer_compile.json, H200, `base`): blocks logged
-    # step 10 after 112 s and then ran 1.44x eager's frames/s; whole took 367 s to step 10.
+    # step 10 after 76 s and then ran 1.38x eager's frames/s; whole took 367 s to step 10.
     compile_scope: Literal["whole", "blocks"] = "blocks"
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0
