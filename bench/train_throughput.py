@@ -16,7 +16,7 @@ between kernels (launches, autograd, custom-op dispatch) where the GPU would oth
 Compilation is regional, for both models: the front end and each Conformer layer are compiled
 (identical layers share one compiled graph), the CTC loss and glue stay eager. A ``whole_`` prefix
 (``whole_static``, ``whole_triton``, ``ta_whole_static``) compiles the whole model instead, as
-``trainer.compile=true`` does (~2 min per variant to compile).
+``trainer.compile_scope=whole`` does (~2 min per variant to compile).
 A ``_cdt`` suffix turns on inductor's coordinate-descent tuning of its generated (elementwise and
 reduction) kernels' block sizes, for that variant only (at ``large`` on an H100 it had not finished
 compiling after 4.5 minutes).
