@@ -24,7 +24,7 @@ Three suffixes set inductor options (any variant, either model), each for that v
 ``_pdl`` (``triton.enable_pdl``: programmatic dependent launch, Hopper's overlap of a kernel's start
 with the previous kernel's end), ``_nomix`` (``triton.mix_order_reduction`` off: LayerNorm backward
 then reduces its weight gradients in kernels of their own instead of partial sums in a workspace
-that an eager ``aten::sum`` finishes, 13 per block at ``large``) and ``_mixtune``
+that an eager ``aten::sum`` finishes, 12-13 per block at ``large``) and ``_mixtune``
 (``triton.mix_order_reduction_autotune_split_size``: inductor benchmarks the workspace's split).
 A ``_bf16res`` suffix (ours only) casts each Conformer block's output to bf16, so the residual
 stream between and inside blocks is bf16 instead of the fp32 that autocast's LayerNorm gives: a

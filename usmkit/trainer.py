@@ -277,7 +277,7 @@ class Trainer:
     def _forward_backward(self, batch: Batch, sync: bool) -> tuple[StepOutput, int]:
         frames = batch.num_frames  # counted on the host copy: no device sync
         batch = batch.to(self.device)
-        if self.cfg.compile:
+        if self.cfg.compile and self.cfg.compile_scope == "whole":  # (blocks mark their own inputs)
             for t in (batch.features, batch.feature_lens, batch.tokens, batch.token_lens):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(batch.tokens, 1)
