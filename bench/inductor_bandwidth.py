@@ -29,7 +29,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from collections import defaultdict  # noqa: E402
-from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -62,6 +61,7 @@ from train_throughput import (  # noqa: E402
     TorchaudioCTC,
     bf16_residual,
     compile_regions,
+    gpu_run_header,
     make_batch,
     make_step,
 )
@@ -141,17 +141,7 @@ def main() -> None:
     copy_gbs = copy_bandwidth()
     B, T = SHAPES[args.size]
     batch = make_batch(B, T, "cuda")
-    result = {
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": "PYTHONPATH=. python bench/inductor_bandwidth.py " + " ".join(sys.argv[1:]),
-        "size": args.size,
-        "B": B,
-        "T": T,
-        "copy_gb_per_s": round(copy_gbs),
-        "models": {},
-    }
+    result = gpu_run_header("inductor_bandwidth.py", size=args.size, B=B, T=T, copy_gb_per_s=round(copy_gbs), models={})
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s")
     for name in args.models.split(","):
         torch.manual_seed(0)

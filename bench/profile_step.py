@@ -22,7 +22,6 @@ import statistics
 import sys
 import types
 from collections import defaultdict
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -31,7 +30,16 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_throughput import SHAPES, OursCTC, TorchaudioCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
+from train_throughput import (  # noqa: E402
+    SHAPES,
+    OursCTC,
+    TorchaudioCTC,
+    compile_regions,
+    gpu_run_header,
+    make_batch,
+    make_step,
+    timed,
+)
 
 from usmkit.models.convolution import ConvolutionModule  # noqa: E402
 
@@ -83,16 +91,7 @@ def main() -> None:
     args = ap.parse_args()
     B, T = SHAPES[args.size]
     batch = make_batch(B, T, "cuda")
-    result = {
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": "PYTHONPATH=. python bench/profile_step.py " + " ".join(sys.argv[1:]),
-        "size": args.size,
-        "B": B,
-        "T": T,
-        "impl": args.impl,
-    }
+    result = gpu_run_header("profile_step.py", size=args.size, B=B, T=T, impl=args.impl)
 
     # 1. Profile of our compiled step (default depthwise).
     model = build(args.size, args.impl, args.chunk, "shifted")  # the default compiled step

@@ -108,6 +108,17 @@ class _ToBF16(torch.nn.Module):
         return x.to(torch.bfloat16)
 
 
+def gpu_run_header(script: str, **extra) -> dict:
+    """The head of a GPU benchmark's JSON: device, date, torch and the command that ran ``script``."""
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "command": f"PYTHONPATH=. python bench/{script} " + " ".join(sys.argv[1:]),
+        **extra,
+    }
+
+
 def make_batch(B: int, T: int, device, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     n_feat = 4 * T + 3  # -> exactly T encoder frames
@@ -236,15 +247,9 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda")
     peak = measure_peak(device)
-    result = {
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": "PYTHONPATH=. python bench/train_throughput.py " + " ".join(sys.argv[1:]),
-        "measured_bf16_matmul_tflops": round(peak / 1e12, 1),
-        "chunk_size": args.chunk,
-        "sizes": {},
-    }
+    result = gpu_run_header(
+        "train_throughput.py", measured_bf16_matmul_tflops=round(peak / 1e12, 1), chunk_size=args.chunk, sizes={}
+    )
     variants = args.variants.split(",")
     for size in args.sizes.split(","):
         B, T = SHAPES[size]
