@@ -22,10 +22,11 @@ from usmkit.config import from_dict
 from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import load_cuts
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.inference import transcribe_batches
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
+from usmkit.runs import load_trained
 from usmkit.streaming.features import checkpoint_feature_stats
-from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
 log = logging.getLogger("usmkit.evaluate")

@@ -24,7 +24,8 @@ from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
-from usmkit.tasks import build_task, make_dev_eval
+from usmkit.inference import make_dev_eval
+from usmkit.tasks import build_task
 from usmkit.trainer import Trainer, resolve_device
 
 log = logging.getLogger("usmkit.train")

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from usmkit.models.conformer import ConformerEncoder
-from usmkit.models.streaming import EncoderStreamState, chunk_lengths, stream_step
+from usmkit.models.stream_step import EncoderStreamState, chunk_lengths, stream_step
 
 
 class _StepModule(nn.Module):
