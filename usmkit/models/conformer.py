@@ -5,7 +5,7 @@ Shapes: B batch, T feature frames (10 ms), F feature bins, T' encoder frames (40
 features (B, T, F) -> 4x conv2d subsampling -> num_layers x ConformerBlock -> (B, T', D).
 Block (pre-norm, macaron): x + 0.5 FF(x); x + MHSA(x); x + Conv(x); x + 0.5 FF(x); LayerNorm. The
 streaming step (``usmkit.models.stream_step``) runs the same block body chunk by chunk.
-Attention sees only what the chunk mask allows (``usmkit.models.masks``); convolution crosses chunk
+Attention sees only what the chunk mask allows (``usmkit.masks``); convolution crosses chunk
 edges. Padded frames never influence valid ones: attention masks padded keys, the convolution
 zeroes them first, the rest works frame by frame. The forward has no data-dependent Python control
 flow (no ``.item()``), so ``torch.compile(fullgraph=True)`` can trace it.
@@ -18,11 +18,11 @@ from typing import Literal
 import torch
 from torch import nn
 
+from usmkit.masks import check_chunk_args, lengths_to_padding_mask
 from usmkit.models.attention import MultiHeadSelfAttention
 from usmkit.models.config import ConformerConfig
 from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
-from usmkit.models.masks import check_chunk_args, lengths_to_padding_mask
 from usmkit.models.rotary import RotaryTable
 from usmkit.models.subsampling import SUBSAMPLING_FACTOR, Conv2dSubsampling, output_lengths
 
