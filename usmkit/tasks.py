@@ -1,15 +1,22 @@
-"""Builds the module a recipe trains (``Batch -> StepOutput``) from its task and encoder configs.
+"""Builds the module a recipe trains (``Batch -> StepOutput``) and what the trainer must know of it.
 
-This is where configuration meets model classes: one explicit branch per task kind.
+This is where configuration meets model classes: one explicit branch per task kind in ``build_task``;
+``train_spec`` tells the trainer, which knows no model internals, the parameter groups, the blocks to
+compile and the batch axes that vary.
 """
 
 from __future__ import annotations
 
 import torch
 
-from usmkit.config import TaskConfig
+from usmkit.config import OptimConfig, TaskConfig
+from usmkit.data.batch import Batch
 from usmkit.models.config import ConformerConfig
-from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.conformer import ConformerBlock, ConformerEncoder
+from usmkit.models.subsampling import Conv2dSubsampling
+from usmkit.trainer import ParamGroup, TrainSpec
+
+COMPILE_UNITS = (ConformerBlock, Conv2dSubsampling)  # what trainer.compile_scope=blocks compiles one by one
 
 
 def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) -> torch.nn.Module:
@@ -28,3 +35,43 @@ def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) 
 
         return BestRQModel(encoder, BestRQConfig(**task.bestrq), input_dim=encoder_cfg.input_dim)
     raise ValueError(f"unknown task.kind {task.kind!r}; choose ctc, las or bestrq")
+
+
+def train_spec(module: torch.nn.Module, optim: OptimConfig) -> TrainSpec:
+    """What the trainer needs to know of ``module``: its parameter groups, compile units and dynamic batch axes."""
+    return TrainSpec(
+        param_groups=encoder_param_groups(module, optim),
+        compile_units=compile_units(module),
+        dynamic_axes=batch_dynamic_axes,
+    )
+
+
+def compile_units(module: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """Every Conformer block and subsampling front end in ``module``: one compiled graph serves each kind."""
+    return tuple(m for m in module.modules() if isinstance(m, COMPILE_UNITS))
+
+
+def encoder_param_groups(module: torch.nn.Module, optim: OptimConfig) -> tuple[ParamGroup, ...]:
+    """With ``optim.encoder_lr_scale`` / ``optim.freeze_encoder_steps``: the head's parameters, then the
+    encoder's (named ``encoder.*``) at their own rate; otherwise none (the trainer's single group)."""
+    if not optim.splits_encoder:
+        return ()
+    encoder, head = [], []
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            (encoder if name.startswith("encoder.") else head).append(p)
+    if not encoder:
+        raise ValueError(
+            "optim.encoder_lr_scale / optim.freeze_encoder_steps are set but the model has no parameters "
+            "named encoder.*; leave them at 1.0 / 0 for this task"
+        )
+    return (
+        ParamGroup("head", tuple(head)),
+        ParamGroup("encoder", tuple(encoder), optim.encoder_lr_scale, optim.freeze_encoder_steps),
+    )
+
+
+def batch_dynamic_axes(batch: Batch) -> list[tuple[torch.Tensor, int]]:
+    """The axes the bucketing sampler varies: every tensor's batch axis and the token axis. The feature
+    time axis comes in a few padded lengths (``data.pad_to_frames``) and stays static."""
+    return [(batch.features, 0), (batch.feature_lens, 0), (batch.tokens, 0), (batch.token_lens, 0), (batch.tokens, 1)]

@@ -25,7 +25,7 @@ from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.inference import make_dev_eval
-from usmkit.tasks import build_task
+from usmkit.tasks import build_task, train_spec
 from usmkit.trainer import Trainer, resolve_device
 
 log = logging.getLogger("usmkit.train")
@@ -182,7 +182,8 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         from dataclasses import replace
 
         trainer_cfg = replace(trainer_cfg, device=str(device))
-    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval)
+    spec = train_spec(module, cfg.optim)
+    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval, spec=spec)
     if cfg.resume and not trainer.resume():
         log.warning("resume=true but %s has no checkpoint yet: starting from step 0", exp_dir)
     result = trainer.fit()
