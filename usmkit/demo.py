@@ -11,6 +11,9 @@ Every step is a user-facing command; copy any of them to run it alone.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import json
 import shlex
 import subprocess
