@@ -11,6 +11,9 @@ scratch. First step = compile + one step; then the median of ``--steps`` steps.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import statistics
 import sys

@@ -12,6 +12,9 @@ built into a temporary folder, or ``--corpus-dir`` (a built synth corpus). Write
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import os
 import platform

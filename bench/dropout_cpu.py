@@ -14,6 +14,9 @@ Prints a table of medians and ratios and writes ``bench/results/dropout_cpu.json
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import statistics
 import sys

@@ -9,6 +9,9 @@ per FSDD file). Prints them and writes ``bench/results/fsdd_errors.json``.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import collections
 import sys

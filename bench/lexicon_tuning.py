@@ -8,6 +8,9 @@ Prints a WER table over the grid and writes ``bench/results/lexicon_tuning.json`
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import itertools
 import sys

@@ -18,6 +18,9 @@ Both merge their results into ``bench/results/longform.json``.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import json
 import os

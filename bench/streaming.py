@@ -16,6 +16,9 @@ Writes ``bench/results/streaming.json``.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import contextlib
 import io
