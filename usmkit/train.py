@@ -7,6 +7,9 @@ Several processes: ``torchrun --nproc-per-node 2 -m usmkit.train recipe=...`` (D
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import logging
 import math
 import os

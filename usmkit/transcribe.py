@@ -17,6 +17,9 @@ Exit status: 0 done (also when there was no speech), 2 bad input or usage (the m
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import argparse
 import json
 import shutil
