@@ -27,7 +27,7 @@ from typing import Any
 from lhotse import CutSet
 from lhotse.serialization import deserialize_item, load_jsonl, save_to_jsonl
 
-from usmkit.data.validate import BadInputError
+from usmkit.data.validate import BadInputError, check_sources
 
 KINDS: tuple[str, ...] = ("recordings", "supervisions", "cuts")
 _SUFFIX = ".jsonl.gz"
@@ -125,36 +125,6 @@ def _resolve_cut(cut: Any, base: Path, allow_urls: bool, path: Path) -> Any:
     data = cut.to_dict()
     check_sources(data, cut.id, allow_urls=allow_urls, where=str(path))
     return deserialize_item(_map_paths(data, functools.partial(_absolute, base=base)))
-
-
-def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: str = "manifest") -> None:
-    """Raise ``BadInputError`` naming ``cut_id`` if any recording inside the (cut, recording) dict ``data``
-    has a source that is not a file (or a URL when ``allow_urls``)."""
-    allowed = ("file", "url") if allow_urls else ("file",)
-    for source in _sources(data):
-        kind = source.get("type")
-        if kind not in allowed:
-            hint = "rebuild the manifest from audio files; a manifest from elsewhere may try to run commands"
-            if kind == "url":
-                hint = "download the audio and point the manifest at files, or allow URLs explicitly (data.allow_urls=true)"
-            raise BadInputError(
-                "refused recording source",
-                f"cut {cut_id} in {where}",
-                f"its recording source is of type {kind!r} ({str(source.get('source'))[:80]!r}); "
-                f"usmkit reads audio only from {' and '.join(allowed)} sources",
-                hint=hint,
-            )
-
-
-def _sources(data: Any) -> Iterator[dict]:
-    if isinstance(data, dict):
-        if isinstance(data.get("sources"), list):
-            yield from (s for s in data["sources"] if isinstance(s, dict))
-        for v in data.values():
-            yield from _sources(v)
-    elif isinstance(data, list):
-        for v in data:
-            yield from _sources(v)
 
 
 def _map_paths(data: Any, fn: Any) -> Any:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from lhotse import CutSet, Recording
 from lhotse.audio.backend import info as audio_info
@@ -83,12 +84,15 @@ def validate_cuts(
     require_text: bool,
     on_bad: OnBad = "error",
     expected_sample_rate: int = 16000,
+    allow_urls: bool = False,
 ) -> tuple[CutSet, ValidationReport]:
     """Check each cut's audio and transcript; return the usable cuts (eager), resampled to
     ``expected_sample_rate`` where their audio is at another (correctly declared) rate.
 
     Audio: the file exists, is not empty, decodes, is as long as the manifest says (truncation), and
-    is at the sample rate the manifest declares. Text: with ``require_text`` every cut has a non-empty
+    is at the sample rate the manifest declares. A recording source that is not a file (a lhotse
+    ``command`` would run a shell command) raises ``BadInputError`` naming the cut, whatever
+    ``on_bad`` says, before any audio is read. Text: with ``require_text`` every cut has a non-empty
     transcript; any transcript present must be valid UTF-8.
     """
     if on_bad not in ("error", "skip"):
@@ -98,6 +102,8 @@ def validate_cuts(
     kept = []
     for cut in cuts:
         report.total += 1
+        if cut.has_recording:
+            check_sources(cut.recording.to_dict(), cut.id, allow_urls=allow_urls)
         problem = _text_problem(cut, require_text)
         if problem is None:
             if not cut.has_recording:
@@ -118,10 +124,40 @@ def validate_cuts(
     return CutSet.from_cuts(kept), report
 
 
+def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: str = "manifest") -> None:
+    """Raise ``BadInputError`` naming ``cut_id`` if any recording inside the (cut, recording) dict ``data``
+    has a source that is not a file (or a URL when ``allow_urls``)."""
+    allowed = ("file", "url") if allow_urls else ("file",)
+    for source in _sources(data):
+        kind = source.get("type")
+        if kind not in allowed:
+            hint = "rebuild the manifest from audio files; a manifest from elsewhere may try to run commands"
+            if kind == "url":
+                hint = "download the audio and point the manifest at files, or allow URLs explicitly (data.allow_urls=true)"
+            raise BadInputError(
+                "refused recording source",
+                f"cut {cut_id} in {where}",
+                f"its recording source is of type {kind!r} ({str(source.get('source'))[:80]!r}); "
+                f"usmkit reads audio only from {' and '.join(allowed)} sources",
+                hint=hint,
+            )
+
+
+def _sources(data: Any) -> Iterator[dict]:
+    if isinstance(data, dict):
+        if isinstance(data.get("sources"), list):
+            yield from (s for s in data["sources"] if isinstance(s, dict))
+        for v in data.values():
+            yield from _sources(v)
+    elif isinstance(data, list):
+        for v in data:
+            yield from _sources(v)
+
+
 def _audio_problem(rec: Recording) -> Problem | None:
     declared_sr = _source_sample_rate(rec)
     for src in rec.sources:
-        if src.type != "file":
+        if src.type != "file":  # a URL (check_sources let it through: allowed explicitly)
             continue
         path = Path(src.source)
         if not path.is_file():
