@@ -24,6 +24,8 @@ from lhotse.audio.backend import info as audio_info
 from lhotse.augmentation import Resample
 from lhotse.cut import Cut
 
+from usmkit.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 OnBad = Literal["error", "skip"]
@@ -32,7 +34,7 @@ PROBE_S = 0.1  # seconds decoded from the start of each recording to prove it de
 FIX_HINT = "fix or remove it from the manifest, or set data.on_bad_input=skip to drop such cuts (with a summary)"
 
 
-class BadInputError(ValueError):
+class BadInputError(UsageError, ValueError):
     """A data file or manifest entry that cannot be used; the message names it and what to do."""
 
     def __init__(self, kind: str, where: str, detail: str, hint: str = FIX_HINT) -> None:
