@@ -260,10 +260,11 @@ def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
             raise CheckpointDamaged(f"{path} is missing")
         if _sha256(path) != digest:
             raise CheckpointDamaged(f"{path} is damaged: its SHA-256 does not match the one in {STATE_FILE}")
-    return decode_state(tree, _load_safetensors(ckpt_dir / STATE_TENSORS_FILE))
+    return decode_state(tree, load_tensors(ckpt_dir / STATE_TENSORS_FILE))
 
 
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file; ``CheckpointDamaged`` naming it when it is missing or unreadable."""
     try:
         return load_file(str(path))
     except FileNotFoundError:
@@ -329,7 +330,7 @@ def load_weights(
     Shape or name mismatches raise ``CheckpointError`` listing the offending keys, typically because
     the checkpoint was trained with another model size. Returns the keys that were loaded.
     """
-    weights = _load_safetensors(Path(ckpt_dir) / MODEL_FILE)
+    weights = load_tensors(Path(ckpt_dir) / MODEL_FILE)
     if prefix:
         weights = {k: v for k, v in weights.items() if k.startswith(prefix)}
         if not weights:

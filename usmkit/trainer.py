@@ -41,13 +41,16 @@ from usmkit.checkpoint import (
 from usmkit.compile_blocks import compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
+from usmkit.errors import UsageError
 from usmkit.models.output import StepOutput
 
 log = logging.getLogger(__name__)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UsageError):
     """Too many consecutive steps with a non-finite loss or gradient."""
+
+    exit_code = 1
 
 
 class ResumableLoader(Protocol):

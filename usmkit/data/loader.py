@@ -39,7 +39,11 @@ def prepare_cuts(
     """Once per run, before any loader: validate (``cfg.on_bad_input``), resample to the feature rate,
     and attach stored features when ``cfg.features.precomputed`` (cached in ``feats_{split}``)."""
     cuts, report = validate_cuts(
-        cuts, require_text=require_text, on_bad=cfg.on_bad_input, expected_sample_rate=cfg.features.sample_rate
+        cuts,
+        require_text=require_text,
+        on_bad=cfg.on_bad_input,
+        expected_sample_rate=cfg.features.sample_rate,
+        allow_urls=cfg.allow_urls,
     )
     if cfg.features.precomputed:
         cuts = precompute_features(

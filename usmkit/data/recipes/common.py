@@ -32,11 +32,16 @@ from lhotse import CutSet, Recording, RecordingSet, SupervisionSet
 
 from usmkit.data.manifests import manifest_path, write_manifest
 from usmkit.data.validate import BadInputError, Problem, ValidationReport
+from usmkit.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 OnError = Literal["fail", "skip"]
 ON_ERROR_HINT = "fix or remove it, or pass on_error=skip to leave such items out (they are counted in the summary)"
+
+
+class RecipeError(UsageError, ValueError):
+    """A recipe argument or corpus layout that cannot be used; the message says what to pass instead."""
 
 
 class RecipeDrops:

@@ -34,8 +34,9 @@ from pathlib import Path
 from lhotse import CutSet, MonoCut, SupervisionSegment
 
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
-from usmkit.data.recipes.common import OnError, RecipeDrops, checked_recording, drops_footer, write_split
+from usmkit.data.recipes.common import OnError, RecipeDrops, RecipeError, checked_recording, drops_footer, write_split
 from usmkit.data.recipes.fsdd_synth import plan_digit_takes, synthesize_digit_takes
+from usmkit.errors import strip_debug_flag, user_errors
 
 CORPUS = "fsdd"
 SAMPLE_RATE = 16000
@@ -78,7 +79,7 @@ def scan_fsdd(corpus_dir: Path, limit: int | None = None) -> list[FsddFile]:
     for path in sorted(_recordings_dir(corpus_dir).glob("*.wav")):
         match = _FILE_NAME.match(path.name)
         if match is None:
-            raise ValueError(
+            raise RecipeError(
                 f"{path}: FSDD file names must look like '{{digit}}_{{speaker}}_{{index}}.wav' (e.g. 7_theo_12.wav); "
                 "move other files out of the recordings directory"
             )
@@ -100,14 +101,14 @@ def _check_speakers(found: set[str], test_speakers: set[str], dev_speakers: set[
     for name, chosen in (("test_speakers", test_speakers), ("dev_speakers", dev_speakers)):
         unknown = chosen - found
         if unknown:
-            raise ValueError(f"{name} {sorted(unknown)} are not in the corpus; its speakers are {sorted(found)}")
+            raise RecipeError(f"{name} {sorted(unknown)} are not in the corpus; its speakers are {sorted(found)}")
     if not test_speakers:
-        raise ValueError(f"test_speakers must name at least one speaker of {sorted(found)}")
+        raise RecipeError(f"test_speakers must name at least one speaker of {sorted(found)}")
     both = test_speakers & dev_speakers
     if both:
-        raise ValueError(f"speakers {sorted(both)} are in both test_speakers and dev_speakers; pick one split each")
+        raise RecipeError(f"speakers {sorted(both)} are in both test_speakers and dev_speakers; pick one split each")
     if not found - test_speakers - dev_speakers:
-        raise ValueError(
+        raise RecipeError(
             f"no training speaker left: corpus speakers {sorted(found)}, test {sorted(test_speakers)}, dev {sorted(dev_speakers)}"
         )
 
@@ -154,9 +155,9 @@ def prepare_fsdd(
     drops = drops if drops is not None else RecipeDrops(on_error)
     corpus_dir = Path(corpus_dir) if corpus_dir is not None else default_fsdd_dir()
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
+        raise RecipeError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
     if synth_takes < 0:
-        raise ValueError(f"synth_takes must be >= 0 (synthetic takes per digit; 0 = none), got {synth_takes}")
+        raise RecipeError(f"synth_takes must be >= 0 (synthetic takes per digit; 0 = none), got {synth_takes}")
     files = scan_fsdd(corpus_dir, limit)
     test_set, dev_set = set(test_speakers), set(dev_speakers)
     _check_speakers({f.speaker for f in files}, test_set, dev_set)
@@ -175,7 +176,7 @@ def prepare_fsdd(
     result = {}
     for split, cuts in by_split.items():
         if not cuts:
-            raise ValueError(f"split {split!r} is empty (limit={limit}); raise limit or change the speaker split")
+            raise RecipeError(f"split {split!r} is empty (limit={limit}); raise limit or change the speaker split")
         cut_set = CutSet.from_cuts(cuts)
         write_split(out_dir, CORPUS, split, cut_set)
         result[split] = cut_set
@@ -215,20 +216,21 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_key_value_args(FsddArgs, sys.argv[1:] if argv is None else argv, USAGE)
-    drops = RecipeDrops(args.on_error)  # type: ignore[arg-type]  (checked there)
-    cut_sets = prepare_fsdd(
-        corpus_dir=args.corpus_dir or None,
-        out_dir=args.out,
-        test_speakers=_names(args.test_speakers),
-        dev_speakers=_names(args.dev_speakers),
-        limit=args.limit,
-        synth_takes=args.synth_takes,
-        synth_seed=args.synth_seed,
-        workers=args.workers,
-        drops=drops,
-    )
-    print_split_table(f"fsdd manifests in {args.out}", split_rows(cut_sets), footer=drops_footer(drops))
+    args = parse_key_value_args(FsddArgs, strip_debug_flag(sys.argv[1:] if argv is None else argv), USAGE)
+    with user_errors():  # a bad file or value: one line, exit code 2 (--debug: the traceback)
+        drops = RecipeDrops(args.on_error)  # type: ignore[arg-type]  (checked there)
+        cut_sets = prepare_fsdd(
+            corpus_dir=args.corpus_dir or None,
+            out_dir=args.out,
+            test_speakers=_names(args.test_speakers),
+            dev_speakers=_names(args.dev_speakers),
+            limit=args.limit,
+            synth_takes=args.synth_takes,
+            synth_seed=args.synth_seed,
+            workers=args.workers,
+            drops=drops,
+        )
+        print_split_table(f"fsdd manifests in {args.out}", split_rows(cut_sets), footer=drops_footer(drops))
     return 0
 
 

@@ -30,8 +30,9 @@ from pathlib import Path
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 
 from usmkit.data.recipes import normalize_text, parse_key_value_args, print_split_table, split_rows
-from usmkit.data.recipes.common import OnError, RecipeDrops, checked_recording, drops_footer, write_split
+from usmkit.data.recipes.common import OnError, RecipeDrops, RecipeError, checked_recording, drops_footer, write_split
 from usmkit.data.validate import read_kaldi_text
+from usmkit.errors import strip_debug_flag, user_errors
 
 CORPUS = "librispeech"
 
@@ -81,7 +82,7 @@ def prepare_librispeech(
                 f"{[p.name for p in sorted(root.iterdir()) if _is_part(p)]}"
             )
     if not part_dirs:
-        raise ValueError(
+        raise RecipeError(
             f"no LibriSpeech part found in {root}: expected part folders such as dev-clean/ or train-clean-100/ "
             "holding {speaker}/{chapter}/*.flac and *.trans.txt"
         )
@@ -91,7 +92,7 @@ def prepare_librispeech(
         split = split_name(part_dir.name)
         cuts = _part_cuts(part_dir, drops, num_jobs, decode)
         if not cuts:
-            raise ValueError(f"LibriSpeech part {part_dir} has no usable utterance ({drops.summary()})")
+            raise RecipeError(f"LibriSpeech part {part_dir} has no usable utterance ({drops.summary()})")
         cut_set = CutSet.from_cuts(cuts)
         write_split(out_dir, CORPUS, split, cut_set)
         result[split] = cut_set
@@ -166,13 +167,14 @@ usage: python -m usmkit.data.recipes.librispeech corpus_dir=PATH [key=value ...]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_key_value_args(LibriSpeechArgs, sys.argv[1:] if argv is None else argv, USAGE)
-    parts = args.parts if args.parts == "auto" else [p.strip() for p in args.parts.split(",") if p.strip()]
-    drops = RecipeDrops(args.on_error)  # type: ignore[arg-type]  (checked there)
-    cut_sets = prepare_librispeech(
-        args.corpus_dir, args.out, parts=parts, num_jobs=args.num_jobs, decode=args.decode, drops=drops
-    )
-    print_split_table(f"librispeech manifests in {args.out}", split_rows(cut_sets), footer=drops_footer(drops))
+    args = parse_key_value_args(LibriSpeechArgs, strip_debug_flag(sys.argv[1:] if argv is None else argv), USAGE)
+    with user_errors():  # a bad file or value: one line, exit code 2 (--debug: the traceback)
+        parts = args.parts if args.parts == "auto" else [p.strip() for p in args.parts.split(",") if p.strip()]
+        drops = RecipeDrops(args.on_error)  # type: ignore[arg-type]  (checked there)
+        cut_sets = prepare_librispeech(
+            args.corpus_dir, args.out, parts=parts, num_jobs=args.num_jobs, decode=args.decode, drops=drops
+        )
+        print_split_table(f"librispeech manifests in {args.out}", split_rows(cut_sets), footer=drops_footer(drops))
     return 0
 
 
