@@ -240,8 +240,8 @@ class Trainer:
         """Continue from the newest complete checkpoint in ``exp_dir``; False if there is none.
 
         A damaged newest checkpoint (a file missing, truncated or altered) is passed over with a warning
-        for the one before it; ``CheckpointError`` when none is usable. Entries of ``metrics.jsonl``
-        after the checkpoint's step (logged before the run stopped) are removed: they are logged again.
+        for the one before it; ``CheckpointError`` when none is usable. (``fit`` then removes the
+        entries of ``metrics.jsonl`` after the step it starts from.)
         """
         candidates = list_checkpoints(self.ckpt_root)
         complete = {c.path for c in candidates}
@@ -270,10 +270,6 @@ class Trainer:
         self.step, self.epoch = state["step"], state["epoch"]
         self.best = state.get("best") or read_best(self.ckpt_root)
         self.bad_steps_total = state.get("bad_steps_total", 0)
-        if is_main_process():
-            dropped = truncate_metrics(self.exp_dir / "metrics.jsonl", self.step)
-            if dropped:
-                log.info("metrics.jsonl: removed %d entries after step %d (they are logged again)", dropped, self.step)
         log.info("resumed from %s at step %d (epoch %d)", last.path, self.step, self.epoch)
         return True
 
@@ -337,6 +333,10 @@ class Trainer:
 
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             writer = SummaryWriter(str(self.exp_dir / "tensorboard"), purge_step=self.step or None)
+        if main:  # entries past the step this run starts from were logged by a run that died: logged again
+            dropped = truncate_metrics(self.exp_dir / "metrics.jsonl", self.step)
+            if dropped:
+                log.info("metrics.jsonl: removed %d entries after step %d (they are logged again)", dropped, self.step)
         metrics_log = open(self.exp_dir / "metrics.jsonl", "a") if main else None  # noqa: SIM115
         progress = _progress(cfg, self.step) if (main and cfg.progress) else None
         batches = self._batches()

@@ -122,6 +122,9 @@ class AsrLoader:
             batch_size=None,
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
+            # Its own generator: each iter() draws a worker base seed from it, never from the global RNG,
+            # which the trainer restores on resume (the workers' draws are re-seeded per batch anyway).
+            generator=torch.Generator().manual_seed(seed),
         )
 
     def __iter__(self) -> Iterator[Batch]:

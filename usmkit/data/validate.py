@@ -123,6 +123,17 @@ def validate_cuts(
         kept.append(cut if cut.sampling_rate == expected_sample_rate else cut.resample(expected_sample_rate))
     if report.problems:
         log.warning("%s", report.summary())
+    rates = (_source_sample_rate(c.recording) for c in kept if c.has_recording)
+    low = Counter(rate for rate in rates if rate < expected_sample_rate)
+    for rate, n in sorted(low.items()):
+        log.warning(
+            "note: %d cuts hold %d Hz audio; the model expects %d Hz speech: they are upsampled, "
+            "so their band above %d Hz is empty",
+            n,
+            rate,
+            expected_sample_rate,
+            rate // 2,
+        )
     return CutSet.from_cuts(kept), report
 
 
