@@ -174,6 +174,7 @@ def test_torchrun_two_processes(corpus, tmp_path):
 
 def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
     from usmkit.config import TrainConfig, from_dict
+    from usmkit.errors import UsageError
     from usmkit.train import compiled_lengths
 
     def cfg(**data):

@@ -41,7 +41,7 @@ def speech_silence_speech(sr: int = SR) -> np.ndarray:
 
 def make_ctc_checkpoint(root: Path) -> Path:
     """Experiment dir ``root`` with checkpoints/step-000001 (tiny causal CTC model), tokenizer and stats."""
-    tokenizer = Tokenizer.train(TEXTS, root / "tokenizer", vocab_size=minimum_vocab_size(TEXTS) + 8)
+    tokenizer = Tokenizer.train(TEXTS, root / "tokenizer", vocab_size=minimum_vocab_size(TEXTS))
     cfg = TrainConfig(
         task=TaskConfig(kind="ctc"),
         model=ModelSection(preset="tiny", chunk_size=4, left_chunks=2, causal_conv=True, dropout=0.0),
@@ -67,6 +67,16 @@ def make_ctc_checkpoint(root: Path) -> Path:
 @pytest.fixture(scope="session")
 def ctc_ckpt(tmp_path_factory) -> Path:
     return make_ctc_checkpoint(tmp_path_factory.mktemp("fault_ckpt"))
+
+
+@pytest.fixture(scope="session")
+def synth_corpus(tmp_path_factory) -> Path:
+    """The embedded corpus, tiny (a few dozen utterances per split)."""
+    from usmkit.data.synth.build import SynthConfig, build_corpus
+
+    out = tmp_path_factory.mktemp("synth")
+    build_corpus(SynthConfig(out=out, size="tiny", workers=1, external_engines=False))
+    return out
 
 
 @pytest.fixture(autouse=True)

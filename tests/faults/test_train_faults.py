@@ -20,7 +20,6 @@ from omegaconf import OmegaConf
 
 from usmkit import checkpoint as ck
 from usmkit.config import ConfigError, TrainConfig, from_dict
-from usmkit.data.synth.build import SynthConfig, build_corpus
 from usmkit.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,10 +40,8 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("synth")
-    build_corpus(SynthConfig(out=out, size="tiny", workers=1, external_engines=False))
-    return out
+def corpus(synth_corpus) -> Path:
+    return synth_corpus
 
 
 def config(corpus: Path, exp: Path, *extra: str) -> tuple[TrainConfig, str]:
