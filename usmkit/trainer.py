@@ -26,8 +26,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from usmkit.checkpoint import (
+    STATE_FILE,
+    CheckpointDamaged,
     CheckpointError,
     latest_checkpoint,
+    list_checkpoints,
+    load_train_state,
     load_weights,
     prune_checkpoints,
     read_best,
@@ -39,13 +43,16 @@ from usmkit.checkpoint import (
 from usmkit.compile_blocks import compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
+from usmkit.errors import UsageError
 from usmkit.models.output import StepOutput
 
 log = logging.getLogger(__name__)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UsageError):
     """Too many consecutive steps with a non-finite loss or gradient."""
+
+    exit_code = 1
 
 
 class ResumableLoader(Protocol):
@@ -274,12 +281,32 @@ class Trainer:
         }
 
     def resume(self) -> bool:
-        """Continue from the newest checkpoint in ``exp_dir``; False if there is none."""
-        last = latest_checkpoint(self.ckpt_root)
-        if last is None:
+        """Continue from the newest complete checkpoint in ``exp_dir``; False if there is none.
+
+        A damaged newest checkpoint (a file missing, truncated or altered) is passed over with a warning
+        for the one before it; ``CheckpointError`` when none is usable. (``fit`` then removes the
+        entries of ``metrics.jsonl`` after the step it starts from.)
+        """
+        candidates = list_checkpoints(self.ckpt_root)
+        complete = {c.path for c in candidates}
+        for p in sorted(self.ckpt_root.glob("step-*")) if self.ckpt_root.is_dir() else []:
+            if p not in complete:
+                log.warning("%s is incomplete (no %s or weights); it is not resumed from", p, STATE_FILE)
+        if not candidates:
             return False
-        load_weights(self.module, last.path)
-        state = torch.load(last.path / "train_state.pt", map_location="cpu", weights_only=False)
+        for ckpt in reversed(candidates):
+            try:
+                state = load_train_state(ckpt.path)  # checks both tensor files' SHA-256 first
+                load_weights(self.module, ckpt.path)
+                break
+            except CheckpointDamaged as e:
+                log.warning("%s; falling back to the previous checkpoint", e)
+        else:
+            raise CheckpointError(
+                f"none of the {len(candidates)} checkpoints in {self.ckpt_root} can be read (see the warnings "
+                "above); start a new run (resume=false) with another trainer.exp_dir"
+            )
+        last = ckpt
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.train_loader.load_state_dict(state["loader"])
@@ -296,12 +323,9 @@ class Trainer:
         last = latest_checkpoint(self.ckpt_root)
         if last is not None and last.step == self.step:  # e.g. the best was just saved at this step
             return last.path
-        try:
-            path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
-        except CheckpointError as e:
-            # Keep training: the previous checkpoint is intact and the next save may succeed.
-            log.error("%s", e)
-            return None
+        # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
+        # saving would lose every step after the last checkpoint, which stays intact.
+        path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
         keep = {self.ckpt_root / self.best["path"]} if self.best else set()
         prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
         return path
@@ -352,6 +376,10 @@ class Trainer:
 
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             writer = SummaryWriter(str(self.exp_dir / "tensorboard"), purge_step=self.step or None)
+        if main:  # entries past the step this run starts from were logged by a run that died: logged again
+            dropped = truncate_metrics(self.exp_dir / "metrics.jsonl", self.step)
+            if dropped:
+                log.info("metrics.jsonl: removed %d entries after step %d (they are logged again)", dropped, self.step)
         metrics_log = open(self.exp_dir / "metrics.jsonl", "a") if main else None  # noqa: SIM115
         progress = _progress(cfg, self.step) if (main and cfg.progress) else None
         batches = self._batches()
@@ -475,6 +503,29 @@ class Trainer:
                     write_best(self.ckpt_root, path, self.cfg.best_metric, value, self.step)
         if self.distributed:
             dist.barrier()
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Remove the entries of ``metrics.jsonl`` logged after ``step`` (atomically); returns how many.
+    Lines that are not JSON (a write cut short by a kill) are removed too."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+            keep = int(entry["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        tmp.replace(path)
+    return dropped
 
 
 def _progress(cfg: TrainerConfig, start: int):

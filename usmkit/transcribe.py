@@ -17,6 +17,9 @@ Exit status: 0 done (also when there was no speech), 2 bad input or usage (the m
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import argparse
 import json
 import shutil
@@ -248,6 +251,8 @@ def _run_streaming(transcriber: StreamingTranscriber, source: AudioSource, print
             warned = warned or _clipping_warning(transcriber.meter, source, err)
     except KeyboardInterrupt:
         interrupted = True
+    except AudioError as e:  # decoding failed part way: what came before is decoded, shown and saved first
+        source.failure = e
     for seg in transcriber.finish():
         printer.final(seg)
         segments.append(seg)
@@ -261,9 +266,12 @@ def _run_whole(args, model, tokenizer, fbank, decoder_cfg, source, printer, err,
     interrupted = False
     blocks: list[np.ndarray] = []
     try:
-        blocks += list(source)
+        for block in source:
+            blocks.append(block)
     except KeyboardInterrupt:
         interrupted = True
+    except AudioError as e:  # decoding failed part way: the audio before it is transcribed first
+        source.failure = e
     samples = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
     segments, stats, meter = transcribe_whole(model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db)
     for seg in segments:
@@ -309,9 +317,10 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
             args, model, tokenizer, fbank, decoder_cfg, source, printer, err, (C, K)
         )
     printer.close()
+    failure = getattr(source, "failure", None)
     for note in source.notes():
         print(f"note: {note}", file=err)
-    if run_stats.audio_s == 0:
+    if run_stats.audio_s == 0 and failure is None:
         raise AudioError(f"{source.describe}: no audio samples arrived; nothing to transcribe")
     if not segments:
         print(f"no speech detected in {source.describe} ({run_stats.audio_s:.2f} s of audio)", file=err)
@@ -325,14 +334,19 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
         summary = f"RTF {run_stats.rtf:.3f} (whole input at once, no streaming), {run_stats.audio_s:.2f} s of audio"
     print(summary, file=err)
     if args.json is not None:
-        _write_json(args.json, source, ckpt, decoder_cfg, C, K, streaming, run_stats, segments)
+        _write_json(args.json, source, ckpt, decoder_cfg, C, K, streaming, run_stats, segments, failure)
+    if failure is not None:
+        print(f"the transcript above covers the audio before the failure ({run_stats.audio_s:.2f} s)", file=err)
+        raise failure
     if interrupted and not args.mic:
         print("interrupted: the transcript above covers the audio read so far", file=err)
         return 130
     return EXIT_OK
 
 
-def _write_json(path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s: RunStats, segments) -> None:
+def _write_json(
+    path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s: RunStats, segments, failure=None
+) -> None:
     record = {
         "input": source.describe,
         "checkpoint": str(ckpt),
@@ -347,6 +361,7 @@ def _write_json(path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s:
         "chunk_latency_ms": {"p50": s.latency_ms(50), "p95": s.latency_ms(95)} if s.latencies_s else None,
         "chunks": len(s.latencies_s),
         "segments": [seg.as_dict() for seg in segments],
+        **({"error": str(failure)} if failure is not None else {}),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

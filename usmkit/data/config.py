@@ -18,9 +18,8 @@ class FeatureConfig:
 
     ``precomputed=True`` reads features stored once with lhotse (``LilcomChunkyWriter``) under
     ``{manifest_dir}/feats_{split}``; ``False`` computes them in the loader workers on every batch.
-    Precomputed is the default because it is the faster path: on the 2-core dev CPU the whole train
-    loader gives ~3000 vs ~520 s of audio per second in-process and ~1500 vs ~560 with one worker
-    (``bench/data_throughput.py``, ``bench/results/data_throughput.json``).
+    Precomputed is the default because reading stored features is several times faster than computing
+    them, in-process and in workers (``bench/data_throughput.py``).
     Speed perturbation changes the waveform, so it needs on-the-fly features: combining
     ``precomputed=True`` with ``DataConfig.speed_perturb`` is rejected by ``DataConfig``.
     """
@@ -107,6 +106,8 @@ class DataConfig:
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
+    - ``allow_urls``: let recordings load from ``url`` sources (downloads); off, only files are read.
+      Other lhotse source types (``command`` runs a shell command) are always refused.
     """
 
     manifest_dir: str = "data/synth"
@@ -124,6 +125,7 @@ class DataConfig:
     pad_to_frames: int = 0
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
+    allow_urls: bool = False
     features: FeatureConfig = field(default_factory=FeatureConfig)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     labeled_fraction: float = 1.0

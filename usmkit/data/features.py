@@ -14,7 +14,7 @@ Storage format: ``NumpyFilesWriter`` (raw float32 ``.npy``). lhotse's ``LilcomCh
 smaller but needs the ``lilcom`` package, which usmkit does not depend on; raw arrays also decode
 fastest, and reading speed is what the loader needs.
 
-On-the-fly extraction is lhotse's batched path (2x faster than one cut at a time here); it zero-pads
+On-the-fly extraction is lhotse's batched path (faster than one cut at a time); it zero-pads
 shorter waveforms, so the last frame of a cut can differ slightly from the stored one (all other
 frames agree to 1e-4).
 """
@@ -33,6 +33,7 @@ from lhotse.dataset import OnTheFlyFeatures, PrecomputedFeatures
 from lhotse.dataset.input_strategies import BatchIO
 
 from usmkit.data.config import FeatureConfig
+from usmkit.data.manifests import read_cuts, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,9 @@ def _load_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut]:
         return {}
     if not cuts_path.is_file():
         return {}
-    return {c.id: c for c in CutSet.from_file(cuts_path)}
+    return {c.id: c for c in read_cuts(cuts_path)}  # paths relative to the cache, like every manifest
 
 
 def _save_cache(storage_dir: Path, cfg: FeatureConfig, cuts: dict[str, Cut]) -> None:
-    tmp = storage_dir / f"tmp_{CUTS_FILE}"
-    CutSet.from_cuts(cuts.values()).to_file(tmp)
-    tmp.replace(storage_dir / CUTS_FILE)  # atomic: a crash never leaves a half-written manifest
+    write_manifest(CutSet.from_cuts(cuts.values()), storage_dir / CUTS_FILE)  # atomic (temp file + rename)
     (storage_dir / CONFIG_FILE).write_text(json.dumps(asdict(cfg) | {"precomputed": True}, indent=1))
