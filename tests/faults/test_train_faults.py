@@ -281,3 +281,22 @@ def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
     assert "Traceback" not in proc.stderr  # and no "no cuts manifest" error: no data was looked at
     proc = subprocess.run([*cmd, "--debug"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "optim.lr" in proc.stderr
+
+
+def test_metrics_cut_by_a_kill_mid_line_are_trimmed(tmp_path):
+    from usmkit.trainer import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "train/lo')
+    assert truncate_metrics(path, 2) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert truncate_metrics(path, 1) == 1 and truncate_metrics(tmp_path / "absent.jsonl", 0) == 0
+
+
+def test_resume_with_only_old_pickled_checkpoints_refuses_to_start_over(corpus, uninterrupted, tmp_path):
+    exp = tmp_path / "run"
+    shutil.copytree(uninterrupted, exp)
+    for step_dir in (exp / "checkpoints").glob("step-*"):
+        (step_dir / ck.STATE_FILE).rename(step_dir / "train_state.pt")
+    with pytest.raises(ck.CheckpointError, match=r"none of the 3 checkpoints .* is complete.*init_from="):
+        train(corpus, exp, "resume=true")
