@@ -2,7 +2,7 @@
 
 Run on the GPU machine from the repository root:
 
-    PYTHONPATH=. python3 bench/attention.py --out bench/results/attention.json
+    PYTHONPATH=. python bench/attention.py   # writes bench/results/attention.json ($OUT/attention.json if set)
 
 Steps: versions and device; the device's ceilings (device-to-device copy bandwidth, bf16 matmul rate on random
 data); then per shape (B, T, H, D, chunk, left), lengths uniform in [T/2, T], bf16:
@@ -19,7 +19,6 @@ forward+backward 3.5x that (the FlashAttention convention: 2 matmuls forward, 5 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
+from common import result_path, run_header, write_result
 from torch.nn.attention.flex_attention import flex_attention
 from triton.testing import do_bench
 
@@ -36,7 +36,7 @@ from usmkit.kernels.chunk_attention import chunk_attention
 from usmkit.kernels.chunk_attention import triton as kernels
 from usmkit.kernels.chunk_attention.flex import chunk_block_mask
 from usmkit.kernels.chunk_attention.reference import chunk_attention_reference
-from usmkit.models.masks import lengths_to_padding_mask, padded_chunk_mask
+from usmkit.masks import lengths_to_padding_mask, padded_chunk_mask
 
 # (B, T, H, D, chunk_size, left_chunks)
 SHAPES = [
@@ -225,7 +225,7 @@ def _host_profile(fn, q, k, v, dout) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=None, help="write the results JSON here")
+    parser.add_argument("--out", type=Path, default=result_path("attention"), help="the results JSON")
     parser.add_argument("--shapes", type=int, nargs="*", default=None, help="indices into SHAPES (default: all)")
     parser.add_argument("--check-only", action="store_true", help="correctness only, no timing")
     parser.add_argument("--host-profile", action="store_true", help="cProfile the Triton forward+backward host path")
@@ -237,20 +237,15 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.accumulated_recompile_limit = 256
 
-    device = torch.cuda.get_device_name()
-    print(f"device {device}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-    result = {
-        "device": device,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "command": "PYTHONPATH=. python3 " + " ".join(sys.argv),
-        "dtype": str(DTYPE),
-        "flops_convention": "useful pairs only; fwd 4*D per visible pair, fwd+bwd 3.5x fwd",
-        "timing": "*_ms: triton.testing.do_bench median of CUDA-graph replays (GPU time alone, no host launch cost, "
+    result = run_header(
+        triton=triton.__version__,
+        dtype=str(DTYPE),
+        flops_convention="useful pairs only; fwd 4*D per visible pair, fwd+bwd 3.5x fwd",
+        timing="*_ms: triton.testing.do_bench median of CUDA-graph replays (GPU time alone, no host launch cost, "
         "L2 cleared between runs); *_eager_ms: do_bench median of the eager call (includes host time where the "
         "host is slower than the GPU); masks built outside the timed region; flex = torch.compile(flex_attention)",
-    }
+    )
+    print(f"device {result['device']}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     if not args.check_only:
         result["ceilings"] = measure_ceilings()
         print(f"ceilings {result['ceilings']}", flush=True)
@@ -301,10 +296,8 @@ def main() -> None:
                 flush=True,
             )
         rows.append(row)
-        if args.out is not None:  # after every shape, so a run cut short still leaves its results
-            result["shapes"] = rows
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
+        result["shapes"] = rows
+        write_result(args.out, result)  # after every shape, so a run cut short still leaves its results
         del q, k, v, dout, impls
         torch.cuda.empty_cache()
     result["shapes"] = rows
@@ -338,10 +331,7 @@ def main() -> None:
                 for n in ("speedup", "speedup_fwd", "speedup_eager", "speedup_fwd_eager")
             )
         )
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    print(f"wrote {write_result(args.out, result)}")
 
 
 if __name__ == "__main__":

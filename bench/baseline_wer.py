@@ -4,14 +4,14 @@
     python bench/baseline_wer.py synth8  # the same on 8 kHz features: FSDD's pre-training
     python bench/baseline_wer.py fsdd    # builds data/fsdd from ../shared/data/fsdd (theo held out);
                                          # fine-tunes the synth8 run's encoder, so run synth8 first
-    python bench/baseline_wer.py plot    # training curves of both runs -> bench/results/baseline_curves.png
+    python bench/baseline_wer.py plot    # training curves of both runs -> bench/results/baseline_wer_curves.png
     python bench/baseline_wer.py synth --eval-only   # re-score an existing run (minutes from its train.log)
 
 Each run trains with the command recorded in the JSON, times it, evaluates the held-out voices /
 speaker with every decode mode in ``decodes`` (the first is the headline number), and merges its
 entry into bench/results/baseline_wer.json.
 
-The synth settings come from the GPU sweeps in ``bench/results/synth_ctc_sweep.json``: 50-s
+The synth settings come from the GPU sweeps in ``bench/results/baseline_wer_gpu_sweep.json``: 50-s
 batches, lr 2.5e-3, a 320-piece (about character) tokenizer, light SpecAugment (2 time masks, freq
 width 15), dropout 0.1 and intermediate CTC at weight 0.3 (GPU round 8, at 2800 steps: test-en
 lexicon WER 23.8 / 24.0 / 22.4% over three seeds, against 25.1-29.4% over six seeds without it).
@@ -25,16 +25,16 @@ CPU time to steal).
 from __future__ import annotations
 
 import json
-import platform
 import shlex
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results" / "baseline_wer.json"
+from common import REPO, result_path, run_header
+
+RESULTS = result_path("baseline_wer")
 
 RUNS = {
     "synth": {
@@ -85,7 +85,7 @@ RUNS = {
         "prepare": [sys.executable, "-m", "usmkit.data.recipes.fsdd", "out=data/fsdd", "test_speakers=theo"],
         # Fine-tuned from the synth run's encoder (58 espeak voices; run() adds its init_from): from
         # scratch, four training speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep
-        # round 4); fine-tuned, 7-15% over nine seeds (bench/results/synth_ctc_sweep.json, rounds 5-10).
+        # round 4); fine-tuned, 7-15% over nine seeds (bench/results/baseline_wer_gpu_sweep.json, rounds 5-10).
         # Per-speaker CMN (data.speaker_mean_norm) lowered that to 8.7-9.0% on average over 3 x 8 seeds
         # and an ensemble of 3 seeds to 5.2% (rounds 11-13), so the baseline is 3 seeds, ensembled.
         # Narrowband features in both stages (round 18) took the mean to 7.7% and 3 seeds to 3.8%.
@@ -224,7 +224,7 @@ def run(name: str, eval_only: bool = False) -> None:
             if "pretrained" in spec
             else {}
         ),
-        "command": " && ".join("python -m usmkit.train " + shlex.join(t[3:]) for t in trains),
+        "train_command": " && ".join("python -m usmkit.train " + shlex.join(t[3:]) for t in trains),
         "eval_command": headline["eval_command"],
         "decodes": decoded,
     }
@@ -233,8 +233,7 @@ def run(name: str, eval_only: bool = False) -> None:
         for exp, mins in zip(exps, minutes, strict=True):
             alone = evaluate(spec, [exp], spec["decodes"][0], REPO / exp / f"eval_baseline_{spec['decodes'][0]}.json")
             entry["members"][exp] = {"wer": alone["wer"], "cer": alone["cer"], "train_minutes": round(mins, 1)}
-    entry["machine"] = f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, CPU only"
-    entry["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+    entry = run_header(**entry)
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     results[spec["key"]] = entry
     RESULTS.write_text(json.dumps(results, indent=2))
@@ -250,7 +249,9 @@ def plot() -> None:
         for n, s in RUNS.items()
         if (REPO / member_exps(s)[0] / "metrics.jsonl").is_file()
     }
-    print(plot_training_curves(runs, REPO / "bench" / "results" / "baseline_curves.png", "tiny CTC baselines (CPU)"))
+    print(
+        plot_training_curves(runs, REPO / "bench" / "results" / "baseline_wer_curves.png", "tiny CTC baselines (CPU)")
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,7 @@ Pre-training uses the ``unlabeled`` pool (1 h, its own utterances) or ``--pretra
 (masked accuracy, target and prediction code perplexity, masked fraction) to diagnose collapse.
 
 On the CPU use ``--codebook-size 1024`` (16 heads of 8192 classes are 10x the tiny encoder's
-parameters and dominate a CPU step). On the lent GPU, ``bash bench/sweeps/bestrq_gpu.sh OUTDIR
---parallel ...`` builds the corpus there and runs the study with the paper's 16 x 8192. The code
+parameters and dominate a CPU step); on a GPU run it with the paper's 16 x 8192. The code
 dimension (16), the 4-frame stacking and the masking (p=0.01, 400 ms spans, N(0, 0.1) noise) are
 the paper's.
 """
@@ -22,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results" / "bestrq_study.json"
+from common import REPO, result_path, run_header
+
+RESULTS = result_path("bestrq_study")
 EXP = "exp/study"
 
 
@@ -113,18 +109,7 @@ def main() -> None:
     args = ap.parse_args()
     common = ["model=tiny", f"optim.lr={args.lr}", "optim.warmup_steps=50", "data.max_duration=100",
               f"data.num_workers={args.workers}", *args.extra]  # fmt: skip
-    import torch
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    results: dict = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": gpu or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only",
-        "command": "PYTHONPATH=. python bench/bestrq_study.py " + " ".join(sys.argv[1:]),
-        "settings": vars(args) | {"common_overrides": common},
-        "pretrain": {},
-        "synth": {},
-        "fsdd": {},
-    }
+    results: dict = run_header(settings=vars(args) | {"common_overrides": common}, pretrain={}, synth={}, fsdd={})
 
     def save():
         """Add (or replace, for the same command) this run in the file's list of study runs."""

@@ -11,17 +11,17 @@ scratch. First step = compile + one step; then the median of ``--steps`` steps.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,6 +30,7 @@ from usmkit.data.batch import Batch  # noqa: E402
 from usmkit.models.asr import AsrHeadConfig, AsrModel  # noqa: E402
 from usmkit.models.conformer import ConformerEncoder  # noqa: E402
 from usmkit.models.presets import preset  # noqa: E402
+from usmkit.tasks import compile_units  # noqa: E402
 
 
 def make_batch(B: int, T: int, device: torch.device) -> Batch:
@@ -49,7 +50,7 @@ def run(scope: str, args, device: torch.device) -> dict:
     if scope == "whole":
         step_fn = torch.compile(model, dynamic=False)
     elif scope == "blocks":
-        compile_blocks(model)
+        compile_blocks(compile_units(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = make_batch(args.batch, args.frames, device)
 
@@ -74,17 +75,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--frames", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--json", default=os.path.join("bench", "results", "compile_scope.json"))
+    ap.add_argument("--json", default=result_path("compile_scope"))
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    result = {
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": "python bench/compile_scope.py " + " ".join(sys.argv[1:]),
-        "model": args.model, "batch": args.batch, "frames": args.frames,
-        "variants": {},
-    }  # fmt: skip
+    result = run_header(model=args.model, batch=args.batch, frames=args.frames, variants={})
     with (
         torch._inductor.config.patch(fx_graph_cache=False),
         torch._functorch.config.patch(enable_autograd_cache=False),
@@ -92,8 +86,7 @@ def main() -> None:
         for scope in ("eager", "whole", "blocks"):
             result["variants"][scope] = run(scope, args, device)
             print(scope, result["variants"][scope], flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    write_result(args.json, result)
     print(f"\n{'scope':8s} {'first step (s)':>15s} {'step (ms)':>10s}")
     for scope, r in result["variants"].items():
         print(f"{scope:8s} {r['first_step_s']:15.1f} {r['step_ms']:10.1f}")

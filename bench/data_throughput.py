@@ -12,8 +12,10 @@ built into a temporary folder, or ``--corpus-dir`` (a built synth corpus). Write
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -22,13 +24,13 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, replace
-from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 
 import lhotse
 import torch
 import torchaudio
+from common import result_path, run_header, write_result
 from lhotse import CutSet
 
 from usmkit.data.config import DataConfig, FeatureConfig
@@ -115,7 +117,7 @@ def main() -> int:
         help="torch intra-op threads in the main process (DataLoader workers always use 1); on 2 shared cores "
         "2 threads oversubscribe and make the workers=0 numbers erratic",
     )
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "data_throughput.json")
+    ap.add_argument("--out", type=Path, default=result_path("data_throughput"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     info = machine()
@@ -182,34 +184,32 @@ def main() -> int:
     )
     print(f"one-off precompute: {precompute_s:.1f} s for {hours * 60:.1f} min of audio, {storage_mb:.1f} MiB stored")
 
-    record = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": info,
-        "corpus": {
-            "source": "usmkit.data.synth size=tiny (FLAC, 16 kHz), splits " + ",".join(AUDIO_SPLITS)
-            if args.corpus_dir is None
-            else str(args.corpus_dir),
-            "cuts": len(cuts),
-            "audio_minutes": round(hours * 60, 2),
-        },
-        "config": {
-            "batches_timed": args.batches,
-            "warmup_batches": args.warmup,
-            "repeats": args.repeats,
-            "data": asdict(base),
-            "mode": "train (bucketing, features, normalization, SpecAugment, tokens)",
-        },
-        "results": results,
-        "precomputed_over_on_the_fly": ratios,
-        "faster": faster,
-        "precompute_one_off_s": round(precompute_s, 2),
-        "precomputed_storage_mib": round(storage_mb, 2),
-        "storage": "lhotse NumpyFilesWriter (float32 .npy per cut)",
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    record = run_header(
+        **{
+            "machine": info,
+            "corpus": {
+                "source": "usmkit.data.synth size=tiny (FLAC, 16 kHz), splits " + ",".join(AUDIO_SPLITS)
+                if args.corpus_dir is None
+                else str(args.corpus_dir),
+                "cuts": len(cuts),
+                "audio_minutes": round(hours * 60, 2),
+            },
+            "config": {
+                "batches_timed": args.batches,
+                "warmup_batches": args.warmup,
+                "repeats": args.repeats,
+                "data": asdict(base),
+                "mode": "train (bucketing, features, normalization, SpecAugment, tokens)",
+            },
+            "results": results,
+            "precomputed_over_on_the_fly": ratios,
+            "faster": faster,
+            "precompute_one_off_s": round(precompute_s, 2),
+            "precomputed_storage_mib": round(storage_mb, 2),
+            "storage": "lhotse NumpyFilesWriter (float32 .npy per cut)",
+        }
+    )
+    print(f"wrote {write_result(args.out, record)}")
     return 0
 
 

@@ -25,11 +25,11 @@ import json
 import os
 import statistics
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="base")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--json", default=result_path("ddp_scaling"))
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--grad-view", action="store_true")
     ap.add_argument("--static-graph", action="store_true")
@@ -104,15 +104,15 @@ def main() -> None:
     if rank == 0:
         path = Path(args.json)
         res = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
-        res |= {
-            "device": torch.cuda.get_device_name(0),
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "size": args.size,
-            "per_gpu_batch": {"B": B, "T": T},
-            "timing": f"median over blocks of {BLOCK} back-to-back steps, sync and no-sync blocks interleaved",
-            "command": f"torchrun --standalone --nproc-per-node N bench/ddp_scaling.py --size {args.size} --steps {args.steps}"
-            + (f" --batch {args.batch}" if args.batch else ""),
-        }
+        res |= run_header(
+            size=args.size,
+            per_gpu_batch={"B": B, "T": T},
+            timing=f"median over blocks of {BLOCK} back-to-back steps, sync and no-sync blocks interleaved",
+        )
+        # torchrun started this process: record the launch, not the worker's command line
+        res["command"] = res["command"].replace(
+            "PYTHONPATH=. python ", f"PYTHONPATH=. torchrun --standalone --nproc-per-node {world} ", 1
+        )
         key = (str(world) if world == 1 else f"{world}/{'+'.join(options)}") + (f"/B{B}" if args.batch else "")
         res["runs"][key] = {"step_ms": ms, "frames_per_s": round(world * B * T / (ms / 1e3))}
         if world > 1:  # scaling measured side by side: N GPUs synchronized vs the same N working alone
@@ -122,7 +122,7 @@ def main() -> None:
             one = res["runs"].get("1" + (f"/{k.split('/')[-1]}" if k.split("/")[-1].startswith("B") else ""))
             if not k.startswith("1") and one:
                 res["scaling"][k] = round(r["frames_per_s"] / one["frames_per_s"], 3)
-        path.write_text(json.dumps(res, indent=2))
+        write_result(path, res)
         print(json.dumps(res))
     dist.destroy_process_group()
 

@@ -14,16 +14,17 @@ Prints a table of medians and ratios and writes ``bench/results/dropout_cpu.json
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,7 +33,7 @@ from usmkit.models.ctc import CTCHead, ctc_loss  # noqa: E402
 from usmkit.models.dropout import Dropout  # noqa: E402
 from usmkit.models.presets import preset  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results" / "dropout_cpu.json"
+OUT = result_path("dropout_cpu")
 
 
 def ms(fn) -> float:
@@ -88,22 +89,21 @@ def main() -> None:
         for name, model in models.items():
             steps[name].append(ms(lambda model=model: step(model)))
 
-    result = {
-        "command": "PYTHONPATH=. python bench/dropout_cpu.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, CPU",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "repeats": args.repeats,
-        "tensor_40x300x576_ms": {k: round(statistics.median(v), 2) for k, v in tensor.items()},
-        "tiny_train_step_50s_batch_ms": {k: round(statistics.median(v), 1) for k, v in steps.items()},
-    }
+    result = run_header(
+        **{
+            "threads": torch.get_num_threads(),
+            "repeats": args.repeats,
+            "tensor_40x300x576_ms": {k: round(statistics.median(v), 2) for k, v in tensor.items()},
+            "tiny_train_step_50s_batch_ms": {k: round(statistics.median(v), 1) for k, v in steps.items()},
+        }
+    )
     result["tensor_speedup"] = round(
         result["tensor_40x300x576_ms"]["torch"] / result["tensor_40x300x576_ms"]["ours"], 2
     )
     result["step_speedup"] = round(
         result["tiny_train_step_50s_batch_ms"]["torch"] / result["tiny_train_step_50s_batch_ms"]["ours"], 2
     )
-    OUT.write_text(json.dumps(result, indent=2))
+    write_result(OUT, result)
     print(f"{'what':32s} {'torch ms':>9s} {'ours ms':>9s} {'ratio':>6s}")
     for key, ratio in (("tensor_40x300x576_ms", "tensor_speedup"), ("tiny_train_step_50s_batch_ms", "step_speedup")):
         print(f"{key:32s} {result[key]['torch']:9.1f} {result[key]['ours']:9.1f} {result[ratio]:6.2f}")

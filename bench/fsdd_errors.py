@@ -9,20 +9,24 @@ per FSDD file). Prints them and writes ``bench/results/fsdd_errors.json``.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import collections
-import json
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
+
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
+from usmkit.inference import transcribe_batches  # noqa: E402
+from usmkit.runs import load_trained  # noqa: E402
 from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
-from usmkit.tasks import load_trained, transcribe_batches  # noqa: E402
 
 
 def main() -> None:
@@ -46,22 +50,14 @@ def main() -> None:
     print(f"{'reference':>10s} {'heard as':>10s} {'count':>6s} {'of takes':>8s}")
     for (ref, hyp), n in pairs:
         print(f"{ref:>10s} {hyp or '(nothing)':>10s} {n:6d} {per_ref[ref]:8d}")
-    out = Path(__file__).resolve().parent / "results" / "fsdd_errors.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                "command": "PYTHONPATH=. python bench/fsdd_errors.py " + " ".join(sys.argv[1:]),
-                "checkpoint": str(ckpt),
-                "set": args.set,
-                "utterances": len(records),
-                "wrong": len(wrong),
-                "confusions": [{"ref": r, "hyp": h, "count": n, "takes": per_ref[r]} for (r, h), n in pairs],
-            },
-            indent=2,
-        )
+    result = run_header(
+        checkpoint=str(ckpt),
+        set=args.set,
+        utterances=len(records),
+        wrong=len(wrong),
+        confusions=[{"ref": r, "hyp": h, "count": n, "takes": per_ref[r]} for (r, h), n in pairs],
     )
-    print(f"wrote {out}")
+    print(f"wrote {write_result(result_path('fsdd_errors'), result)}")
 
 
 if __name__ == "__main__":

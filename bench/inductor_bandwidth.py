@@ -29,7 +29,6 @@ os.environ["TORCHINDUCTOR_PROFILE"] = "1"
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cache_")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -58,13 +57,13 @@ triton_heuristics.DebugAutotuner.run = _noting_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import result_path, run_header, write_result  # noqa: E402
 from train_throughput import (  # noqa: E402
     SHAPES,
     OursCTC,
     TorchaudioCTC,
     bf16_residual,
     compile_regions,
-    gpu_run_header,
     make_batch,
     make_step,
 )
@@ -141,12 +140,12 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--steps", type=int, default=3, help="steps recorded (averaged)")
-    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "inductor_bandwidth.json"))
+    ap.add_argument("--json", default=result_path("inductor_bandwidth"))
     args = ap.parse_args()
     copy_gbs = copy_bandwidth()
     B, T = SHAPES[args.size]
     batch = make_batch(B, T, "cuda")
-    result = gpu_run_header("inductor_bandwidth.py", size=args.size, B=B, T=T, copy_gb_per_s=round(copy_gbs), models={})
+    result = run_header(size=args.size, B=B, T=T, copy_gb_per_s=round(copy_gbs), models={})
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s")
     for name in args.models.split(","):
         torch.manual_seed(0)
@@ -169,8 +168,7 @@ def main() -> None:
                 f"{k['ms']:8.3f} {k['launches']:8d} {k['gb']:8.3f} {k['gb_per_s']:6d} "
                 f"{k['of_copy']:7.2f}  {k['kernel'][:90]}"
             )
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_result(args.json, result)
     print(f"\n{'model':12s} {'ms/step':>8s} {'GB/step':>8s} {'floor ms':>8s} {'tunable ms':>10s}")
     for name, r in result["models"].items():
         print(

@@ -8,15 +8,17 @@ Prints a WER table over the grid and writes ``bench/results/lexicon_tuning.json`
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import itertools
-import json
 import sys
 from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -25,8 +27,8 @@ from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.decoding.ctc_lexicon import LexiconConfig  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
+from usmkit.runs import load_trained  # noqa: E402
 from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
-from usmkit.tasks import load_trained  # noqa: E402
 
 
 def main() -> None:
@@ -70,10 +72,9 @@ def main() -> None:
         print(f"{order:5d} {lm_w:5.1f} {ws:5.1f} {100 * wer:7.2f}", flush=True)
     best = min(rows, key=lambda r: r["wer"])
     print(f"best on {args.set}: {best}")
-    out = Path(__file__).resolve().parent / "results" / "lexicon_tuning.json"
-    out.write_text(json.dumps({"date": datetime.now(UTC).isoformat(timespec="seconds"), "checkpoint": str(ckpt),
-                               "set": args.set, "command": "PYTHONPATH=. python bench/lexicon_tuning.py " + " ".join(sys.argv[1:]),
-                               "grid": rows, "best": best}, indent=2))  # fmt: skip
+    out = write_result(
+        result_path("lexicon_tuning"), run_header(checkpoint=str(ckpt), set=args.set, grid=rows, best=best)
+    )
     print(f"wrote {out}")
 
 

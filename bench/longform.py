@@ -18,31 +18,31 @@ Both merge their results into ``bench/results/longform.json``.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+from common import REPO, result_path, run_header, write_result
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-RESULTS = REPO / "bench" / "results" / "longform.json"
+RESULTS = result_path("longform")
 PAUSE = np.zeros(int(0.3 * 16000), dtype=np.float32)
 
 
 def _merge(key: str, value: dict) -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     results[key] = value
-    results["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only"
-    RESULTS.write_text(json.dumps(results, indent=2))
+    write_result(RESULTS, results)
 
 
 def build_longform(data: Path, out: Path, minutes: float) -> dict:
@@ -124,13 +124,7 @@ def run_wer(args) -> None:
             )
     _merge(
         "wer",
-        {
-            "checkpoint": args.checkpoint,
-            "command": f"PYTHONPATH=. python bench/longform.py wer --checkpoint {args.checkpoint} --minutes {args.minutes}",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "longform_recordings": info,
-            **table,
-        },
+        run_header(checkpoint=args.checkpoint, longform_recordings=info, **table),
     )
 
 
@@ -176,12 +170,7 @@ def run_memory(args) -> None:
             print(minutes, rows[f"{minutes}min"], flush=True)
     _merge(
         "memory",
-        {
-            "checkpoint": args.checkpoint,
-            "command": f"PYTHONPATH=. python bench/longform.py memory --checkpoint {args.checkpoint}",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            **rows,
-        },
+        run_header(checkpoint=args.checkpoint, **rows),
     )
 
 

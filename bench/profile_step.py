@@ -15,8 +15,6 @@ default, so its profile (part 1) is the ``dw=conv`` step.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import statistics
 import sys
@@ -30,12 +28,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import result_path, run_header, write_result  # noqa: E402
 from train_throughput import (  # noqa: E402
     SHAPES,
     OursCTC,
     TorchaudioCTC,
     compile_regions,
-    gpu_run_header,
     make_batch,
     make_step,
     timed,
@@ -87,11 +85,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--top", type=int, default=20, help="how many of the costliest kernels to list")
     ap.add_argument("--no-side-by-side", action="store_true", help="profile only (skip part 2)")
-    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "profile_step.json"))
+    ap.add_argument("--json", default=result_path("profile_step"))
     args = ap.parse_args()
     B, T = SHAPES[args.size]
     batch = make_batch(B, T, "cuda")
-    result = gpu_run_header("profile_step.py", size=args.size, B=B, T=T, impl=args.impl)
+    result = run_header(size=args.size, B=B, T=T, impl=args.impl)
 
     # 1. Profile of our compiled step (default depthwise).
     model = build(args.size, args.impl, args.chunk, "shifted")  # the default compiled step
@@ -141,8 +139,7 @@ def main() -> None:
     del model, step
     torch.cuda.empty_cache()
     if args.no_side_by_side:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_result(args.json, result)
         return
 
     # 2. Depthwise convolution: cuDNN vs shifted multiply-adds, and torchaudio's compiled step, alternated.
@@ -167,8 +164,7 @@ def main() -> None:
     print(f"\n{'variant':18s} {'ms/step':>8s} {'vs torchaudio':>13s}")
     for n, ms in result["step_ms_side_by_side"].items():
         print(f"{n:18s} {ms:8.2f} {ta / ms:12.2f}x")
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

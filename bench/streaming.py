@@ -16,21 +16,22 @@ Writes ``bench/results/streaming.json``.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+
+# isort: split
 import argparse
 import contextlib
 import io
 import json
-import os
-import platform
 import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 import torch
 import yaml
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -105,15 +106,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="tiny,small")
     args = ap.parse_args()
     data = Path(args.data)
-    results = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": "PYTHONPATH=. python bench/streaming.py " + " ".join(sys.argv[1:]),
-        "threads": args.threads,
-        "left_context_ms": LEFT_CONTEXT_MS,
-        "models": {},
-    }
+    results = run_header(threads=args.threads, left_context_ms=LEFT_CONTEXT_MS, models={})
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         wav = tmp / "stream.wav"
@@ -139,9 +132,7 @@ def main() -> None:
                 )
                 eager, jit, q = (variants[k]["rtf"] for k in VARIANTS)
                 print(f"{size:6s} {chunk_ms:5d}ms {cells} {eager / jit:5.2f}x {eager / q:5.2f}x", flush=True)
-    out = Path(__file__).resolve().parent / "results" / "streaming.json"
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {write_result(result_path('streaming'), results)}")
 
 
 if __name__ == "__main__":

@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import torch._inductor.config
+from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -106,17 +105,6 @@ def bf16_residual(model: OursCTC) -> None:
 class _ToBF16(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.bfloat16)
-
-
-def gpu_run_header(script: str, **extra) -> dict:
-    """The head of a GPU benchmark's JSON: device, date, torch and the command that ran ``script``."""
-    return {
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": f"PYTHONPATH=. python bench/{script} " + " ".join(sys.argv[1:]),
-        **extra,
-    }
 
 
 def make_batch(B: int, T: int, device, seed=0):
@@ -243,13 +231,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--chunk", type=int, default=128, help="encoder-frame chunk of our model (left_chunks=0)")
     ap.add_argument("--variants", default="eager,static,dynamic,triton,ta_eager,ta_static")
-    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "train_throughput.json"))
+    ap.add_argument("--json", default=result_path("train_throughput"))
     args = ap.parse_args()
     device = torch.device("cuda")
     peak = measure_peak(device)
-    result = gpu_run_header(
-        "train_throughput.py", measured_bf16_matmul_tflops=round(peak / 1e12, 1), chunk_size=args.chunk, sizes={}
-    )
+    result = run_header(measured_bf16_matmul_tflops=round(peak / 1e12, 1), chunk_size=args.chunk, sizes={})
     variants = args.variants.split(",")
     for size in args.sizes.split(","):
         B, T = SHAPES[size]
@@ -284,8 +270,7 @@ def main() -> None:
             del model
             torch.cuda.empty_cache()
             print(f"{size:6s} {v:10s} {json.dumps(r)}", flush=True)
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=2))
+            write_result(args.json, result)
         ok = entry["variants"]
         ours = [  # _bf16res changes the numerics, so it is reported but not counted as ours
             (r["step_ms"], v)
@@ -298,7 +283,7 @@ def main() -> None:
         if ours and theirs:
             entry["best_ours"], entry["best_torchaudio_compiled"] = min(ours)[1], min(theirs)[1]
             entry["speedup_vs_torchaudio_compiled"] = round(min(theirs)[0] / min(ours)[0], 2)
-    Path(args.json).write_text(json.dumps(result, indent=2))
+    write_result(args.json, result)
     print(f"\n{'size':6s} {'variant':10s} {'ms/step':>9s} {'frames/s':>10s} {'MFU(989)':>9s} {'MFU(meas)':>9s}")
     for size, entry in result["sizes"].items():
         for v, r in entry["variants"].items():

@@ -32,10 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
-import torch
+from common import result_path, run_header, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -121,25 +120,15 @@ def main() -> None:
     ap.add_argument("--num-workers", type=int, default=4)
     ap.add_argument("--variants", default="eager,whole,blocks,whole_cg,blocks_cg")
     ap.add_argument("--variant-timeout", type=float, default=600.0, help="seconds before a variant is stopped")
-    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "bench/results"), "trainer_compile.json"))
+    ap.add_argument("--json", default=result_path("trainer_compile"))
     args = ap.parse_args()
-    result = {
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "command": "python bench/trainer_compile.py " + " ".join(sys.argv[1:]),
-        "model": args.model,
-        "data": args.data,
-        "steps": args.steps,
-        "variants": {},
-    }
+    result = run_header(model=args.model, data=args.data, steps=args.steps, variants={})
     with tempfile.TemporaryDirectory(prefix="trainer_compile_") as tmp:
         for name in args.variants.split(","):
             r = run_variant(name, args, Path(tmp))
             result["variants"][name] = r
             print(f"{name:10s} {json.dumps(r)}", flush=True)
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result, indent=2))
+            write_result(args.json, result)
     eager = result["variants"].get("eager", {}).get("frames_per_s")
     print(f"\n{'variant':10s} {'first log s':>11s} {'wall s':>7s} {'frames/s':>9s} {'vs eager':>8s}  note")
     for name, r in result["variants"].items():

@@ -15,6 +15,9 @@ Write our own: it is a few lines over safetensors, and torch/torchaudio ship no 
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import argparse
 import os
 import shutil

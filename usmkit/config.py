@@ -122,16 +122,14 @@ class TrainerConfig:
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     # With compile on a GPU: "reduce-overhead" replays the compiled forward and backward as CUDA
-    # graphs, so the GPU no longer waits on the host between kernels (bench/results/
-    # train_throughput_cudagraphs.json, H100: `large` 115 -> 92 ms/step, `base` 95 -> 59 ms). One
-    # graph is recorded per batch shape, so it pays only where shapes repeat: with the bucketing
-    # sampler's varying batch sizes the trainer ran at 0.75x eager over steps 40-110
-    # (bench/results/trainer_compile.json). Needs CUDA, one process and accum_steps=1.
+    # graphs, so the GPU no longer waits on the host between kernels. One graph is recorded per batch
+    # shape, so it pays only where shapes repeat: with the bucketing sampler's varying batch sizes the
+    # recordings cost more than they save (bench/trainer_compile.py). Needs CUDA, one process and accum_steps=1.
     compile_mode: Literal["default", "reduce-overhead"] = "default"
     # What compile covers: "blocks" (each Conformer block and the front end, the rest eager;
     # usmkit/compile_blocks.py) or "whole" (the model's training step, one graph per padded length).
-    # The trainer on real batches (bench/results/trainer_compile.json, H200, `base`): blocks logged
-    # step 10 after 76 s and then ran 1.38x eager's frames/s; whole took 367 s to step 10.
+    # "blocks" is the default: one graph serves every identical block, so it compiles several times
+    # sooner than the unrolled whole model (bench/compile_scope.py).
     compile_scope: Literal["whole", "blocks"] = "blocks"
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0

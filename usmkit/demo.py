@@ -5,12 +5,15 @@ model (640 ms chunks, 4 chunks of left context, causal convolution) on the synth
 before by ``python -m usmkit.data.synth``), evaluates it on the held-out-voice test sets (greedy and
 lexicon decoding), transcribes one held-out test recording chunk by chunk with ``usmkit-transcribe``,
 and prints what it did. The training settings are the fastest-learning ones of
-``bench/results/synth_ctc_sweep.json`` (50-s batches, a 320-piece tokenizer, no SpecAugment/dropout).
+``bench/results/baseline_wer_gpu_sweep.json`` (50-s batches, a 320-piece tokenizer, no SpecAugment/dropout).
 Every step is a user-facing command; copy any of them to run it alone.
 """
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import json
 import shlex
 import subprocess

@@ -8,6 +8,9 @@ rewritten after each set, so a failure part way keeps the sets already scored.
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import json
 import logging
 import os
@@ -27,10 +30,11 @@ from usmkit.data.loader import make_loader, prepare_cuts
 from usmkit.data.manifests import available_splits, load_cuts, manifest_path
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.errors import UsageError, strip_debug_from_sys_argv, user_errors
+from usmkit.inference import transcribe_batches
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
+from usmkit.runs import load_trained
 from usmkit.streaming.features import checkpoint_feature_stats
-from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
 log = logging.getLogger("usmkit.evaluate")

@@ -7,6 +7,9 @@ Several processes: ``torchrun --nproc-per-node 2 -m usmkit.train recipe=...`` (D
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import logging
 import math
 import os
@@ -25,7 +28,8 @@ from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.errors import UsageError, strip_debug_from_sys_argv, user_errors
-from usmkit.tasks import build_task, make_dev_eval
+from usmkit.inference import make_dev_eval
+from usmkit.tasks import build_task, train_spec
 from usmkit.trainer import Trainer, resolve_device
 
 log = logging.getLogger("usmkit.train")
@@ -187,7 +191,8 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         from dataclasses import replace
 
         trainer_cfg = replace(trainer_cfg, device=str(device))
-    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval)
+    spec = train_spec(module, cfg.optim)
+    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval, spec=spec)
     if cfg.resume and not trainer.resume():
         log.warning("resume=true but %s has no checkpoint yet: starting from step 0", exp_dir)
     result = trainer.fit()

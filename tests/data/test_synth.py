@@ -33,11 +33,8 @@ def _build(out: Path, seed: int = 0, workers: int = 2):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("synth") / "a"
-    result = _build(out)
-    assert not result.skipped
-    return out
+def corpus(synth_corpus: Path) -> Path:
+    return synth_corpus  # tests/conftest.py: built once per session with _build's settings
 
 
 def _speakers(out: Path, split: str) -> set[str]:

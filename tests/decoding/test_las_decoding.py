@@ -12,13 +12,7 @@ V = 12
 TARGETS = [(4, 5, 6, 7, 8), (9, 10, 5, 5)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine run several times faster on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_decoder(seed: int) -> LASDecoder:

@@ -18,13 +18,7 @@ TARGETS = [[5, 6, 6, 7], [8, 9]]
 SMALL_LAS = LASConfig(num_layers=1, num_heads=2, ff_mult=2, dropout=0.0, label_smoothing=0.1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine run several times faster on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class StandInEncoder(nn.Module):

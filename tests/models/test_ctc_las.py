@@ -12,13 +12,7 @@ from usmkit.models.las import BOS_ID, EOS_ID, LASConfig, LASDecoder
 V = 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models on a shared 2-core machine run several times faster on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def small_decoder(seed: int = 0, **overrides) -> LASDecoder:

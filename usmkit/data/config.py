@@ -18,9 +18,8 @@ class FeatureConfig:
 
     ``precomputed=True`` reads features stored once with lhotse (``LilcomChunkyWriter``) under
     ``{manifest_dir}/feats_{split}``; ``False`` computes them in the loader workers on every batch.
-    Precomputed is the default because it is the faster path: on the 2-core dev CPU the whole train
-    loader gives ~3000 vs ~520 s of audio per second in-process and ~1500 vs ~560 with one worker
-    (``bench/data_throughput.py``, ``bench/results/data_throughput.json``).
+    Precomputed is the default because reading stored features is several times faster than computing
+    them, in-process and in workers (``bench/data_throughput.py``).
     Speed perturbation changes the waveform, so it needs on-the-fly features: combining
     ``precomputed=True`` with ``DataConfig.speed_perturb`` is rejected by ``DataConfig``.
     """

@@ -14,7 +14,7 @@ Storage format: ``NumpyFilesWriter`` (raw float32 ``.npy``). lhotse's ``LilcomCh
 smaller but needs the ``lilcom`` package, which usmkit does not depend on; raw arrays also decode
 fastest, and reading speed is what the loader needs.
 
-On-the-fly extraction is lhotse's batched path (2x faster than one cut at a time here); it zero-pads
+On-the-fly extraction is lhotse's batched path (faster than one cut at a time); it zero-pads
 shorter waveforms, so the last frame of a cut can differ slightly from the stored one (all other
 frames agree to 1e-4).
 """

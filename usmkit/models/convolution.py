@@ -56,10 +56,10 @@ class ConvolutionModule(nn.Module):
         in two of them):
 
         - Under ``torch.compile``: K shifted multiply-adds, which inductor fuses with the GLU before
-          and the norm after (on an H100, 4.6% off a 392M-parameter training step against cuDNN's
-          depthwise kernels: ``bench/results/profile_step.json``).
+          and the norm after, which saves the round trips to memory that cuDNN's separate depthwise
+          kernel needs (``bench/profile_step.py``).
         - With ``context`` (a streaming chunk of a few frames, eager): unfold, multiply and sum;
-          there oneDNN's depthwise ``nn.Conv1d`` costs ~0.5 ms per call in set-up alone.
+          on so few frames oneDNN's depthwise ``nn.Conv1d`` spends longer setting up than computing.
         - Otherwise (whole utterances, eager) ``nn.Conv1d``, which does not materialize windows.
         """
         left = self.left_context

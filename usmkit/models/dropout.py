@@ -1,12 +1,10 @@
 """Dropout whose CPU mask costs a seventh of the random draws.
 
 Our own module, because PyTorch's CPU dropout is the slowest part of a small model's CPU training
-step: it draws one number per element from the single-threaded mt19937 generator (a cProfile of 100
-steps of the synth baseline on the 2-core CI machine: 15.2 of 67 s in ``torch.dropout``). Here, on
+step: it draws one number per element from the single-threaded mt19937 generator. Here, on
 the CPU, each 64-bit draw (63 random bits) supplies 7 random bytes, and an element is kept when its
 byte is at least ``round(p * 256)``: the same independent Bernoulli mask, with ``p`` rounded to a
-multiple of 1/256 (0.1 -> 0.1016). ``bench/dropout_cpu.py`` (``bench/results/dropout_cpu.json``):
-3.1x faster on a (40, 300, 576) tensor, and the tiny model's training step 1.48x faster. On GPUs and
+multiple of 1/256 (0.1 -> 0.1016); speed against ``torch.dropout``: ``bench/dropout_cpu.py``. On GPUs and
 under ``torch.compile`` it is ``F.dropout`` (random numbers generated inside the kernel), unchanged.
 """
 

@@ -166,8 +166,8 @@ class BestRQModel(nn.Module):
         """A warning when the heads have collapsed, else None (the trainer asks after each log line).
 
         Collapse: after warm-up, each head predicts about one code (prediction perplexity < 2) while
-        the targets use many. Seen in ``bench/results/bestrq_study.json``: 16 heads of 8192 on a
-        12.6M encoder at lr 1e-3 with 50 warm-up steps sat at perplexity 1.5 from step 500 on.
+        the targets use many, as many large codebooks on a small encoder with a short warm-up do
+        (``bench/bestrq_study.py``).
         """
         pred = scalars.get("train/pred_perplexity_mean")
         target = scalars.get("train/perplexity_mean")

@@ -1,11 +1,10 @@
 """int8 weights for CPU inference: dynamic quantization of every ``nn.Linear``.
 
 A streaming chunk is a few frames (16 encoder frames at 640 ms), so each ``nn.Linear`` is a skinny
-matmul whose time goes to reading its fp32 weights (``bench/results/streaming.json``'s profile: 40%
-of a ``small`` chunk is ``addmm``). ``torch.ao.quantization.quantize_dynamic`` stores those weights
+matmul whose time goes to reading its fp32 weights. ``torch.ao.quantization.quantize_dynamic`` stores those weights
 as int8 (4x fewer bytes) and quantizes each activation on the fly (fbgemm/oneDNN int8 kernels, VNNI
 where the CPU has it). Convolutions, norms and attention stay fp32. The accuracy cost is measured in
-``tests/streaming/test_quantize.py`` (stream output against the fp32 model) and in the benchmark.
+``tests/streaming/test_quantize.py`` (stream output against the fp32 model) and in ``bench/streaming.py``.
 """
 
 from __future__ import annotations

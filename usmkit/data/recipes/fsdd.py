@@ -25,6 +25,9 @@ CLI: ``python -m usmkit.data.recipes.fsdd out=data/fsdd [corpus_dir=...] [test_s
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import re
 import sys
 from collections.abc import Sequence

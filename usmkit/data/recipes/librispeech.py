@@ -21,6 +21,9 @@ CLI: ``python -m usmkit.data.recipes.librispeech corpus_dir=/data/LibriSpeech ou
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
+
+# isort: split
 import sys
 from collections.abc import Sequence
 

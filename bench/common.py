@@ -1,0 +1,65 @@
+"""What every benchmark shares: the head of its JSON (command, device, date, torch) and where results go.
+
+Each script writes ``bench/results/<script>[_variant].json`` whose first keys come from ``run_header``,
+so ``bench/README.md`` can index every result by the command that made it, the device and the date.
+Run scripts from the repository root: ``PYTHONPATH=. python bench/<script>.py ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+
+
+def device_name() -> str:
+    """The GPU's name where CUDA is available, else the CPU and its core count."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def command() -> str:
+    """The command line that is running, as one would type it from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script_arg = str(script.relative_to(REPO))
+    except ValueError:
+        script_arg = sys.argv[0]
+    return "PYTHONPATH=. python " + shlex.join([script_arg, *sys.argv[1:]])
+
+
+def run_header(**extra) -> dict:
+    """The head of a benchmark's JSON: command, device, date (UTC) and torch version, then ``extra``."""
+    import torch
+
+    return {
+        "command": command(),
+        "device": device_name(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        **extra,
+    }
+
+
+def result_path(script: str, variant: str | None = None) -> Path:
+    """``bench/results/<script>[_<variant>].json`` (under ``$OUT`` instead when set, as on the lent GPU)."""
+    root = Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS
+    name = Path(script).stem + (f"_{variant}" if variant else "")
+    return root / f"{name}.json"
+
+
+def write_result(path: str | os.PathLike, result: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
