@@ -131,3 +131,20 @@ def test_recipe_manifest_lines_are_json(tmp_path):
     path = write_manifest(CutSet.from_cuts([cut]), tmp_path / "m" / "c.jsonl.gz")
     (line,) = gzip.open(path, "rt").read().splitlines()
     assert json.loads(line)["recording"]["sources"][0]["source"] == "../a.wav"
+
+
+def test_user_errors_exit_codes_and_debug(monkeypatch, capsys):
+    from usmkit.checkpoint import CheckpointWriteError
+    from usmkit.errors import DEBUG_ENV, UsageError, strip_debug_flag, user_errors
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    for error, code in ((UsageError("bad value x=1; pass x=2"), 2), (CheckpointWriteError("disk full"), 1)):
+        with pytest.raises(SystemExit) as e, user_errors():
+            raise error
+        assert e.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+    with pytest.raises(SystemExit), user_errors():
+        open("/nonexistent/file.wav")
+    assert capsys.readouterr().err == "error: /nonexistent/file.wav: No such file or directory\n"
+    assert strip_debug_flag(["a=1", "--debug"]) == ["a=1"]
+    with pytest.raises(UsageError), user_errors():  # --debug (or USMKIT_DEBUG=1): the traceback
+        raise UsageError("shown with its traceback")

@@ -40,8 +40,10 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def corpus(synth_corpus) -> Path:
-    return synth_corpus
+def corpus(synth_corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("train_faults") / "corpus"
+    shutil.copytree(synth_corpus, out)  # training caches features and statistics next to the manifests
+    return out
 
 
 def config(corpus: Path, exp: Path, *extra: str) -> tuple[TrainConfig, str]:
@@ -279,7 +281,13 @@ def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: optim.lr must be a positive number, got -1.0"
     assert "Traceback" not in proc.stderr  # and no "no cuts manifest" error: no data was looked at
-    proc = subprocess.run([*cmd, "--debug"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_debug_flag_shows_the_traceback(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "usmkit.train", "recipe=stage3_ctc", "optim.lr=-1", "--debug"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "optim.lr" in proc.stderr
 
 
