@@ -268,6 +268,10 @@ def test_command_source_in_a_training_manifest_never_runs(corpus, tmp_path):
 def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
     with pytest.raises(ConfigError, match=r"optim.lr must be a positive number, got -0.1"):
         config(tmp_path / "no-corpus", tmp_path / "exp", "optim.lr=-0.1")
+    with pytest.raises(ConfigError, match="model: unknown encoder preset 'huge'"):  # not "no cuts manifest"
+        train(tmp_path / "no-corpus", tmp_path / "exp", "model.preset=huge")
+    with pytest.raises(FileNotFoundError, match="no checkpoint found at"):
+        train(tmp_path / "no-corpus", tmp_path / "exp", f"init_from={tmp_path / 'nope'}")
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
