@@ -30,6 +30,7 @@ from usmkit.data.batch import Batch  # noqa: E402
 from usmkit.models.asr import AsrHeadConfig, AsrModel  # noqa: E402
 from usmkit.models.conformer import ConformerEncoder  # noqa: E402
 from usmkit.models.presets import preset  # noqa: E402
+from usmkit.tasks import compile_units  # noqa: E402
 
 
 def make_batch(B: int, T: int, device: torch.device) -> Batch:
@@ -49,7 +50,7 @@ def run(scope: str, args, device: torch.device) -> dict:
     if scope == "whole":
         step_fn = torch.compile(model, dynamic=False)
     elif scope == "blocks":
-        compile_blocks(model)
+        compile_blocks(compile_units(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch = make_batch(args.batch, args.frames, device)
 

@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
+from usmkit.inference import transcribe_batches  # noqa: E402
+from usmkit.runs import load_trained  # noqa: E402
 from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
-from usmkit.tasks import load_trained, transcribe_batches  # noqa: E402
 
 
 def main() -> None:

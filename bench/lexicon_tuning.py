@@ -27,8 +27,8 @@ from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.decoding.ctc_lexicon import LexiconConfig  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
+from usmkit.runs import load_trained  # noqa: E402
 from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
-from usmkit.tasks import load_trained  # noqa: E402
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from usmkit.average import average_last, main
 from usmkit.checkpoint import CONFIG_FILE, MODEL_FILE, CheckpointError, save_checkpoint
+from usmkit.errors import UsageError
 
 
 def _net(width: int = 4) -> torch.nn.Module:
@@ -50,12 +51,15 @@ def test_average_of_one_is_the_checkpoint(tmp_path):
         assert torch.equal(avg[k], saved[-1][k])
 
 
-def test_too_few_checkpoints_is_a_clear_error(tmp_path):
+def test_too_few_checkpoints_is_a_clear_error(tmp_path, capsys):
     _save_run(tmp_path / "checkpoints", [1, 2])
-    with pytest.raises(ValueError, match=r"holds 2 checkpoint\(s\).*keep_last"):
+    with pytest.raises(UsageError, match=r"holds 2 checkpoint\(s\).*keep_last"):
         average_last(tmp_path, last=3)
-    with pytest.raises(SystemExit, match="keep_last"):
+    with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path), "--last", "5"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "keep_last" in err and "Traceback" not in err
 
 
 def test_checkpoints_of_another_model_are_refused(tmp_path):

@@ -34,8 +34,8 @@ def test_full_disk_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ck.torch, "save", no_space)
-    with pytest.raises(ck.CheckpointError, match="No space left on device.*untouched"):
+    monkeypatch.setattr(ck, "save_file", no_space)
+    with pytest.raises(ck.CheckpointWriteError, match="is full.*No space left on device.*untouched"):
         ck.save_checkpoint(tmp_path, 2, m, {"step": 2}, "")
     assert [c.step for c in ck.list_checkpoints(tmp_path)] == [1]
     assert (old / ck.MODEL_FILE).read_bytes() == before

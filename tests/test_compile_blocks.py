@@ -12,6 +12,7 @@ from usmkit.data.batch import Batch
 from usmkit.models.asr import AsrHeadConfig, AsrModel
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
+from usmkit.tasks import compile_units, train_spec
 from usmkit.trainer import Trainer
 
 
@@ -43,7 +44,7 @@ def _batch(B: int, T: int = 64, U: int = 5, seed: int = 0) -> Batch:
 def test_compiled_blocks_match_eager_over_batch_sizes_with_one_graph_each(aot_eager):
     model = _model()
     eager = copy.deepcopy(model)
-    assert compile_blocks(model) == 4  # 3 blocks + the subsampling front end
+    assert compile_blocks(compile_units(model)) == 4  # 3 blocks + the subsampling front end
     for B, seed in ((3, 0), (5, 1), (2, 2)):  # batch sizes vary, the padded length does not
         batch = _batch(B, seed=seed)
         out, ref = model(batch), eager(batch)
@@ -59,16 +60,19 @@ def test_compiled_blocks_match_eager_over_batch_sizes_with_one_graph_each(aot_ea
 
 def test_evaluation_runs_the_eager_forward(aot_eager):
     model = _model()
-    compile_blocks(model)
+    compile_blocks(compile_units(model))
     model.eval()
     with torch.no_grad():
         model(_batch(3))
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
 
 
-def test_a_model_without_blocks_is_refused():
-    with pytest.raises(ValueError, match="no Conformer block in Linear.*compile_scope=whole"):
-        compile_blocks(torch.nn.Linear(2, 2))
+def test_a_model_without_blocks_is_refused(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    assert compile_units(model) == ()
+    cfg = TrainerConfig(exp_dir=str(tmp_path), compile=True, compile_scope="blocks", progress=False)
+    with pytest.raises(ValueError, match="no blocks to compile.*compile_scope=whole"):
+        Trainer(cfg, OptimConfig(), model, _Loader(), "x: 1\n", spec=train_spec(model, OptimConfig()))
 
 
 class _Loader:
@@ -95,7 +99,8 @@ def test_trainer_with_compile_scope_blocks_trains_like_eager(tmp_path, aot_eager
             exp_dir=str(tmp_path / scope), max_steps=4, log_every=1, eval_every=0, save_every=100, progress=False,
             compile=scope != "eager", compile_scope="blocks",
         )  # fmt: skip
-        trainer = Trainer(cfg, OptimConfig(lr=1e-3, warmup_steps=2), _model(), _Loader(), "x: 1\n")
+        model, optim = _model(), OptimConfig(lr=1e-3, warmup_steps=2)
+        trainer = Trainer(cfg, optim, model, _Loader(), "x: 1\n", spec=train_spec(model, optim))
         losses[scope] = [loss for _, loss in trainer.fit().losses]
     assert len(losses["blocks"]) == 4
     torch.testing.assert_close(losses["blocks"], losses["eager"], rtol=1e-4, atol=1e-5)
@@ -108,8 +113,8 @@ def test_blocks_replayed_as_cuda_graphs_match_plain_compiled_blocks():
     torch._dynamo.reset()
     counters.clear()
     plain, graphed = _model().cuda(), _model().cuda()
-    compile_blocks(plain)
-    compile_blocks(graphed, mode="reduce-overhead")
+    compile_blocks(compile_units(plain))
+    compile_blocks(compile_units(graphed), mode="reduce-overhead")
     for B, seed in ((3, 0), (3, 1), (5, 2), (5, 3)):
         batch = _batch(B, seed=seed).to(torch.device("cuda"))
         results = []

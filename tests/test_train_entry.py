@@ -211,6 +211,7 @@ def test_torchrun_two_processes(corpus, tmp_path):
 
 def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
     from usmkit.config import TrainConfig, from_dict
+    from usmkit.errors import UsageError
     from usmkit.train import compiled_lengths
 
     def cfg(**data):
@@ -221,5 +222,5 @@ def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
     assert (
         compiled_lengths(cfg(pad_to_frames=256, speed_perturb=[0.9, 1.0, 1.1], features={"precomputed": False})) == 14
     )
-    with pytest.raises(SystemExit, match="data.pad_to_frames"):
+    with pytest.raises(UsageError, match="data.pad_to_frames"):
         compiled_lengths(cfg(pad_to_frames=0))

@@ -8,7 +8,8 @@ import torch
 from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
 from usmkit.models.output import StepOutput
-from usmkit.trainer import Trainer, TrainingDiverged
+from usmkit.tasks import batch_dynamic_axes, encoder_param_groups, train_spec
+from usmkit.trainer import ParamGroup, Trainer, TrainingDiverged, TrainSpec
 
 
 class ToyLoader:
@@ -62,11 +63,11 @@ class ToyTask(torch.nn.Module):
         return StepOutput(loss=loss, metrics={"ymean": y.mean().detach()})
 
 
-def _trainer(tmp_path, max_steps, loader=None, **kw):
+def _trainer(tmp_path, max_steps, loader=None, spec=None, **kw):
     cfg = TrainerConfig(
         exp_dir=str(tmp_path), max_steps=max_steps, log_every=1, eval_every=0, save_every=4, progress=False, **kw
     )
-    return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), ToyTask(), loader or ToyLoader(), "x: 1\n")
+    return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), ToyTask(), loader or ToyLoader(), "x: 1\n", spec=spec)
 
 
 def test_resumed_run_matches_uninterrupted(tmp_path):
@@ -124,7 +125,8 @@ def test_compiled_step_does_not_recompile_across_batch_sizes(tmp_path, monkeypat
     loader = _batch_size_loader()
     torch._dynamo.reset()
     counters.clear()
-    out = _trainer(tmp_path, 4, loader=loader, compile=True, compile_scope="whole").fit()
+    spec = TrainSpec(dynamic_axes=batch_dynamic_axes)  # the batch axes the task marks dynamic
+    out = _trainer(tmp_path, 4, loader=loader, spec=spec, compile=True, compile_scope="whole").fit()
     assert out.step == 4
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
@@ -161,7 +163,8 @@ class EncoderHeadTask(ToyTask):
 
 def _encoder_head_trainer(tmp_path, max_steps, **optim):
     cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=max_steps, eval_every=0, save_every=100, progress=False)
-    return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2, **optim), EncoderHeadTask(), ToyLoader(), "x: 1\n")
+    task, optim_cfg = EncoderHeadTask(), OptimConfig(lr=1e-2, warmup_steps=2, **optim)
+    return Trainer(cfg, optim_cfg, task, ToyLoader(), "x: 1\n", spec=train_spec(task, optim_cfg))
 
 
 def test_frozen_encoder_steps_train_only_the_head(tmp_path):
@@ -193,9 +196,22 @@ def test_encoder_lr_scale_sets_the_encoder_groups_rate(tmp_path):
 
 
 def test_encoder_options_need_an_encoder(tmp_path):
+    with pytest.raises(ValueError, match="no parameters named encoder"):
+        encoder_param_groups(ToyTask(), OptimConfig(encoder_lr_scale=0.5))
     cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=1, progress=False)
-    with pytest.raises(ValueError, match="encoder"):
+    with pytest.raises(ValueError, match="encoder_lr_scale.*parameter groups"):  # not silently ignored
         Trainer(cfg, OptimConfig(encoder_lr_scale=0.5), ToyTask(), ToyLoader(), "x: 1\n")
+
+
+def test_parameter_groups_must_cover_every_trainable_parameter_once(tmp_path):
+    cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=1, progress=False)
+    task = EncoderHeadTask()
+    head_only = TrainSpec(param_groups=(ParamGroup("head", tuple(task.head.parameters())),))
+    with pytest.raises(ValueError, match="2 trainable parameters of EncoderHeadTask are in no parameter group"):
+        Trainer(cfg, OptimConfig(), task, ToyLoader(), "x: 1\n", spec=head_only)
+    twice = TrainSpec(param_groups=(ParamGroup("a", tuple(task.parameters())), ParamGroup("b", (task.head.bias,))))
+    with pytest.raises(ValueError, match="two parameter groups: 'a' and 'b'"):
+        Trainer(cfg, OptimConfig(), task, ToyLoader(), "x: 1\n", spec=twice)
 
 
 def test_cuda_graph_mode_is_refused_where_it_cannot_serve(tmp_path):
@@ -221,7 +237,8 @@ def test_cuda_graph_steps_match_the_default_compiled_steps(tmp_path):
             compile=True, compile_mode=mode, compile_scope="whole", device="cuda", precision="fp32",
         )  # fmt: skip
         # EncoderHeadTask has no dropout, so both modes draw no random numbers and must agree.
-        trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), EncoderHeadTask(), loader, "x: 1\n")
+        spec = TrainSpec(dynamic_axes=batch_dynamic_axes)
+        trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), EncoderHeadTask(), loader, "x: 1\n", spec=spec)
         losses[mode] = [loss for _, loss in trainer.fit().losses]
         assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     assert len(losses["default"]) == 10

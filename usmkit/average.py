@@ -21,23 +21,25 @@ import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy befo
 import argparse
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from usmkit.checkpoint import CONFIG_FILE, MODEL_FILE, CheckpointError, CheckpointInfo, list_checkpoints
+from usmkit.checkpoint import CONFIG_FILE, MODEL_FILE, CheckpointError, CheckpointInfo, list_checkpoints, load_tensors
+from usmkit.errors import UsageError, strip_debug_flag, user_errors
 
 
 def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
     """The element-wise mean of the ``model.safetensors`` in each checkpoint dir of ``paths`` (oldest first)."""
     if not paths:
         raise ValueError("average_state_dicts: no checkpoints given")
-    first = load_file(str(paths[0] / MODEL_FILE))
+    first = load_tensors(paths[0] / MODEL_FILE)
     sums = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in first.items()}
     for p in paths[1:]:
-        sd = load_file(str(p / MODEL_FILE))
+        sd = load_tensors(p / MODEL_FILE)
         if sd.keys() != sums.keys():
             diff = sorted(set(sd) ^ set(sums))
             raise CheckpointError(
@@ -57,10 +59,10 @@ def average_state_dicts(paths: list[Path]) -> dict[str, torch.Tensor]:
 def select_last(ckpt_root: Path, last: int) -> list[CheckpointInfo]:
     """The newest ``last`` step checkpoints under ``ckpt_root``, oldest first."""
     if last < 1:
-        raise ValueError(f"--last must be >= 1, got {last}")
+        raise UsageError(f"--last must be >= 1, got {last}")
     found = list_checkpoints(ckpt_root)
     if len(found) < last:
-        raise ValueError(
+        raise UsageError(
             f"{ckpt_root} holds {len(found)} checkpoint(s) ({[c.step for c in found]}) but --last {last} was asked: "
             "train with trainer.keep_last >= N (and trainer.save_every small enough) or average fewer"
         )
@@ -96,11 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("exp_dir", help="experiment directory (or its checkpoints/ directory)")
     ap.add_argument("--last", type=int, default=5, help="how many of the newest checkpoints to average (default 5)")
     ap.add_argument("--out", default=None, help="output checkpoint dir (default <exp_dir>/checkpoints/avg-lastN)")
-    args = ap.parse_args(argv)
-    try:
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    args = ap.parse_args(strip_debug_flag(sys.argv[1:] if argv is None else argv))
+    with user_errors():  # one line and exit code 2 (--debug: the traceback)
         out, steps = average_last(args.exp_dir, args.last, args.out)
-    except (ValueError, CheckpointError) as e:
-        raise SystemExit(f"error: {e}") from None
     print(f"averaged steps {','.join(map(str, steps))} -> {out}")
 
 

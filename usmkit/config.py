@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from usmkit.data.config import DataConfig
+from usmkit.errors import UsageError
 from usmkit.models.config import ConformerConfig
 from usmkit.models.las import LASConfig
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A config key or value that does not fit the schema."""
 
 
@@ -84,6 +85,20 @@ class OptimConfig:
     freeze_encoder_steps: int = 0
 
     def __post_init__(self) -> None:
+        if not (self.lr > 0 and self.lr < float("inf")):
+            raise ValueError(f"optim.lr must be a positive number, got {self.lr}")
+        if not (self.weight_decay >= 0):
+            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must both be in [0, 1), got {self.betas}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not (0 <= self.min_lr_ratio <= 1):
+            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not (self.grad_clip >= 0):
+            raise ValueError(f"optim.grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
+        if self.accum_steps < 1:
+            raise ValueError(f"optim.accum_steps must be >= 1, got {self.accum_steps}")
         if self.encoder_lr_scale < 0:
             raise ValueError(f"optim.encoder_lr_scale must be >= 0, got {self.encoder_lr_scale}")
         if self.freeze_encoder_steps < 0:
@@ -121,6 +136,14 @@ class TrainerConfig:
     max_bad_steps: int = 10  # consecutive non-finite losses before training stops
     progress: bool = True
     best_metric: str = "dev_wer"  # or dev_loss; lower is better
+
+    def __post_init__(self) -> None:
+        for name in ("log_every", "max_bad_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "eval_every", "save_every", "keep_last", "dev_max_batches"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"trainer.{name} must be >= 0 (0 = off / all), got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -167,7 +190,12 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown} in {path or cls.__name__}; valid keys: {sorted(fields)}")
     kwargs = {name: _convert(hints[name], value, f"{path}.{name}" if path else name) for name, value in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:  # a value the dataclass itself refuses (its message names it)
+        raise ConfigError(str(e)) from e
 
 
 def _convert(tp: Any, value: Any, path: str) -> Any:

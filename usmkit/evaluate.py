@@ -1,6 +1,9 @@
 """Evaluation entry point: WER/CER per test set as a table and as JSON.
 
 ``python -m usmkit.evaluate checkpoint=exp/stage3_ctc test_sets=[test,test_other] decode=ctc_greedy``
+
+Every test set name and the decode mode are checked before anything is decoded; the JSON is
+rewritten after each set, so a failure part way keeps the sets already scored.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy befo
 # isort: split
 import json
 import logging
+import os
 import platform
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -23,12 +27,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from usmkit.config import from_dict
 from usmkit.data.loader import make_loader, prepare_cuts
-from usmkit.data.manifests import load_cuts
+from usmkit.data.manifests import available_splits, load_cuts, manifest_path
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.errors import UsageError, strip_debug_from_sys_argv, user_errors
+from usmkit.inference import transcribe_batches
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
+from usmkit.runs import load_trained
 from usmkit.streaming.features import checkpoint_feature_stats
-from usmkit.tasks import load_trained, transcribe_batches
 from usmkit.trainer import resolve_device
 
 log = logging.getLogger("usmkit.evaluate")
@@ -63,8 +69,10 @@ class EvalConfig:
             )
 
 
-def evaluate(cfg: EvalConfig) -> dict[str, Any]:
-    """Decode each test set with the checkpoint; returns the results dict that is also written as JSON."""
+def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
+    """Decode each test set with the checkpoint; returns the results dict that is also written as JSON.
+
+    ``on_set(results)`` (optional) is called after each set is scored, with the results so far."""
     device = resolve_device(cfg.device)
     changes = {}
     if cfg.chunk_size != "default":
@@ -73,13 +81,19 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
         changes["left_chunks"] = cfg.left_chunks
     module, train_cfg, tokenizer, ckpt = load_trained(cfg.checkpoint, device, **changes)
     if tokenizer is None:
-        raise ValueError(f"{ckpt} is a {train_cfg.task.kind} checkpoint with no ASR head: fine-tune it first")
+        raise UsageError(f"{ckpt} is a {train_cfg.task.kind} checkpoint with no ASR head: fine-tune it first")
+    if cfg.decode in ("las_beam", "rescore") and getattr(module, "las", None) is None:
+        raise UsageError(
+            f"decode={cfg.decode} needs an attention (LAS) decoder, but {ckpt} is a {train_cfg.task.kind} model "
+            "without one; use decode=ctc_greedy, ctc_beam or ctc_lexicon"
+        )
     data = replace(
         train_cfg.data,
         manifest_dir=cfg.manifest_dir or train_cfg.data.manifest_dir,
         corpus=cfg.corpus or train_cfg.data.corpus,
         max_duration=cfg.max_duration,
     )
+    check_test_sets(cfg.test_sets, data.manifest_dir, data.corpus)
     stats = checkpoint_feature_stats(ckpt, train_cfg.data)
     if cfg.ensemble:
         members = [load_trained(path, device, **changes) for path in cfg.ensemble]
@@ -100,7 +114,10 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     }
     for name in cfg.test_sets:
         cuts, report = prepare_cuts(
-            load_cuts(data.manifest_dir, name, corpus=data.corpus), data, split=name, require_text=True
+            load_cuts(data.manifest_dir, name, corpus=data.corpus, allow_urls=data.allow_urls),
+            data,
+            split=name,
+            require_text=True,
         )
         if report.num_skipped:
             log.warning("%s: %s", name, report.summary())
@@ -129,7 +146,21 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
             }
         entry["examples"] = records[:5]
         results["sets"][name] = entry
+        if on_set is not None:
+            on_set(results)
     return results
+
+
+def check_test_sets(names: tuple[str, ...], manifest_dir: str, corpus: str) -> None:
+    """Refuse, before any decoding, test set names without a cuts manifest (naming all of them)."""
+    if not names:
+        raise UsageError("test_sets is empty: name at least one, e.g. test_sets=[test]")
+    missing = [n for n in names if not manifest_path(manifest_dir, corpus, "cuts", n).is_file()]
+    if missing:
+        raise UsageError(
+            f"test set(s) {missing} have no manifest in {manifest_dir} (corpus {corpus!r}); "
+            f"the sets there are {available_splits(manifest_dir, corpus) or 'none'}: fix test_sets=[...]"
+        )
 
 
 def first_encoder_chunk(module: torch.nn.Module) -> int | None:
@@ -201,14 +232,22 @@ def print_table(results: dict[str, Any]) -> None:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(dcfg: DictConfig) -> None:
-    cfg = from_dict(EvalConfig, OmegaConf.to_container(dcfg, resolve=True))
-    results = evaluate(cfg)
-    print_table(results)
-    out = Path(cfg.output) if cfg.output else Path(results["checkpoint"]) / f"eval_{cfg.decode}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
-    print(f"wrote {out}")
+    with user_errors():  # a bad value or file: one line and exit code 2 (--debug: the traceback)
+        cfg = from_dict(EvalConfig, OmegaConf.to_container(dcfg, resolve=True))
+
+        def write(results: dict[str, Any]) -> Path:  # after every set: nothing scored is lost
+            out = Path(cfg.output) if cfg.output else Path(results["checkpoint"]) / f"eval_{cfg.decode}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(f".{out.name}.tmp")
+            tmp.write_text(json.dumps(results, indent=2))
+            os.replace(tmp, out)
+            return out
+
+        results = evaluate(cfg, on_set=write)
+        print_table(results)
+        print(f"wrote {write(results)}")
 
 
 if __name__ == "__main__":
+    strip_debug_from_sys_argv()
     main()

@@ -27,7 +27,9 @@ from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
-from usmkit.tasks import build_task, make_dev_eval
+from usmkit.errors import UsageError, strip_debug_from_sys_argv, user_errors
+from usmkit.inference import make_dev_eval
+from usmkit.tasks import build_task, train_spec
 from usmkit.trainer import Trainer, resolve_device
 
 log = logging.getLogger("usmkit.train")
@@ -73,7 +75,9 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
                 cfg.tokenizer_type,
                 cfg.vocab_size,
             )
-            cuts = load_cuts(cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus)
+            cuts = load_cuts(
+                cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus, allow_urls=cfg.data.allow_urls
+            )
             texts = [s.text for c in cuts for s in c.supervisions if s.text]
             Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type)
         if dist.is_initialized():
@@ -90,7 +94,7 @@ def compiled_lengths(cfg: TrainConfig) -> int:
     """
     data = cfg.data
     if data.pad_to_frames == 0:
-        raise SystemExit(
+        raise UsageError(
             "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256): unpadded batches "
             "compile a new graph for every length, and past torch's recompile limit they run uncompiled"
         )
@@ -114,7 +118,7 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     torch.manual_seed(cfg.trainer.seed + rank)
     exp_dir = Path(cfg.trainer.exp_dir)
     if not cfg.resume and latest_checkpoint(exp_dir / "checkpoints") is not None:
-        raise SystemExit(
+        raise UsageError(
             f"{exp_dir} already holds checkpoints: pass resume=true to continue that run, "
             f"or choose another trainer.exp_dir"
         )
@@ -126,7 +130,10 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         cuts, report = rank0_first(
             rank,
             lambda: prepare_cuts(
-                load_cuts(data.manifest_dir, split, corpus=data.corpus), data, split=split, require_text=not audio_only
+                load_cuts(data.manifest_dir, split, corpus=data.corpus, allow_urls=data.allow_urls),
+                data,
+                split=split,
+                require_text=not audio_only,
             ),
         )
         if rank == 0 and report.num_skipped:
@@ -184,7 +191,8 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         from dataclasses import replace
 
         trainer_cfg = replace(trainer_cfg, device=str(device))
-    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval)
+    spec = train_spec(module, cfg.optim)
+    trainer = Trainer(trainer_cfg, cfg.optim, module, loader, config_yaml, dev_eval=dev_eval, spec=spec)
     if cfg.resume and not trainer.resume():
         log.warning("resume=true but %s has no checkpoint yet: starting from step 0", exp_dir)
     result = trainer.fit()
@@ -198,10 +206,12 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(dcfg: DictConfig) -> None:
-    container = OmegaConf.to_container(dcfg, resolve=True)
-    cfg = from_dict(TrainConfig, container)
-    run(cfg, OmegaConf.to_yaml(container))
+    with user_errors():  # a bad value or file: one line and exit code 2 (--debug: the traceback)
+        container = OmegaConf.to_container(dcfg, resolve=True)
+        cfg = from_dict(TrainConfig, container)  # every value checked here, before any data is read
+        run(cfg, OmegaConf.to_yaml(container))
 
 
 if __name__ == "__main__":
+    strip_debug_from_sys_argv()
     main()

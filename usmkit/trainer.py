@@ -1,6 +1,8 @@
 """The training loop: step, evaluate, checkpoint, resume. It knows nothing of model internals.
 
-The task module maps a ``Batch`` to a ``StepOutput`` (loss + metrics); the loop does the rest:
+The task module maps a ``Batch`` to a ``StepOutput`` (loss + metrics); what else the loop must know
+of the model (parameter groups, the blocks to compile, the batch axes that vary) comes with it as a
+``TrainSpec``, built by the task (``usmkit.tasks.train_spec``). The loop does the rest:
 AdamW with warm-up and decay, gradient accumulation and clipping, bf16 autocast on CUDA, skipping of
 non-finite steps, TensorBoard scalars, a progress bar, periodic dev evaluation, atomic checkpoints
 (keep last N and the best), exact resume and DDP.
@@ -13,7 +15,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,8 +26,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
 from usmkit.checkpoint import (
+    STATE_FILE,
+    CheckpointDamaged,
     CheckpointError,
     latest_checkpoint,
+    list_checkpoints,
+    load_train_state,
     load_weights,
     prune_checkpoints,
     read_best,
@@ -37,13 +43,16 @@ from usmkit.checkpoint import (
 from usmkit.compile_blocks import compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
+from usmkit.errors import UsageError
 from usmkit.models.output import StepOutput
 
 log = logging.getLogger(__name__)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UsageError):
     """Too many consecutive steps with a non-finite loss or gradient."""
+
+    exit_code = 1
 
 
 class ResumableLoader(Protocol):
@@ -54,6 +63,33 @@ class ResumableLoader(Protocol):
 
 
 DevEval = Callable[[torch.nn.Module], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters that share a learning-rate rule: the schedule times ``lr_scale``, and 0 (no update,
+    no weight decay) during the first ``frozen_steps`` steps."""
+
+    name: str
+    params: tuple[torch.nn.Parameter, ...]
+    lr_scale: float = 1.0
+    frozen_steps: int = 0
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """What the trainer needs to know of the model it trains, supplied by the task (``usmkit.tasks.train_spec``).
+
+    ``param_groups``: the optimizer's groups, covering every trainable parameter once (the first
+    group's rate is the one the progress bar shows); empty: one group of all of them.
+    ``compile_units``: the modules ``trainer.compile_scope=blocks`` compiles one by one (their
+    forwards take tensors batch-first). ``dynamic_axes``: a batch's (tensor, dim) pairs that vary from
+    batch to batch, marked dynamic for ``trainer.compile_scope=whole``; None: every axis static.
+    """
+
+    param_groups: tuple[ParamGroup, ...] = ()
+    compile_units: tuple[torch.nn.Module, ...] = ()
+    dynamic_axes: Callable[[Batch], Sequence[tuple[torch.Tensor, int]]] | None = None
 
 
 @dataclass
@@ -95,50 +131,55 @@ def lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
     return f
 
 
-def encoder_lr_lambda(cfg: OptimConfig, max_steps: int) -> Callable[[int], float]:
-    """The encoder's multiplier when it has its own rate: 0 while frozen, else the schedule times the scale."""
+def group_lr_lambda(cfg: OptimConfig, max_steps: int, group: ParamGroup) -> Callable[[int], float]:
+    """``group``'s multiplier: 0 while frozen, else the schedule times its scale."""
     base = lr_lambda(cfg, max_steps)
+    if group.lr_scale == 1.0 and group.frozen_steps == 0:
+        return base
 
     def f(step: int) -> float:
-        return 0.0 if step < cfg.freeze_encoder_steps else cfg.encoder_lr_scale * base(step)
+        return 0.0 if step < group.frozen_steps else group.lr_scale * base(step)
 
     return f
 
 
-def make_optimizer(module: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases and norm gains (1-d parameters).
+def param_groups(module: torch.nn.Module, groups: Sequence[ParamGroup]) -> tuple[ParamGroup, ...]:
+    """``groups``, checked to hold every trainable parameter of ``module`` once; empty: one group of them all."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    if not groups:
+        return (ParamGroup("all", tuple(trainable)),)
+    seen: dict[int, str] = {}
+    for group in groups:
+        for p in group.params:
+            if id(p) in seen:
+                raise ValueError(f"a parameter is in two parameter groups: {seen[id(p)]!r} and {group.name!r}")
+            seen[id(p)] = group.name
+    missing = sum(id(p) not in seen for p in trainable)
+    if missing:
+        raise ValueError(f"{missing} trainable parameters of {type(module).__name__} are in no parameter group")
+    return tuple(groups)
 
-    Parameter groups: (decay, no decay), then, when ``cfg.splits_encoder``, the same two for the
-    encoder's parameters (``encoder.*``), tagged ``"encoder": True`` for ``make_scheduler``. The head's
-    groups come first, so group 0's rate is the one a progress bar shows.
-    """
-    parts: dict[str, tuple[list, list]] = {"rest": ([], []), "encoder": ([], [])}
-    for name, p in module.named_parameters():
-        if p.requires_grad:
-            part = "encoder" if cfg.splits_encoder and name.startswith("encoder.") else "rest"
-            parts[part][0 if p.dim() >= 2 else 1].append(p)
-    if cfg.splits_encoder and not any(parts["encoder"]):
-        raise ValueError(
-            "optim.encoder_lr_scale / optim.freeze_encoder_steps are set but the model has no parameters "
-            "named encoder.*; leave them at 1.0 / 0 for this task"
-        )
-    groups = []
-    for part in ("rest", "encoder") if cfg.splits_encoder else ("rest",):
-        decay, no_decay = parts[part]
-        tag = {"encoder": part == "encoder"} if cfg.splits_encoder else {}  # make_scheduler reads it
-        groups += [
-            {"params": decay, "weight_decay": cfg.weight_decay, **tag},
-            {"params": no_decay, "weight_decay": 0.0, **tag},
+
+def make_optimizer(groups: Sequence[ParamGroup], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over two optimizer groups per ``ParamGroup``, in order: with weight decay, and without it
+    (biases and norm gains, the 1-d parameters)."""
+    torch_groups = []
+    for group in groups:
+        decay = [p for p in group.params if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in group.params if p.requires_grad and p.dim() < 2]
+        torch_groups += [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
         ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=None)
+    return torch.optim.AdamW(torch_groups, lr=cfg.lr, betas=cfg.betas, fused=None)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int) -> LambdaLR:
-    """The schedule of ``lr_lambda`` for every group; the encoder's groups get ``encoder_lr_lambda``."""
-    if not cfg.splits_encoder:
-        return LambdaLR(optimizer, lr_lambda(cfg, max_steps))
-    head, encoder = lr_lambda(cfg, max_steps), encoder_lr_lambda(cfg, max_steps)
-    return LambdaLR(optimizer, [encoder if group["encoder"] else head for group in optimizer.param_groups])
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, groups: Sequence[ParamGroup], cfg: OptimConfig, max_steps: int
+) -> LambdaLR:
+    """The schedule of ``lr_lambda`` for every group, scaled and frozen as each ``ParamGroup`` says."""
+    lambdas = [group_lr_lambda(cfg, max_steps, group) for group in groups]
+    return LambdaLR(optimizer, [f for f in lambdas for _ in range(2)])  # two optimizer groups per ParamGroup
 
 
 def is_main_process() -> bool:
@@ -149,7 +190,9 @@ class Trainer:
     """Runs ``max_steps`` optimizer steps of ``module`` over ``train_loader``.
 
     ``module(batch) -> StepOutput``. ``dev_eval(module)`` (rank 0 only) returns dev metrics such as
-    ``{"dev_loss": ..., "dev_wer": ...}``. ``config_yaml`` is saved with every checkpoint.
+    ``{"dev_loss": ..., "dev_wer": ...}``. ``config_yaml`` is saved with every checkpoint. ``spec``: what
+    the loop needs to know of the model (``TrainSpec``; default: one parameter group, nothing to compile
+    block by block, static batch axes).
     """
 
     def __init__(
@@ -160,8 +203,16 @@ class Trainer:
         train_loader: ResumableLoader,
         config_yaml: str,
         dev_eval: DevEval | None = None,
+        spec: TrainSpec | None = None,
     ) -> None:
+        spec = spec or TrainSpec()
+        if optim_cfg.splits_encoder and not spec.param_groups:
+            raise ValueError(
+                "optim.encoder_lr_scale / optim.freeze_encoder_steps need the task's parameter groups "
+                "(TrainSpec.param_groups, built by usmkit.tasks.train_spec); leave them at 1.0 / 0 otherwise"
+            )
         self.cfg = cfg
+        self.spec = spec
         self.optim_cfg = optim_cfg
         self.device = resolve_device(cfg.device)
         self.module = module.to(self.device)
@@ -170,8 +221,9 @@ class Trainer:
         self.config_yaml = config_yaml
         self.exp_dir = Path(cfg.exp_dir)
         self.ckpt_root = self.exp_dir / "checkpoints"
-        self.optimizer = make_optimizer(self.module, optim_cfg)
-        self.scheduler = make_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
+        groups = param_groups(self.module, spec.param_groups)
+        self.optimizer = make_optimizer(groups, optim_cfg)
+        self.scheduler = make_scheduler(self.optimizer, groups, optim_cfg, cfg.max_steps)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.step_module: torch.nn.Module = self.module
         if self.distributed:
@@ -181,12 +233,11 @@ class Trainer:
         compile_mode = self._compile_mode()
         self.cuda_graphs = compile_mode == "reduce-overhead"  # each step then marks a new graph replay
         if cfg.compile:
-            # Static shapes were faster than fully dynamic ones on an H200 (bench/results/
-            # train_throughput.json: base 69.5 vs 87.7 ms/step); the time axis comes in a few
-            # static lengths (data.pad_to_frames), only the batch and token axes are left dynamic
-            # since the bucketing sampler varies them (see _forward_backward).
+            # Static shapes step faster than fully dynamic ones (bench/train_throughput.py); the time
+            # axis comes in a few padded lengths (data.pad_to_frames), and only the axes the task names
+            # dynamic (those the sampler varies) are left dynamic (see _forward_backward).
             if cfg.compile_scope == "blocks":
-                n = compile_blocks(self.module, compile_mode)
+                n = compile_blocks(spec.compile_units, compile_mode)
                 log.info("compiling %d blocks of the model one by one (trainer.compile_scope=blocks)", n)
             else:  # whole (the config's Literal type is checked where the config is read)
                 self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
@@ -230,12 +281,32 @@ class Trainer:
         }
 
     def resume(self) -> bool:
-        """Continue from the newest checkpoint in ``exp_dir``; False if there is none."""
-        last = latest_checkpoint(self.ckpt_root)
-        if last is None:
+        """Continue from the newest complete checkpoint in ``exp_dir``; False if there is none.
+
+        A damaged newest checkpoint (a file missing, truncated or altered) is passed over with a warning
+        for the one before it; ``CheckpointError`` when none is usable. (``fit`` then removes the
+        entries of ``metrics.jsonl`` after the step it starts from.)
+        """
+        candidates = list_checkpoints(self.ckpt_root)
+        complete = {c.path for c in candidates}
+        for p in sorted(self.ckpt_root.glob("step-*")) if self.ckpt_root.is_dir() else []:
+            if p not in complete:
+                log.warning("%s is incomplete (no %s or weights); it is not resumed from", p, STATE_FILE)
+        if not candidates:
             return False
-        load_weights(self.module, last.path)
-        state = torch.load(last.path / "train_state.pt", map_location="cpu", weights_only=False)
+        for ckpt in reversed(candidates):
+            try:
+                state = load_train_state(ckpt.path)  # checks both tensor files' SHA-256 first
+                load_weights(self.module, ckpt.path)
+                break
+            except CheckpointDamaged as e:
+                log.warning("%s; falling back to the previous checkpoint", e)
+        else:
+            raise CheckpointError(
+                f"none of the {len(candidates)} checkpoints in {self.ckpt_root} can be read (see the warnings "
+                "above); start a new run (resume=false) with another trainer.exp_dir"
+            )
+        last = ckpt
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.train_loader.load_state_dict(state["loader"])
@@ -252,12 +323,9 @@ class Trainer:
         last = latest_checkpoint(self.ckpt_root)
         if last is not None and last.step == self.step:  # e.g. the best was just saved at this step
             return last.path
-        try:
-            path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
-        except CheckpointError as e:
-            # Keep training: the previous checkpoint is intact and the next save may succeed.
-            log.error("%s", e)
-            return None
+        # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
+        # saving would lose every step after the last checkpoint, which stays intact.
+        path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
         keep = {self.ckpt_root / self.best["path"]} if self.best else set()
         prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
         return path
@@ -277,10 +345,9 @@ class Trainer:
     def _forward_backward(self, batch: Batch, sync: bool) -> tuple[StepOutput, int]:
         frames = batch.num_frames  # counted on the host copy: no device sync
         batch = batch.to(self.device)
-        if self.cfg.compile and self.cfg.compile_scope == "whole":  # (blocks mark their own inputs)
-            for t in (batch.features, batch.feature_lens, batch.tokens, batch.token_lens):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-            torch._dynamo.maybe_mark_dynamic(batch.tokens, 1)
+        if self.cfg.compile and self.cfg.compile_scope == "whole" and self.spec.dynamic_axes is not None:
+            for t, dim in self.spec.dynamic_axes(batch):  # (compiled blocks mark their own inputs)
+                torch._dynamo.maybe_mark_dynamic(t, dim)
         no_sync = (
             self.step_module.no_sync
             if (self.distributed and not sync and hasattr(self.step_module, "no_sync"))
@@ -309,6 +376,10 @@ class Trainer:
 
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             writer = SummaryWriter(str(self.exp_dir / "tensorboard"), purge_step=self.step or None)
+        if main:  # entries past the step this run starts from were logged by a run that died: logged again
+            dropped = truncate_metrics(self.exp_dir / "metrics.jsonl", self.step)
+            if dropped:
+                log.info("metrics.jsonl: removed %d entries after step %d (they are logged again)", dropped, self.step)
         metrics_log = open(self.exp_dir / "metrics.jsonl", "a") if main else None  # noqa: SIM115
         progress = _progress(cfg, self.step) if (main and cfg.progress) else None
         batches = self._batches()
@@ -432,6 +503,29 @@ class Trainer:
                     write_best(self.ckpt_root, path, self.cfg.best_metric, value, self.step)
         if self.distributed:
             dist.barrier()
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Remove the entries of ``metrics.jsonl`` logged after ``step`` (atomically); returns how many.
+    Lines that are not JSON (a write cut short by a kill) are removed too."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+            keep = int(entry["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+            keep = False
+        if keep:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        tmp.replace(path)
+    return dropped
 
 
 def _progress(cfg: TrainerConfig, start: int):

@@ -4,12 +4,12 @@
     arecord -f S16_LE -r 16000 -c 1 -t raw | usmkit-transcribe - --checkpoint exp/stage3_ctc
     usmkit-transcribe --mic --checkpoint exp/stage3_ctc
 
-Audio goes through the same path a live stream takes, block by block: incremental log-mel features
-(``usmkit.streaming.features``) -> one encoder ``stream_step`` per chunk (``usmkit.models.streaming``)
--> CTC log-probs -> the streaming decoder (partials, endpoints, optional rescoring;
-``usmkit.streaming.decoder``). Partial results are shown live on one rewritten line when stdout is a
-terminal (plain ``partial:`` lines otherwise); finals as ``[00:01.20 - 00:03.48] text``. At the end
-the real-time factor and the per-chunk latency go to stderr.
+Audio goes through the same path a live stream takes, block by block (``usmkit.streaming.pipeline``):
+incremental log-mel features -> one encoder ``stream_step`` per chunk -> CTC log-probs -> the
+streaming decoder (partials, endpoints, optional rescoring). This module is the command line on it:
+arguments, audio source, printing. Partial results are shown live on one rewritten line when stdout
+is a terminal (plain ``partial:`` lines otherwise); finals as ``[00:01.20 - 00:03.48] text``. At the
+end the real-time factor and the per-chunk latency go to stderr.
 
 Exit status: 0 done (also when there was no speech), 2 bad input or usage (the message says which),
 1 a failure at run time. Errors are one line on stderr, never a traceback (``--debug`` shows it).
@@ -24,20 +24,25 @@ import argparse
 import json
 import shutil
 import sys
-import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 import torch
 
-from usmkit.models.streaming import NotStreamableError, StreamingEncoder, check_streamable
-from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR
+from usmkit.models.subsampling import SUBSAMPLING_FACTOR
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
-from usmkit.streaming.decoder import DecoderConfig, EndpointConfig, Segment, StreamingDecoder
-from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
+from usmkit.streaming.decoder import DecoderConfig, EndpointConfig, Segment
+from usmkit.streaming.features import StreamingFbank
+from usmkit.streaming.pipeline import (
+    ModelError,
+    RunStats,
+    StreamingTranscriber,
+    load_model,
+    streaming_mask,
+    transcribe_whole,
+)
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 CLIP_WARN_FRACTION = 0.001  # warn when more than 0.1% of the samples sit at full scale
@@ -45,159 +50,6 @@ CLIP_WARN_FRACTION = 0.001  # warn when more than 0.1% of the samples sit at ful
 
 class UsageError(Exception):
     """Bad command line, checkpoint or input: exit status 2."""
-
-
-# ---------------------------------------------------------------------------------------------- pipeline
-@dataclass
-class RunStats:
-    """Timing of one transcription. ``latencies_s``: processing time per encoder chunk, from the audio
-    that completes it arriving to its partial result (a call that completes k chunks counts k x its time / k)."""
-
-    audio_s: float = 0.0
-    compute_s: float = 0.0
-    setup_s: float = 0.0  # before the first chunk (tracing / compiling the encoder step); not in compute_s
-    latencies_s: list[float] = field(default_factory=list)
-
-    @property
-    def rtf(self) -> float:
-        return self.compute_s / self.audio_s if self.audio_s > 0 else float("nan")
-
-    def latency_ms(self, q: float) -> float:
-        return float(np.percentile(self.latencies_s, q)) * 1000.0 if self.latencies_s else float("nan")
-
-
-class FrameDecoder:
-    """Encoder frames -> CTC log-probs -> ``StreamingDecoder``, each frame flagged silent from its 40 ms of audio.
-
-    ``audio(samples)`` must see the samples before ``decode`` gets the frames computed from them (the
-    encoder lags the audio, so this holds by construction). ``silence_db``: frames quieter than this
-    (dBFS) are silence for the endpointer.
-    """
-
-    def __init__(self, model, tokenizer, decoder_cfg: DecoderConfig, frame_samples: int, silence_db: float) -> None:
-        self.model = model
-        self.decoder = StreamingDecoder(tokenizer, decoder_cfg, las=model.las)
-        self.meter = LevelMeter(frame_samples)
-        self.silence_db = silence_db
-        self._levels = np.zeros(0)  # dBFS of encoder frames [decoder.frames, decoder.frames + len)
-
-    def audio(self, samples: np.ndarray) -> None:
-        self._levels = np.concatenate([self._levels, self.meter.accept(samples)])
-
-    def audio_end(self) -> None:
-        self._levels = np.concatenate([self._levels, self.meter.flush()])
-
-    def decode(self, enc: torch.Tensor) -> list[Segment]:
-        """enc (n, D), the next n encoder frames -> the segments they finalize."""
-        n = enc.shape[0]
-        if n == 0:
-            return []
-        with torch.no_grad():
-            log_probs = self.model.ctc(enc[None])[0]  # (n, V)
-        levels, self._levels = self._levels[:n], self._levels[n:]
-        levels = np.concatenate([levels, np.zeros(n - levels.size)])  # a level not known yet counts as audio
-        return self.decoder.accept(log_probs, enc, torch.from_numpy(levels < self.silence_db))
-
-    def finish(self) -> list[Segment]:
-        return self.decoder.finish()
-
-    @property
-    def partial(self) -> str:
-        return self.decoder.partial
-
-
-class StreamingTranscriber:
-    """Samples in (mono float32 at the feature sample rate), segments out; one encoder ``stream_step`` per chunk.
-
-    ``model``: an ``AsrModel`` with a CTC head (and a LAS decoder for rescoring), in eval mode.
-    ``chunk_size`` / ``left_chunks``: None = the model's (see ``usmkit.models.streaming.check_streamable``).
-    """
-
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        fbank: StreamingFbank,
-        decoder_cfg: DecoderConfig,
-        chunk_size: int | None = None,
-        left_chunks: int | None = None,
-        silence_db: float = -50.0,
-        step: str = "eager",
-    ) -> None:
-        self.device = next(model.parameters()).device
-        self.fbank = fbank
-        self.encoder = StreamingEncoder(model.encoder, chunk_size, left_chunks, step=step)
-        self.frames = FrameDecoder(model, tokenizer, decoder_cfg, _encoder_frame_samples(fbank), silence_db)
-        self.stats = RunStats()
-        start = time.perf_counter()
-        self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk
-        self.stats.setup_s = time.perf_counter() - start
-
-    @property
-    def partial(self) -> str:
-        return self.frames.partial
-
-    @property
-    def meter(self) -> LevelMeter:
-        return self.frames.meter
-
-    def accept(self, samples: np.ndarray) -> list[Segment]:
-        """The next samples (N,) -> the segments finalized by them."""
-        start = time.perf_counter()
-        chunks_before = self.encoder.chunks
-        self.frames.audio(samples)
-        feats = self.fbank.accept(samples)  # (t, F)
-        enc = self.encoder.accept(feats[None].to(self.device))  # (1, n C, D)
-        segments = self.frames.decode(enc[0])
-        elapsed = time.perf_counter() - start
-        self.stats.audio_s += samples.size / self.fbank.cfg.sample_rate
-        self.stats.compute_s += elapsed
-        k = self.encoder.chunks - chunks_before
-        if k:
-            self.stats.latencies_s += [elapsed / k] * k
-        return segments
-
-    def finish(self) -> list[Segment]:
-        """End of the audio: the feature and encoder tails, then the open segment."""
-        start = time.perf_counter()
-        self.frames.audio_end()
-        feats = self.fbank.flush()[None].to(self.device)  # (1, t, F)
-        enc = torch.cat([self.encoder.accept(feats), self.encoder.flush()], dim=1)  # (1, n, D)
-        segments = self.frames.decode(enc[0]) + self.frames.finish()
-        self.stats.compute_s += time.perf_counter() - start
-        return segments
-
-
-def transcribe_whole(
-    model,
-    tokenizer,
-    fbank: StreamingFbank,
-    decoder_cfg: DecoderConfig,
-    samples: np.ndarray,
-    chunk_size: int | None,
-    left_chunks: int,
-    silence_db: float = -50.0,
-) -> tuple[list[Segment], RunStats, LevelMeter]:
-    """Non-streaming: encode all samples (N,) at once under the given mask, then segment and decode them
-    with the same decoder (endpoints, rescoring) as the stream."""
-    start = time.perf_counter()
-    frames = FrameDecoder(model, tokenizer, decoder_cfg, _encoder_frame_samples(fbank), silence_db)
-    frames.audio(samples)
-    frames.audio_end()
-    device = next(model.parameters()).device
-    feats = torch.cat([fbank.accept(samples), fbank.flush()])[None].to(device)  # (1, T, F)
-    segments: list[Segment] = []
-    if feats.shape[1] >= RECEPTIVE_FIELD:
-        with torch.no_grad():
-            lengths = torch.tensor([feats.shape[1]], device=device)
-            enc, _ = model.encoder(feats, lengths, chunk_size=chunk_size, left_chunks=left_chunks)  # (1, T', D)
-        segments = frames.decode(enc[0]) + frames.finish()
-    stats = RunStats(audio_s=samples.size / fbank.cfg.sample_rate, compute_s=time.perf_counter() - start)
-    return segments, stats, frames.meter
-
-
-def _encoder_frame_samples(fbank: StreamingFbank) -> int:
-    return SUBSAMPLING_FACTOR * fbank.shift  # 640 samples = 40 ms at 16 kHz
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -337,54 +189,20 @@ def _open_source(args, sample_rate: int, block_seconds: float) -> AudioSource:
 
 def _load(args, device: torch.device):
     """(model, train config, tokenizer, checkpoint path, feature stats), or UsageError saying what is wrong."""
-    from usmkit.checkpoint import CheckpointError
-    from usmkit.config import ConfigError
-    from usmkit.tasks import load_trained
-
     try:
-        model, cfg, tokenizer, ckpt = load_trained(args.checkpoint, device)
-    except (FileNotFoundError, CheckpointError, ConfigError) as e:
-        raise UsageError(f"cannot load checkpoint {args.checkpoint}: {e}") from e
-    if tokenizer is None or getattr(model, "ctc", None) is None:
-        raise UsageError(
-            f"checkpoint {ckpt} ({cfg.task.kind}) has no CTC head; transcription needs a CTC or joint CTC/LAS "
-            "model (fine-tune one with recipe=stage3_ctc or stage3_las)"
-        )
-    if args.rescore and model.las is None:
-        raise UsageError(
-            f"--rescore needs an attention (LAS) decoder, but checkpoint {ckpt} is CTC-only; drop --rescore"
-        )
-    if cfg.data.utterance_mean_norm or cfg.data.speaker_mean_norm:
-        which = "utterance_mean_norm" if cfg.data.utterance_mean_norm else "speaker_mean_norm"
-        raise UsageError(
-            f"checkpoint {ckpt} was trained with data.{which}=true (an utterance's or speaker's own mean "
-            "subtracted), which needs the whole audio first; decode it with python -m usmkit.evaluate"
-        )
-    try:
-        stats = checkpoint_feature_stats(ckpt, cfg.data)
-    except StatsNotFoundError as e:
+        loaded = load_model(args.checkpoint, device, rescore=args.rescore)
+    except ModelError as e:
         raise UsageError(str(e)) from e
-    return model, cfg, tokenizer, ckpt, stats
+    return loaded.model, loaded.cfg, loaded.tokenizer, loaded.checkpoint, loaded.stats
 
 
 def _streaming_mask(args, model, ckpt: Path, warn: TextIO) -> tuple[int, int]:
-    enc_cfg = model.encoder.cfg
     try:
-        C, K = check_streamable(enc_cfg, args.chunk_size, args.left_chunks)
-    except NotStreamableError as e:
-        if enc_cfg.causal_conv:
-            hint = "pass --chunk-size N / --left-chunks K to stream it anyway (an approximation), or decode whole "
-        else:
-            hint = "train with model.causal_conv=true for streaming, or decode whole "
-        raise UsageError(
-            f"checkpoint {ckpt} cannot stream: {e}. To transcribe, {hint}inputs with --no-streaming"
-        ) from e
-    if enc_cfg.chunk_size is None or enc_cfg.left_chunks == -1 or (C, K) != (enc_cfg.chunk_size, enc_cfg.left_chunks):
-        print(
-            f"warning: streaming with chunk_size={C}, left_chunks={K} but the model was trained with "
-            f"chunk_size={enc_cfg.chunk_size}, left_chunks={enc_cfg.left_chunks}: an approximation, expect more errors",
-            file=warn,
-        )
+        C, K, warning = streaming_mask(model, args.chunk_size, args.left_chunks, ckpt)
+    except ModelError as e:
+        raise UsageError(str(e)) from e
+    if warning:
+        print(f"warning: {warning}", file=warn)
     return C, K
 
 
@@ -433,6 +251,8 @@ def _run_streaming(transcriber: StreamingTranscriber, source: AudioSource, print
             warned = warned or _clipping_warning(transcriber.meter, source, err)
     except KeyboardInterrupt:
         interrupted = True
+    except AudioError as e:  # decoding failed part way: what came before is decoded, shown and saved first
+        source.failure = e
     for seg in transcriber.finish():
         printer.final(seg)
         segments.append(seg)
@@ -446,9 +266,12 @@ def _run_whole(args, model, tokenizer, fbank, decoder_cfg, source, printer, err,
     interrupted = False
     blocks: list[np.ndarray] = []
     try:
-        blocks += list(source)
+        for block in source:
+            blocks.append(block)
     except KeyboardInterrupt:
         interrupted = True
+    except AudioError as e:  # decoding failed part way: the audio before it is transcribed first
+        source.failure = e
     samples = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
     segments, stats, meter = transcribe_whole(model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db)
     for seg in segments:
@@ -494,9 +317,10 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
             args, model, tokenizer, fbank, decoder_cfg, source, printer, err, (C, K)
         )
     printer.close()
+    failure = getattr(source, "failure", None)
     for note in source.notes():
         print(f"note: {note}", file=err)
-    if run_stats.audio_s == 0:
+    if run_stats.audio_s == 0 and failure is None:
         raise AudioError(f"{source.describe}: no audio samples arrived; nothing to transcribe")
     if not segments:
         print(f"no speech detected in {source.describe} ({run_stats.audio_s:.2f} s of audio)", file=err)
@@ -510,14 +334,19 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
         summary = f"RTF {run_stats.rtf:.3f} (whole input at once, no streaming), {run_stats.audio_s:.2f} s of audio"
     print(summary, file=err)
     if args.json is not None:
-        _write_json(args.json, source, ckpt, decoder_cfg, C, K, streaming, run_stats, segments)
+        _write_json(args.json, source, ckpt, decoder_cfg, C, K, streaming, run_stats, segments, failure)
+    if failure is not None:
+        print(f"the transcript above covers the audio before the failure ({run_stats.audio_s:.2f} s)", file=err)
+        raise failure
     if interrupted and not args.mic:
         print("interrupted: the transcript above covers the audio read so far", file=err)
         return 130
     return EXIT_OK
 
 
-def _write_json(path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s: RunStats, segments) -> None:
+def _write_json(
+    path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s: RunStats, segments, failure=None
+) -> None:
     record = {
         "input": source.describe,
         "checkpoint": str(ckpt),
@@ -532,6 +361,7 @@ def _write_json(path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s:
         "chunk_latency_ms": {"p50": s.latency_ms(50), "p95": s.latency_ms(95)} if s.latencies_s else None,
         "chunks": len(s.latencies_s),
         "segments": [seg.as_dict() for seg in segments],
+        **({"error": str(failure)} if failure is not None else {}),
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

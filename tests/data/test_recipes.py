@@ -161,7 +161,7 @@ def test_librispeech_miniature(tmp_path: Path) -> None:
     assert list(only_dev) == ["dev_clean"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         prepare_librispeech(tmp_path / "nope", tmp_path / "out3")
-    with pytest.raises(ValueError, match="Could not find any"):
+    with pytest.raises(ValueError, match="no LibriSpeech part found"):
         prepare_librispeech(tmp_path / "out", tmp_path / "out3")
 
 

@@ -5,10 +5,10 @@ import os
 import pytest
 import torch
 
+from usmkit.masks import lengths_to_padding_mask
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.convolution import ConvolutionModule
-from usmkit.models.masks import lengths_to_padding_mask
 from usmkit.models.rotary import apply_rotary
 from usmkit.models.subsampling import Conv2dSubsampling, conv_out_size, output_lengths
 

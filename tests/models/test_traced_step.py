@@ -5,7 +5,7 @@ import torch
 
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
-from usmkit.models.streaming import StreamingEncoder, init_state, stream_step
+from usmkit.models.stream_step import StreamingEncoder, init_state, stream_step
 from usmkit.models.traced_step import TracedStreamStep
 from usmkit.streaming.quantize import quantize_linear_int8
 

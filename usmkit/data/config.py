@@ -106,6 +106,8 @@ class DataConfig:
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
+    - ``allow_urls``: let recordings load from ``url`` sources (downloads); off, only files are read.
+      Other lhotse source types (``command`` runs a shell command) are always refused.
     """
 
     manifest_dir: str = "data/synth"
@@ -123,6 +125,7 @@ class DataConfig:
     pad_to_frames: int = 0
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
+    allow_urls: bool = False
     features: FeatureConfig = field(default_factory=FeatureConfig)
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     labeled_fraction: float = 1.0

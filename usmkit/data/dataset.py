@@ -5,10 +5,13 @@ Shapes: B batch, T feature frames, F mel bins, U tokens.
 Per batch (in a loader worker): speed perturbation (train, lhotse) -> features (lhotse input
 strategy: stored or on-the-fly fbank) -> random gain and background noise (train) -> global
 mean/variance normalization -> SpecAugment (train, torchaudio) -> tokens from the supervision text.
+Feature values that are not finite (NaN/Inf samples in a recording make its fbank frames NaN) are
+set to the global mean (0 after normalization), with a warning naming the cut and counting the frames.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from functools import partial
 from typing import Protocol
@@ -25,6 +28,25 @@ from usmkit.data.normalize import FeatureStats, SpeakerNorm
 from usmkit.data.sampling import cut_language, cut_speaker
 
 TOKEN_PAD = -1
+log = logging.getLogger(__name__)
+
+
+def repair_non_finite_features(
+    feats: torch.Tensor, cuts: CutSet, fill: torch.Tensor | None = None
+) -> tuple[torch.Tensor, int]:
+    """feats (B, T, F) with non-finite values replaced by ``fill`` (F,) (default 0), a warning per cut
+    naming it and its count of affected frames; returns (feats, frames repaired)."""
+    bad = ~torch.isfinite(feats)  # (B, T, F)
+    if not bool(bad.any()):
+        return feats, 0
+    frames = bad.any(-1).sum(-1)  # (B,)
+    for cut, n in zip(cuts, frames.tolist(), strict=True):
+        if n:
+            log.warning(
+                "cut %s: %d feature frames are NaN/Inf (non-finite samples in its audio); set to the mean", cut.id, n
+            )
+    value = torch.zeros(feats.shape[-1]) if fill is None else fill.to(feats.dtype)
+    return torch.where(bad, value, feats), int(frames.sum())
 
 
 class TextEncoder(Protocol):
@@ -123,6 +145,7 @@ class AsrDataset(torch.utils.data.Dataset):
             cuts = cuts.map(partial(to_sample_rate, sample_rate=self.features.sample_rate))
         feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
         feats, feat_lens = feats.float(), feat_lens.long()
+        feats, _ = repair_non_finite_features(feats, cuts, None if self.stats is None else self.stats.mean)
         feats = random_gain(feats, self.gain_db)
         if self.noise_snr_db:
             low, high = self.noise_snr_db

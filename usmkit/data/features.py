@@ -33,6 +33,7 @@ from lhotse.dataset import OnTheFlyFeatures, PrecomputedFeatures
 from lhotse.dataset.input_strategies import BatchIO
 
 from usmkit.data.config import FeatureConfig
+from usmkit.data.manifests import read_cuts, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +123,9 @@ def _load_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut]:
         return {}
     if not cuts_path.is_file():
         return {}
-    return {c.id: c for c in CutSet.from_file(cuts_path)}
+    return {c.id: c for c in read_cuts(cuts_path)}  # paths relative to the cache, like every manifest
 
 
 def _save_cache(storage_dir: Path, cfg: FeatureConfig, cuts: dict[str, Cut]) -> None:
-    tmp = storage_dir / f"tmp_{CUTS_FILE}"
-    CutSet.from_cuts(cuts.values()).to_file(tmp)
-    tmp.replace(storage_dir / CUTS_FILE)  # atomic: a crash never leaves a half-written manifest
+    write_manifest(CutSet.from_cuts(cuts.values()), storage_dir / CUTS_FILE)  # atomic (temp file + rename)
     (storage_dir / CONFIG_FILE).write_text(json.dumps(asdict(cfg) | {"precomputed": True}, indent=1))

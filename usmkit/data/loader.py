@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from lhotse import CutSet
 from lhotse.dataset import DynamicBucketingSampler
@@ -38,7 +39,11 @@ def prepare_cuts(
     """Once per run, before any loader: validate (``cfg.on_bad_input``), resample to the feature rate,
     and attach stored features when ``cfg.features.precomputed`` (cached in ``feats_{split}``)."""
     cuts, report = validate_cuts(
-        cuts, require_text=require_text, on_bad=cfg.on_bad_input, expected_sample_rate=cfg.features.sample_rate
+        cuts,
+        require_text=require_text,
+        on_bad=cfg.on_bad_input,
+        expected_sample_rate=cfg.features.sample_rate,
+        allow_urls=cfg.allow_urls,
     )
     if cfg.features.precomputed:
         cuts = precompute_features(
@@ -50,44 +55,76 @@ def prepare_cuts(
     return cuts, report
 
 
+BATCH_INDEX_KEY = "usmkit_batch_index"  # ours, kept beside lhotse's keys in the loader state
+
+
+def batch_seed(seed: int, epoch: int, index: int) -> int:
+    """The random seed of batch ``index`` of ``epoch``: augmentation depends on nothing else (not on
+    which worker builds the batch, nor on how many batches that worker built before), so a resumed
+    loader draws the same augmentation as an uninterrupted one."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 class _SnapshotSampler(torch.utils.data.Sampler):
-    """Records the lhotse sampler's state right after it hands out each batch.
+    """Hands out ``(batch seed, cuts)`` and records the lhotse sampler's state right after each batch.
 
     The DataLoader draws batches ahead of the consumer (prefetching in workers), so the sampler's own
     state runs ahead of training. The loader pops one snapshot per batch it yields, which pins the
     state to the batch the trainer actually received.
     """
 
-    def __init__(self, sampler: DynamicBucketingSampler) -> None:
+    def __init__(self, sampler: DynamicBucketingSampler, seed: int) -> None:
         self.sampler = sampler
+        self.seed = seed
+        self.resume_index = 0  # batches of the epoch already consumed, when resuming from a state
         self.snapshots: deque[dict[str, Any]] = deque()
 
-    def __iter__(self) -> Iterator[CutSet]:
+    def __iter__(self) -> Iterator[tuple[int, CutSet]]:
+        index, self.resume_index = self.resume_index, 0  # lhotse, too, restarts the epoch unless restored
         for cuts in self.sampler:
-            self.snapshots.append(self.sampler.state_dict())
-            yield cuts
+            self.snapshots.append(self.sampler.state_dict() | {BATCH_INDEX_KEY: index + 1})
+            yield batch_seed(self.seed, self.sampler.epoch, index), cuts
+            index += 1
+
+
+class _SeededDataset(torch.utils.data.Dataset):
+    """``dataset[(seed, cuts)]``: ``dataset[cuts]`` with every random draw of augmentation (torch's RNG and
+    the speed perturbation's) seeded by the batch's seed; the caller's torch RNG state is left as it was."""
+
+    def __init__(self, dataset: AsrDataset) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, item: tuple[int, CutSet]) -> Batch:
+        seed, cuts = item
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.dataset.reseed(seed)
+            return self.dataset[cuts]
 
 
 class AsrLoader:
     """Iterable of ``Batch``; wraps ``DataLoader(dataset, sampler=..., batch_size=None)``.
 
     ``state_dict()`` after k batches of an epoch, loaded into a fresh loader built the same way,
-    makes it yield exactly the batches (cut ids) an uninterrupted loader yields after k.
+    makes it yield exactly the batches an uninterrupted loader yields after k: the same cut ids and,
+    since each batch's augmentation is seeded by (seed, epoch, batch index) alone, the same features,
+    with any number of workers.
     """
 
     def __init__(self, dataset: AsrDataset, sampler: DynamicBucketingSampler, *, num_workers: int, seed: int) -> None:
         self.dataset = dataset
         self.sampler = sampler
-        self._tracker = _SnapshotSampler(sampler)
+        self._tracker = _SnapshotSampler(sampler, seed)
         self._state: dict[str, Any] | None = None
         self._loader = torch.utils.data.DataLoader(
-            dataset,
+            _SeededDataset(dataset),
             sampler=self._tracker,
             batch_size=None,
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
-            generator=torch.Generator().manual_seed(seed),  # worker seeds -> reproducible augmentation
-            worker_init_fn=_reseed_worker,
+            # Its own generator: each iter() draws a worker base seed from it, never from the global RNG,
+            # which the trainer restores on resume (the workers' draws are re-seeded per batch anyway).
+            generator=torch.Generator().manual_seed(seed),
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -98,21 +135,21 @@ class AsrLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
+        self._tracker.resume_index = 0
         self._state = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The sampler state as of the last batch this loader yielded (lhotse's format)."""
-        return copy.deepcopy(self._state if self._state is not None else self.sampler.state_dict())
+        """The sampler state as of the last batch this loader yielded (lhotse's format, plus the number of
+        batches of this epoch yielded so far under ``BATCH_INDEX_KEY``)."""
+        if self._state is not None:
+            return copy.deepcopy(self._state)
+        return self.sampler.state_dict() | {BATCH_INDEX_KEY: self._tracker.resume_index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(copy.deepcopy(state))  # lhotse consumes the dict it gets
-        self._state = copy.deepcopy(state)
-
-
-def _reseed_worker(worker_id: int) -> None:
-    """Each worker's dataset copy draws its own speed factors (torch already seeds SpecAugment's RNG)."""
-    info = torch.utils.data.get_worker_info()
-    info.dataset.reseed(info.seed)
+        state = copy.deepcopy(state)
+        self._tracker.resume_index = int(state.pop(BATCH_INDEX_KEY, 0))
+        self._state = state | {BATCH_INDEX_KEY: self._tracker.resume_index}
+        self.sampler.load_state_dict(state)  # lhotse consumes the dict it gets
 
 
 def speaker_norms_for(cuts: CutSet, cfg: DataConfig, stats: FeatureStats | None) -> dict[str, SpeakerNorm] | None:

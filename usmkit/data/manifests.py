@@ -8,15 +8,26 @@ Every corpus recipe writes, per split, lhotse manifests named
 
 and a text-only pool, when the corpus has one, as ``{manifest_dir}/{corpus}_text_only.jsonl.gz``
 (one ``{"text": ..., "language": ...}`` object per line).
+
+Paths inside a manifest (audio files, stored features) are written relative to the manifest's own
+directory by ``write_manifest`` and resolved against it when read, so a corpus directory (or a
+whole clone) can be moved. Reading also refuses recording sources that are not files: a lhotse
+``command`` source would run a shell command and a ``url`` source would download, so such a cut is
+rejected by id before any audio is touched (URLs only with ``allow_urls=True``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from lhotse import CutSet
-from lhotse.serialization import load_jsonl
+from lhotse.serialization import deserialize_item, load_jsonl, save_to_jsonl
+
+from usmkit.data.validate import BadInputError, check_sources
 
 KINDS: tuple[str, ...] = ("recordings", "supervisions", "cuts")
 _SUFFIX = ".jsonl.gz"
@@ -54,8 +65,15 @@ def available_splits(manifest_dir: str | os.PathLike[str], corpus: str = "synth"
     )
 
 
-def load_cuts(manifest_dir: str | os.PathLike[str], split: str, corpus: str = "synth", lazy: bool = False) -> CutSet:
-    """The CutSet of one split. ``lazy=True`` streams it from disk (for corpora that do not fit in memory)."""
+def load_cuts(
+    manifest_dir: str | os.PathLike[str],
+    split: str,
+    corpus: str = "synth",
+    lazy: bool = False,
+    allow_urls: bool = False,
+) -> CutSet:
+    """The CutSet of one split, paths resolved against ``manifest_dir``, only file sources (see the module
+    docstring). ``lazy=True`` streams it from disk (for corpora that do not fit in memory)."""
     path = manifest_path(manifest_dir, corpus, "cuts", split)
     if not path.is_file():
         found = available_splits(manifest_dir, corpus)
@@ -63,7 +81,72 @@ def load_cuts(manifest_dir: str | os.PathLike[str], split: str, corpus: str = "s
             f"no cuts manifest for corpus {corpus!r}, split {split!r}: {path} does not exist "
             f"(splits found in {manifest_dir}: {found or 'none'}); {_HOW_TO_BUILD}"
         )
-    return CutSet.from_jsonl_lazy(path) if lazy else CutSet.from_file(path)
+    return read_cuts(path, lazy=lazy, allow_urls=allow_urls)
+
+
+def read_cuts(path: str | os.PathLike[str], lazy: bool = False, allow_urls: bool = False) -> CutSet:
+    """A cuts manifest file, resolved and checked like ``load_cuts``."""
+    path = Path(path)
+    resolve = functools.partial(_resolve_cut, base=path.parent.resolve(), allow_urls=allow_urls, path=path)
+    if lazy:
+        return CutSet.from_jsonl_lazy(path).map(resolve)
+    return CutSet.from_cuts([resolve(deserialize_item(d)) for d in _read_dicts(path)])
+
+
+def write_manifest(manifest: Iterable[Any], path: str | os.PathLike[str]) -> Path:
+    """Write a lhotse manifest (RecordingSet, SupervisionSet, CutSet) as JSONL with every file path
+    relative to ``path``'s directory; written to a temporary name and renamed, so never half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = path.parent.resolve()
+    tmp = path.with_name(f".tmp-{path.name}")
+    save_to_jsonl((_map_paths(item.to_dict(), functools.partial(_relative, base=base)) for item in manifest), tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _read_dicts(path: Path) -> Iterator[dict]:
+    try:
+        yield from load_jsonl(path)
+    except UnicodeDecodeError as e:
+        raise BadInputError(
+            "unreadable manifest",
+            str(path),
+            f"byte 0x{e.object[e.start]:02x} at offset {e.start} (of the decompressed text) is not valid UTF-8",
+            hint="rebuild the manifest with the recipe that made it (manifests are UTF-8 JSON lines)",
+        ) from None
+    except (ValueError, EOFError, OSError) as e:  # bad JSON, truncated gzip
+        raise BadInputError(
+            "unreadable manifest", str(path), f"{type(e).__name__}: {e}", hint="rebuild it with the recipe that made it"
+        ) from None
+
+
+def _resolve_cut(cut: Any, base: Path, allow_urls: bool, path: Path) -> Any:
+    data = cut.to_dict()
+    check_sources(data, cut.id, allow_urls=allow_urls, where=str(path))
+    return deserialize_item(_map_paths(data, functools.partial(_absolute, base=base)))
+
+
+def _map_paths(data: Any, fn: Any) -> Any:
+    """``data`` with ``fn`` applied to every file path: file sources of recordings, features' storage paths."""
+    if isinstance(data, list):
+        return [_map_paths(v, fn) for v in data]
+    if not isinstance(data, dict):
+        return data
+    out = {k: _map_paths(v, fn) for k, v in data.items()}
+    if out.get("type") == "file" and isinstance(out.get("source"), str) and "channels" in out:
+        out["source"] = fn(out["source"])
+    if isinstance(out.get("storage_path"), str) and out["storage_path"] and "storage_type" in out:
+        out["storage_path"] = fn(out["storage_path"])
+    return out
+
+
+def _relative(p: str, base: Path) -> str:
+    return os.path.relpath(os.path.abspath(p), base)
+
+
+def _absolute(p: str, base: Path) -> str:
+    return p if os.path.isabs(p) else os.path.normpath(base / p)
 
 
 def load_text_only(manifest_dir: str | os.PathLike[str], corpus: str = "synth") -> list[dict]:

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from lhotse import CutSet, Recording
 from lhotse.audio.backend import info as audio_info
 from lhotse.augmentation import Resample
 from lhotse.cut import Cut
+
+from usmkit.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ PROBE_S = 0.1  # seconds decoded from the start of each recording to prove it de
 FIX_HINT = "fix or remove it from the manifest, or set data.on_bad_input=skip to drop such cuts (with a summary)"
 
 
-class BadInputError(ValueError):
+class BadInputError(UsageError, ValueError):
     """A data file or manifest entry that cannot be used; the message names it and what to do."""
 
     def __init__(self, kind: str, where: str, detail: str, hint: str = FIX_HINT) -> None:
@@ -83,12 +86,15 @@ def validate_cuts(
     require_text: bool,
     on_bad: OnBad = "error",
     expected_sample_rate: int = 16000,
+    allow_urls: bool = False,
 ) -> tuple[CutSet, ValidationReport]:
     """Check each cut's audio and transcript; return the usable cuts (eager), resampled to
     ``expected_sample_rate`` where their audio is at another (correctly declared) rate.
 
     Audio: the file exists, is not empty, decodes, is as long as the manifest says (truncation), and
-    is at the sample rate the manifest declares. Text: with ``require_text`` every cut has a non-empty
+    is at the sample rate the manifest declares. A recording source that is not a file (a lhotse
+    ``command`` would run a shell command) raises ``BadInputError`` naming the cut, whatever
+    ``on_bad`` says, before any audio is read. Text: with ``require_text`` every cut has a non-empty
     transcript; any transcript present must be valid UTF-8.
     """
     if on_bad not in ("error", "skip"):
@@ -98,6 +104,8 @@ def validate_cuts(
     kept = []
     for cut in cuts:
         report.total += 1
+        if cut.has_recording:
+            check_sources(cut.recording.to_dict(), cut.id, allow_urls=allow_urls)
         problem = _text_problem(cut, require_text)
         if problem is None:
             if not cut.has_recording:
@@ -115,13 +123,54 @@ def validate_cuts(
         kept.append(cut if cut.sampling_rate == expected_sample_rate else cut.resample(expected_sample_rate))
     if report.problems:
         log.warning("%s", report.summary())
+    rates = (_source_sample_rate(c.recording) for c in kept if c.has_recording)
+    low = Counter(rate for rate in rates if rate < expected_sample_rate)
+    for rate, n in sorted(low.items()):
+        log.warning(
+            "note: %d cuts hold %d Hz audio; the model expects %d Hz speech: they are upsampled, "
+            "so their band above %d Hz is empty",
+            n,
+            rate,
+            expected_sample_rate,
+            rate // 2,
+        )
     return CutSet.from_cuts(kept), report
+
+
+def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: str = "manifest") -> None:
+    """Raise ``BadInputError`` naming ``cut_id`` if any recording inside the (cut, recording) dict ``data``
+    has a source that is not a file (or a URL when ``allow_urls``)."""
+    allowed = ("file", "url") if allow_urls else ("file",)
+    for source in _sources(data):
+        kind = source.get("type")
+        if kind not in allowed:
+            hint = "rebuild the manifest from audio files; a manifest from elsewhere may try to run commands"
+            if kind == "url":
+                hint = "download the audio and point the manifest at files, or allow URLs explicitly (data.allow_urls=true)"
+            raise BadInputError(
+                "refused recording source",
+                f"cut {cut_id} in {where}",
+                f"its recording source is of type {kind!r} ({str(source.get('source'))[:80]!r}); "
+                f"usmkit reads audio only from {' and '.join(allowed)} sources",
+                hint=hint,
+            )
+
+
+def _sources(data: Any) -> Iterator[dict]:
+    if isinstance(data, dict):
+        if isinstance(data.get("sources"), list):
+            yield from (s for s in data["sources"] if isinstance(s, dict))
+        for v in data.values():
+            yield from _sources(v)
+    elif isinstance(data, list):
+        for v in data:
+            yield from _sources(v)
 
 
 def _audio_problem(rec: Recording) -> Problem | None:
     declared_sr = _source_sample_rate(rec)
     for src in rec.sources:
-        if src.type != "file":
+        if src.type != "file":  # a URL (check_sources let it through: allowed explicitly)
             continue
         path = Path(src.source)
         if not path.is_file():

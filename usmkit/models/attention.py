@@ -2,10 +2,11 @@
 
 Shapes: B batch, T frames, D model dim, H heads, Dh = D / H head dim.
 
-Pre-norm LayerNorm -> fused q/k/v projection -> rotary on q and k -> ``chunk_attention`` (one
-signature, several implementations: ``usmkit.kernels.chunk_attention.api``) -> output projection
--> dropout. ``project_qkv`` and ``project_out`` are separate so a streaming step can attend over
-cached keys and values of the left chunks with the same weights.
+Pre-norm LayerNorm -> fused q/k/v projection -> rotary on q and k (``project_qkv``) -> attention
+-> output projection -> dropout (``project_out``). The three steps are separate methods, called by
+``ConformerBlock``: over a whole sequence the attention is ``attend`` (``chunk_attention``: one
+signature, several implementations, ``usmkit.kernels.chunk_attention.api``); a streaming step
+attends over the cached keys and values of the left chunks instead, with the same weights.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from usmkit.models.rotary import RotaryTable, apply_rotary
 
 
 class MultiHeadSelfAttention(nn.Module):
+    """The attention's weights and its steps; ``ConformerBlock`` calls them (the module has no ``forward``)."""
+
     def __init__(self, d_model: int, num_heads: int, dropout: float, impl: Impl, rotary_base: float = 10000.0) -> None:
         super().__init__()
         if d_model % num_heads != 0:
@@ -48,15 +51,15 @@ class MultiHeadSelfAttention(nn.Module):
         y = attn.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, D)
         return self.dropout(self.out(y))
 
-    def forward(
+    def attend(
         self,
-        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         lengths: torch.Tensor,
-        positions: torch.Tensor,
         chunk_size: int | None,
         left_chunks: int,
     ) -> torch.Tensor:
-        """x (B, T, D), lengths (B,), positions (T,) -> residual branch (B, T, D); padded frames give 0 + bias."""
-        q, k, v = self.project_qkv(x, positions)
-        attn = chunk_attention(q, k, v, lengths, chunk_size, left_chunks, impl=self.impl)  # (B, H, T, Dh)
-        return self.project_out(attn)
+        """q, k, v (B, H, T, Dh), lengths (B,) -> (B, H, T, Dh) under the chunk mask, with this module's
+        implementation; padded queries give 0."""
+        return chunk_attention(q, k, v, lengths, chunk_size, left_chunks, impl=self.impl)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from usmkit.kernels.chunk_attention.api import IMPLS
-from usmkit.models.masks import check_chunk_args
+from usmkit.masks import check_chunk_args
 
 
 @dataclass(frozen=True, kw_only=True)

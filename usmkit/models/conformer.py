@@ -3,8 +3,9 @@
 Shapes: B batch, T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), D model dim.
 
 features (B, T, F) -> 4x conv2d subsampling -> num_layers x ConformerBlock -> (B, T', D).
-Block (pre-norm, macaron): x + 0.5 FF(x); x + MHSA(x); x + Conv(x); x + 0.5 FF(x); LayerNorm.
-Attention sees only what the chunk mask allows (``usmkit.models.masks``); convolution crosses chunk
+Block (pre-norm, macaron): x + 0.5 FF(x); x + MHSA(x); x + Conv(x); x + 0.5 FF(x); LayerNorm. The
+streaming step (``usmkit.models.stream_step``) runs the same block body chunk by chunk.
+Attention sees only what the chunk mask allows (``usmkit.masks``); convolution crosses chunk
 edges. Padded frames never influence valid ones: attention masks padded keys, the convolution
 zeroes them first, the rest works frame by frame. The forward has no data-dependent Python control
 flow (no ``.item()``), so ``torch.compile(fullgraph=True)`` can trace it.
@@ -17,17 +18,27 @@ from typing import Literal
 import torch
 from torch import nn
 
+from usmkit.masks import check_chunk_args, lengths_to_padding_mask
 from usmkit.models.attention import MultiHeadSelfAttention
 from usmkit.models.config import ConformerConfig
 from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
-from usmkit.models.masks import check_chunk_args, lengths_to_padding_mask
 from usmkit.models.rotary import RotaryTable
 from usmkit.models.subsampling import SUBSAMPLING_FACTOR, Conv2dSubsampling, output_lengths
 
 
 class ConformerBlock(nn.Module):
-    """One Conformer layer; its four modules are attributes so a streaming step can call them one by one."""
+    """One Conformer layer, written once for the full forward and the streaming step.
+
+    Its body is two halves around the attention itself, as in torchaudio's Emformer layer: the full
+    forward attends over the whole sequence under the chunk mask (``mhsa.attend``), while
+    ``usmkit.models.stream_step`` attends over the cached keys and values of the left chunks and
+    passes the cached convolution inputs as ``conv_context``. Everything else is these two methods::
+
+        x, q, k, v = block.before_attention(x, positions)  # x + 0.5 FF(x); rotated q, k, v
+        attn = ...                                          # (B, H, T', Dh): attention of q over k, v
+        x, conv_in = block.after_attention(x, attn, valid, conv_context)  # + MHSA, + Conv, + 0.5 FF, norm
+    """
 
     def __init__(self, cfg: ConformerConfig) -> None:
         super().__init__()
@@ -39,6 +50,27 @@ class ConformerBlock(nn.Module):
         self.ff2 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout)
         self.norm = nn.LayerNorm(cfg.d_model)
 
+    def before_attention(
+        self, x: torch.Tensor, positions: torch.Tensor | RotaryTable
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T', D), positions (T',) or their ``RotaryTable`` -> x after the first half feed-forward
+        (B, T', D) and the attention's rotated q, k, v, each (B, H, T', Dh)."""
+        x = x + 0.5 * self.ff1(x)
+        q, k, v = self.mhsa.project_qkv(x, positions)
+        return x, q, k, v
+
+    def after_attention(
+        self, x: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor, conv_context: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T', D) from ``before_attention``, attn (B, H, T', Dh), valid (B, T') bool, conv_context
+        (B, Kc - 1, D) or None (zero padding) -> the block's output (B, T', D) and the depthwise
+        convolution's input (B, T', D), whose last frames are the next chunk's ``conv_context``."""
+        x = x + self.mhsa.project_out(attn)
+        conv_in = self.conv.pointwise_in(x, valid)
+        x = x + self.conv.pointwise_out(self.conv.depthwise(conv_in, conv_context))
+        x = x + 0.5 * self.ff2(x)
+        return self.norm(x), conv_in
+
     def forward(
         self,
         x: torch.Tensor,
@@ -49,11 +81,9 @@ class ConformerBlock(nn.Module):
         left_chunks: int,
     ) -> torch.Tensor:
         """x (B, T', D), lengths (B,), valid (B, T') bool, positions (T',) or their ``RotaryTable`` -> (B, T', D)."""
-        x = x + 0.5 * self.ff1(x)
-        x = x + self.mhsa(x, lengths, positions, chunk_size, left_chunks)
-        x = x + self.conv(x, valid)
-        x = x + 0.5 * self.ff2(x)
-        return self.norm(x)
+        x, q, k, v = self.before_attention(x, positions)
+        attn = self.mhsa.attend(q, k, v, lengths, chunk_size, left_chunks)  # (B, H, T', Dh)
+        return self.after_attention(x, attn, valid)[0]
 
 
 class ConformerEncoder(nn.Module):

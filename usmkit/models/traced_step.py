@@ -2,12 +2,12 @@
 
 Shapes: B batch, C chunk size (encoder frames), K left chunks, F feature bins, D model dim.
 
-Why our own wrapper: a streaming chunk is about 60 small operations per Conformer layer on 16
+Why our own wrapper: a streaming chunk is dozens of small operations per Conformer layer on a few
 frames, so in eager mode on a CPU much of the chunk's time is Python and dispatch between the
 operations, not arithmetic (``bench/streaming.py`` measures eager and traced side by side).
-``torch.compile`` removes that overhead as well, but inductor needs minutes to compile the step on
-a 2-core CPU; ``torch.jit.trace`` + ``torch.jit.freeze`` take a few seconds and also cover int8
-dynamically quantized linears.
+``torch.compile`` removes that overhead as well, but inductor takes minutes to compile the step on
+a CPU; ``torch.jit.trace`` + ``torch.jit.freeze`` take seconds and also cover int8 dynamically
+quantized linears.
 
 Tracing records the operations of one call. ``stream_step`` has no data-dependent Python control
 flow (valid lengths, the cache fill and the rotary offset are tensors), so the graph traced for one
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from usmkit.models.conformer import ConformerEncoder
-from usmkit.models.streaming import EncoderStreamState, chunk_lengths, stream_step
+from usmkit.models.stream_step import EncoderStreamState, chunk_lengths, stream_step
 
 
 class _StepModule(nn.Module):
@@ -76,7 +76,7 @@ class TracedStreamStep:
                 traced = torch.jit.trace(module, example, check_trace=False)
             graph = torch.jit.freeze(traced)
             # TorchScript's profiling executor specializes a graph over its first two calls; running
-            # them here keeps that out of the stream's first chunks (p95 136 -> 24 ms on a 4-chunk clip).
+            # them here keeps that slow start out of the stream's first chunks.
             with torch.no_grad():
                 for _ in range(2):
                     graph(*example)

@@ -89,11 +89,31 @@ class StreamResampler:
         return out
 
 
+def repair_non_finite(block: np.ndarray) -> tuple[np.ndarray, int]:
+    """``block`` with NaN and +-Inf samples set to 0, and how many there were. One such sample would
+    otherwise turn every feature frame it reaches (and the model state after it) into NaN."""
+    bad = block.size - int(np.count_nonzero(np.isfinite(block)))
+    if bad:
+        block = np.where(np.isfinite(block), block, np.float32(0)).astype(np.float32, copy=False)
+    return block, bad
+
+
+def rate_note(describe: str, input_rate: int, model_rate: int) -> str | None:
+    """A one-line note when the input's rate is below the model's: upsampling adds no speech band."""
+    if input_rate >= model_rate:
+        return None
+    return (
+        f"{describe} is {input_rate} Hz audio but the model expects {model_rate} Hz speech: it was upsampled, "
+        f"so the band above {input_rate // 2} Hz is empty; expect more errors than on {model_rate} Hz recordings"
+    )
+
+
 class AudioSource(ABC):
     """Iterable of mono float32 blocks at ``sample_rate``; ``describe`` names the input in messages."""
 
     sample_rate: int
     describe: str
+    non_finite: int = 0  # NaN/Inf samples found in the input (and set to 0)
 
     @abstractmethod
     def __iter__(self) -> Iterator[np.ndarray]: ...
@@ -101,6 +121,17 @@ class AudioSource(ABC):
     def notes(self) -> list[str]:
         """Things to tell the user after the stream ended (e.g. a truncated sample)."""
         return []
+
+    def _repaired(self, blocks: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        for block in blocks:
+            block, bad = repair_non_finite(block)
+            self.non_finite += bad
+            yield block
+
+    def _non_finite_note(self) -> list[str]:
+        if not self.non_finite:
+            return []
+        return [f"{self.describe}: {self.non_finite} samples were NaN or Inf; they were set to 0 (silence)"]
 
 
 def _resampled(blocks: Iterator[np.ndarray], orig: int, new: int) -> Iterator[np.ndarray]:
@@ -151,7 +182,11 @@ class FileSource(AudioSource):
             raise AudioError(f"{self.path}: decoding failed part way ({e}); the file is damaged") from e
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        return _resampled(self._blocks(), self.info.samplerate, self.sample_rate)
+        return _resampled(self._repaired(self._blocks()), self.info.samplerate, self.sample_rate)
+
+    def notes(self) -> list[str]:
+        rate = rate_note(self.describe, self.info.samplerate, self.sample_rate)
+        return self._non_finite_note() + ([rate] if rate else [])
 
 
 class RawPcmSource(AudioSource):
@@ -202,6 +237,9 @@ class RawPcmSource(AudioSource):
 
     def notes(self) -> list[str]:
         notes = []
+        rate = rate_note(self.describe, self.input_rate, self.sample_rate)
+        if rate:
+            notes.append(rate)
         if self._dropped:
             notes.append(
                 f"{self.describe} ended in the middle of a 16-bit sample: dropped the last {self._dropped} byte"

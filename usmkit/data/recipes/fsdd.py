@@ -15,10 +15,12 @@ Splits (corpus name ``fsdd``):
   voices than the four real training speakers. Dev and test stay real speech only.
 
 Audio stays 8 kHz on disk; the manifests carry lhotse's lazy ``resample(16000)``, so every cut
-loads at 16 kHz.
+loads at 16 kHz. Every file is decoded once; a bad one (empty, corrupt, truncated, NaN/Inf samples)
+stops the recipe naming it (``on_error=fail``) or is left out and counted in the summary
+(``on_error=skip``).
 
 CLI: ``python -m usmkit.data.recipes.fsdd out=data/fsdd [corpus_dir=...] [test_speakers=theo]
-[dev_speakers=lucas] [limit=N] [synth_takes=N] [synth_seed=S]``
+[dev_speakers=lucas] [limit=N] [synth_takes=N] [synth_seed=S] [on_error=fail|skip]``
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+from lhotse import CutSet, MonoCut, SupervisionSegment
 
-from usmkit.data.manifests import manifest_path
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
+from usmkit.data.recipes.common import OnError, RecipeDrops, RecipeError, checked_recording, drops_footer, write_split
 from usmkit.data.recipes.fsdd_synth import plan_digit_takes, synthesize_digit_takes
+from usmkit.errors import strip_debug_flag, user_errors
 
 CORPUS = "fsdd"
 SAMPLE_RATE = 16000
@@ -79,7 +82,7 @@ def scan_fsdd(corpus_dir: Path, limit: int | None = None) -> list[FsddFile]:
     for path in sorted(_recordings_dir(corpus_dir).glob("*.wav")):
         match = _FILE_NAME.match(path.name)
         if match is None:
-            raise ValueError(
+            raise RecipeError(
                 f"{path}: FSDD file names must look like '{{digit}}_{{speaker}}_{{index}}.wav' (e.g. 7_theo_12.wav); "
                 "move other files out of the recordings directory"
             )
@@ -101,21 +104,25 @@ def _check_speakers(found: set[str], test_speakers: set[str], dev_speakers: set[
     for name, chosen in (("test_speakers", test_speakers), ("dev_speakers", dev_speakers)):
         unknown = chosen - found
         if unknown:
-            raise ValueError(f"{name} {sorted(unknown)} are not in the corpus; its speakers are {sorted(found)}")
+            raise RecipeError(f"{name} {sorted(unknown)} are not in the corpus; its speakers are {sorted(found)}")
     if not test_speakers:
-        raise ValueError(f"test_speakers must name at least one speaker of {sorted(found)}")
+        raise RecipeError(f"test_speakers must name at least one speaker of {sorted(found)}")
     both = test_speakers & dev_speakers
     if both:
-        raise ValueError(f"speakers {sorted(both)} are in both test_speakers and dev_speakers; pick one split each")
+        raise RecipeError(f"speakers {sorted(both)} are in both test_speakers and dev_speakers; pick one split each")
     if not found - test_speakers - dev_speakers:
-        raise ValueError(
+        raise RecipeError(
             f"no training speaker left: corpus speakers {sorted(found)}, test {sorted(test_speakers)}, dev {sorted(dev_speakers)}"
         )
 
 
-def _cut(path: Path, cut_id: str, digit: int, speaker: str) -> MonoCut:
-    """One spoken digit (a real FSDD file or a synthetic take), resampled to 16 kHz when loaded."""
-    recording = Recording.from_file(path, recording_id=cut_id).resample(SAMPLE_RATE)
+def _cut(path: Path, cut_id: str, digit: int, speaker: str, drops: RecipeDrops) -> MonoCut | None:
+    """One spoken digit (a real FSDD file or a synthetic take), resampled to 16 kHz when loaded;
+    None when the file is bad and ``drops`` skips it."""
+    recording = checked_recording(path, cut_id, drops)
+    if recording is None:
+        return None
+    recording = recording.resample(SAMPLE_RATE)
     supervision = SupervisionSegment(
         id=cut_id,
         recording_id=cut_id,
@@ -138,43 +145,43 @@ def prepare_fsdd(
     synth_takes: int = 0,
     synth_seed: int = 0,
     workers: int = 2,
+    on_error: OnError = "fail",
+    drops: RecipeDrops | None = None,
 ) -> dict[str, CutSet]:
     """Write ``fsdd_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` to ``out_dir``.
 
     ``corpus_dir`` defaults to :func:`default_fsdd_dir`. ``limit`` (tests) keeps only takes with
     index < limit of every digit and speaker. ``synth_takes`` > 0 adds that many synthetic takes of
     each digit word to ``train`` (files under ``out_dir/synth_digits``, rendered by ``workers``
-    processes). Returns the CutSets by split.
+    processes). Files left out (``on_error=skip``) are counted in ``drops``. Returns the CutSets by split.
     """
+    drops = drops if drops is not None else RecipeDrops(on_error)
     corpus_dir = Path(corpus_dir) if corpus_dir is not None else default_fsdd_dir()
     if limit is not None and limit < 1:
-        raise ValueError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
+        raise RecipeError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
     if synth_takes < 0:
-        raise ValueError(f"synth_takes must be >= 0 (synthetic takes per digit; 0 = none), got {synth_takes}")
+        raise RecipeError(f"synth_takes must be >= 0 (synthetic takes per digit; 0 = none), got {synth_takes}")
     files = scan_fsdd(corpus_dir, limit)
     test_set, dev_set = set(test_speakers), set(dev_speakers)
     _check_speakers({f.speaker for f in files}, test_set, dev_set)
     by_split: dict[str, list[MonoCut]] = {"train": [], "dev": [], "test": []}
     for item in files:
-        by_split[_assign(item, test_set, dev_set)].append(_cut(item.path, item.id, item.digit, item.speaker))
+        cut = _cut(item.path, item.id, item.digit, item.speaker, drops)
+        if cut is not None:
+            by_split[_assign(item, test_set, dev_set)].append(cut)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if synth_takes:
         takes = plan_digit_takes(DIGIT_WORDS, synth_takes, synth_seed)
         written = synthesize_digit_takes(out_dir / "synth_digits", takes, synth_seed, workers)
-        by_split["train"] += [_cut(path, f"{CORPUS}-{take.stem}", take.digit, take.speaker) for take, path in written]
+        synth_cuts = [_cut(path, f"{CORPUS}-{take.stem}", take.digit, take.speaker, drops) for take, path in written]
+        by_split["train"] += [c for c in synth_cuts if c is not None]
     result = {}
     for split, cuts in by_split.items():
         if not cuts:
-            raise ValueError(f"split {split!r} is empty (limit={limit}); raise limit or change the speaker split")
+            raise RecipeError(f"split {split!r} is empty (limit={limit}); raise limit or change the speaker split")
         cut_set = CutSet.from_cuts(cuts)
-        RecordingSet.from_recordings(c.recording for c in cuts).to_file(
-            manifest_path(out_dir, CORPUS, "recordings", split)
-        )
-        SupervisionSet.from_segments(c.supervisions[0] for c in cuts).to_file(
-            manifest_path(out_dir, CORPUS, "supervisions", split)
-        )
-        cut_set.to_file(manifest_path(out_dir, CORPUS, "cuts", split))
+        write_split(out_dir, CORPUS, split, cut_set)
         result[split] = cut_set
     return result
 
@@ -189,6 +196,7 @@ class FsddArgs:
     synth_takes: int = 0
     synth_seed: int = 0
     workers: int = 2
+    on_error: str = "fail"  # fail | skip
 
 
 USAGE = """\
@@ -202,6 +210,7 @@ usage: python -m usmkit.data.recipes.fsdd [key=value ...]
   synth_takes=N          add N synthetic takes of each digit (random espeak-ng voices) to train
   synth_seed=S           seed of the synthetic voices (default 0)
   workers=N              processes rendering the synthetic takes (default 2)
+  on_error=fail|skip     stop at the first bad file (default) or leave bad files out, counted in the summary
 """
 
 
@@ -210,18 +219,21 @@ def _names(value: str) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_key_value_args(FsddArgs, sys.argv[1:] if argv is None else argv, USAGE)
-    cut_sets = prepare_fsdd(
-        corpus_dir=args.corpus_dir or None,
-        out_dir=args.out,
-        test_speakers=_names(args.test_speakers),
-        dev_speakers=_names(args.dev_speakers),
-        limit=args.limit,
-        synth_takes=args.synth_takes,
-        synth_seed=args.synth_seed,
-        workers=args.workers,
-    )
-    print_split_table(f"fsdd manifests in {args.out}", split_rows(cut_sets))
+    args = parse_key_value_args(FsddArgs, strip_debug_flag(sys.argv[1:] if argv is None else argv), USAGE)
+    with user_errors():  # a bad file or value: one line, exit code 2 (--debug: the traceback)
+        drops = RecipeDrops(args.on_error)  # type: ignore[arg-type]  (checked there)
+        cut_sets = prepare_fsdd(
+            corpus_dir=args.corpus_dir or None,
+            out_dir=args.out,
+            test_speakers=_names(args.test_speakers),
+            dev_speakers=_names(args.dev_speakers),
+            limit=args.limit,
+            synth_takes=args.synth_takes,
+            synth_seed=args.synth_seed,
+            workers=args.workers,
+            drops=drops,
+        )
+        print_split_table(f"fsdd manifests in {args.out}", split_rows(cut_sets), footer=drops_footer(drops))
     return 0
 
 

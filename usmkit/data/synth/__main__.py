@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from usmkit.data.recipes import parse_key_value_args
 from usmkit.data.synth.build import SynthConfig, build_corpus, print_summary
+from usmkit.errors import strip_debug_flag, user_errors
 
 USAGE = """\
 usage: python -m usmkit.data.synth [key=value ...]
@@ -28,14 +29,15 @@ Synthesize the embedded multi-voice corpus (espeak-ng; no download) and train it
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cfg = parse_key_value_args(SynthConfig, sys.argv[1:] if argv is None else argv, USAGE)
-    result = build_corpus(cfg)
-    if result.skipped:
-        print(
-            f"{cfg.out}/corpus.json: the corpus with seed={cfg.seed} size={cfg.size} is already built; "
-            "nothing to do (force=true rebuilds it)"
-        )
-    print_summary(result.summary)
+    cfg = parse_key_value_args(SynthConfig, strip_debug_flag(sys.argv[1:] if argv is None else argv), USAGE)
+    with user_errors():  # a bad file or value: one line, exit code 2 (--debug: the traceback)
+        result = build_corpus(cfg)
+        if result.skipped:
+            print(
+                f"{cfg.out}/corpus.json: the corpus with seed={cfg.seed} size={cfg.size} is already built; "
+                "nothing to do (force=true rebuilds it)"
+            )
+        print_summary(result.summary)
     return 0
 
 

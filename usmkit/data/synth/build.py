@@ -28,7 +28,7 @@ from lhotse.audio import AudioSource
 from lhotse.serialization import save_to_jsonl
 from tqdm import tqdm
 
-from usmkit.data.manifests import manifest_path, text_only_path
+from usmkit.data.manifests import manifest_path, text_only_path, write_manifest
 from usmkit.data.recipes import print_split_table
 from usmkit.data.synth.external import detect_external_engines
 from usmkit.data.synth.plan import AUDIO_SPLITS, CorpusPlan, Utterance, get_size, plan_corpus, shard_seed
@@ -218,10 +218,10 @@ def build_corpus(cfg: SynthConfig) -> BuildResult:
     for split in AUDIO_SPLITS:
         labeled = split != "unlabeled"
         recordings, supervisions, cuts = _manifests(plan.utterances[split], rendered, labeled)
-        recordings.to_file(manifest_path(out, CORPUS, "recordings", split))
+        write_manifest(recordings, manifest_path(out, CORPUS, "recordings", split))  # paths relative to out
         if labeled:
-            supervisions.to_file(manifest_path(out, CORPUS, "supervisions", split))
-        cuts.to_file(manifest_path(out, CORPUS, "cuts", split))
+            write_manifest(supervisions, manifest_path(out, CORPUS, "supervisions", split))
+        write_manifest(cuts, manifest_path(out, CORPUS, "cuts", split))
         splits[split] = _split_summary(plan.utterances[split], rendered)
     save_to_jsonl(({"text": t, "language": lang} for t, lang in plan.text_only), text_only_path(out, CORPUS))
 

@@ -1,7 +1,7 @@
 """Public entry point for chunk-wise attention: one signature, several implementations.
 
 Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.models.masks``. Every implementation is tested against ``reference``.
+Mask semantics: ``usmkit.masks``. Every implementation is tested against ``reference``.
 
 The Triton path is two ``torch.library`` custom ops, ``usmkit::chunk_attention_fwd`` (-> out, lse) and
 ``usmkit::chunk_attention_bwd`` (-> dq, dk, dv), with fake implementations and autograd registered here, so
@@ -9,8 +9,8 @@ The Triton path is two ``torch.library`` custom ops, ``usmkit::chunk_attention_f
 opaque ops. ``custom_op`` rather than ``triton_op`` + ``wrap_triton``: ``wrap_triton`` only takes compiled
 ``JITFunction``s, so it cannot run the CPU interpreter (TRITON_INTERPRET=1) the tests use.
 In eager mode the same launchers run under a plain ``torch.autograd.Function`` instead: custom-op dispatch and
-its autograd wrapper cost about twice the host time per forward + backward (measured on CPU: 340 vs 150 us),
-which is most of the wall time at small sizes; ``torch.compile`` always sees the custom ops.
+its autograd wrapper add host time to every forward + backward, which is most of the wall time at small sizes;
+``torch.compile`` always sees the custom ops.
 The kernel module is imported lazily, on the first call: TRITON_INTERPRET must be set before it is imported.
 """
 
@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from usmkit.models.masks import check_chunk_args
+from usmkit.masks import check_chunk_args
 
 Impl = Literal["reference", "sdpa", "flex", "triton"]
 IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex", "triton")

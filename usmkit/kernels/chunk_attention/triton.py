@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, T frames, D head dim (64, 96, 128; any D in 16..128 works, D is padded to a power
 of two inside the kernel). q, k, v: (B, H, T, D), any strides with a unit last stride; lengths: (B,) int.
-Mask semantics: ``usmkit.models.masks``; ``reference.py`` is the oracle the tests hold this file to.
+Mask semantics: ``usmkit.masks``; ``reference.py`` is the oracle the tests hold this file to.
 
 Block skipping. Query ``i`` sees keys ``[row_lo(i), row_hi(i))`` with (C chunk size, L left chunks)
 ``row_lo = max(0, (i // C - L) * C)`` (0 when L = -1) and ``row_hi = min((i // C + 1) * C, length)``.
@@ -20,14 +20,13 @@ the tensor cores with fp32 accumulation; fp32 inputs use ``input_precision="ieee
 
 Backward (FlashAttention-2): ``delta = rowsum(dO * O)``; a dK/dV kernel over key blocks; dQ either from a
 kernel over query blocks (default, deterministic) or accumulated in fp32 with atomics inside the dK/dV
-kernel (``dq_mode="atomic"``); ``bench/NOTES_attention.md`` has the measurements behind the default.
+kernel (``dq_mode="atomic"``); ``bench/attention.py`` times both.
 
 Host time: after a kernel is tuned for a key, launches skip ``Autotuner.run`` (see ``_launch``).
 
 CPU: set ``TRITON_INTERPRET=1`` before this module is imported (triton reads it when kernels are defined);
-the interpreter then runs one small block configuration. Triton 3.6's interpreter computes bf16 dots wrongly
-(garbage, seen on CPU), so under the interpreter bf16 dot operands are upcast to fp32 (exact); on the GPU the
-dots run natively in bf16.
+the interpreter then runs one small block configuration. Triton 3.6's interpreter computes bf16 dots wrongly,
+so under the interpreter bf16 dot operands are upcast to fp32 (exact); on the GPU the dots run natively in bf16.
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@ K left chunks, L layers, H heads, Dh head dim, D model dim, Kc conv kernel.
 
 One ``stream_step`` turns the next ``4 C`` feature frames into the next ``C`` encoder frames, exactly
 the frames ``ConformerEncoder.forward`` computes for those positions under the same chunk mask
-(``chunk_size=C``, ``left_chunks=K``) with causal convolution. What it carries between chunks is
-``EncoderStreamState``, tensors of constant shape only:
+(``chunk_size=C``, ``left_chunks=K``) with causal convolution. Each layer runs the block's own body
+(``ConformerBlock.before_attention`` / ``after_attention``); only the attention differs, over the
+cached keys and values. What it carries between chunks is ``EncoderStreamState``, tensors of
+constant shape only:
 
 - ``feat_ctx`` (B, 3, F): the subsampling reads input frames ``4t .. 4t + 6`` for output ``t``, so
   the last 3 feature frames of one chunk are read again by the next. The stream therefore starts with
@@ -173,21 +175,15 @@ def stream_step(
 
     new_kv, new_tails = [], []
     for layer, block in enumerate(encoder.blocks):
-        x = x + 0.5 * block.ff1(x)
-        q, k, v = block.mhsa.project_qkv(x, rotary)  # (B, H, C, Dh) each
+        x, q, k, v = block.before_attention(x, rotary)  # (B, C, D); (B, H, C, Dh) each
         keys = torch.cat([state.kv[layer, 0], k], dim=2)  # (B, H, K C + C, Dh)
         values = torch.cat([state.kv[layer, 1], v], dim=2)  # (B, H, K C + C, Dh)
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, H, C, Dh)
-        x = x + block.mhsa.project_out(attn)
-        new_kv.append(torch.stack([keys[:, :, C:], values[:, :, C:]]))  # (2, B, H, K C, Dh): roll by C
-        conv = block.conv
-        y = conv.pointwise_in(x, valid)  # (B, C, D)
         tail = state.conv_tail[layer]  # (B, Kc - 1, D)
-        x = x + conv.pointwise_out(conv.depthwise(y, tail))
-        seen = torch.cat([tail, y], dim=1)  # (B, Kc - 1 + C, D)
+        x, conv_in = block.after_attention(x, attn, valid, conv_context=tail)  # (B, C, D) each
+        new_kv.append(torch.stack([keys[:, :, C:], values[:, :, C:]]))  # (2, B, H, K C, Dh): roll by C
+        seen = torch.cat([tail, conv_in], dim=1)  # (B, Kc - 1 + C, D)
         new_tails.append(seen[:, seen.shape[1] - tail.shape[1] :])  # (B, Kc - 1, D)
-        x = x + 0.5 * block.ff2(x)
-        x = block.norm(x)
 
     new_state = EncoderStreamState(
         kv=torch.stack(new_kv),  # (L, 2, B, H, K C, Dh)

@@ -1,12 +1,12 @@
-"""The one chunk-mask definition (usmkit.models.masks): worked examples, left context, padding."""
+"""The one chunk-mask definition (usmkit.masks): worked examples, left context, padding."""
 
 import doctest
 
 import pytest
 import torch
 
-from usmkit.models import masks
-from usmkit.models.masks import check_chunk_args, chunk_mask, lengths_to_padding_mask, padded_chunk_mask
+from usmkit import masks
+from usmkit.masks import check_chunk_args, chunk_mask, lengths_to_padding_mask, padded_chunk_mask
 
 
 def test_doctests_hold():

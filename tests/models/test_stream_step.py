@@ -6,7 +6,7 @@ import torch
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
-from usmkit.models.streaming import (
+from usmkit.models.stream_step import (
     FEATURE_CONTEXT,
     NotStreamableError,
     StreamingEncoder,

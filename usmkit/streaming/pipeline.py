@@ -1,0 +1,259 @@
+"""The streaming audio -> text pipeline: feature frames, encoder chunks, CTC, the streaming decoder.
+
+Shapes: N samples, t feature frames (10 ms), n encoder frames (40 ms), D model dim, V vocabulary.
+
+samples -> ``StreamingFbank`` (incremental log-mel) -> ``StreamingEncoder`` (one ``stream_step`` per
+chunk, ``usmkit.models.stream_step``) -> CTC log-probs -> ``StreamingDecoder`` (partials, endpoints,
+optional LAS rescoring). ``StreamingTranscriber`` runs it on samples as they arrive;
+``transcribe_whole`` encodes all samples at once and decodes them the same way. ``load_model``
+loads a checkpoint that can serve it and ``streaming_mask`` picks the chunking a stream runs with;
+both raise ``ModelError`` with one line saying what is wrong. ``usmkit.transcribe`` is the command
+line on top of this module.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from usmkit.data.normalize import FeatureStats
+from usmkit.models.stream_step import NotStreamableError, StreamingEncoder, check_streamable
+from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR
+from usmkit.streaming.audio import LevelMeter
+from usmkit.streaming.decoder import DecoderConfig, Segment, StreamingDecoder
+from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
+
+
+class ModelError(ValueError):
+    """A checkpoint that cannot serve this transcription; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint ready for transcription: ``model`` (``AsrModel`` in eval mode, with a CTC head), the
+    ``TrainConfig`` it was trained with, its tokenizer, the checkpoint path and its feature statistics."""
+
+    model: Any
+    cfg: Any
+    tokenizer: Any
+    checkpoint: Path
+    stats: FeatureStats
+
+
+def load_model(checkpoint: str | Path, device: torch.device | str = "cpu", rescore: bool = False) -> LoadedModel:
+    """Load ``checkpoint`` (a checkpoint dir, or an experiment dir: its best/latest checkpoint) for
+    transcription; ``rescore``: the LAS decoder is needed too. Raises ``ModelError``."""
+    from usmkit.checkpoint import CheckpointError
+    from usmkit.config import ConfigError
+    from usmkit.runs import load_trained
+
+    try:
+        model, cfg, tokenizer, ckpt = load_trained(str(checkpoint), device)
+    except (FileNotFoundError, CheckpointError, ConfigError) as e:
+        raise ModelError(f"cannot load checkpoint {checkpoint}: {e}") from e
+    if tokenizer is None or getattr(model, "ctc", None) is None:
+        raise ModelError(
+            f"checkpoint {ckpt} ({cfg.task.kind}) has no CTC head; transcription needs a CTC or joint CTC/LAS "
+            "model (fine-tune one with recipe=stage3_ctc or stage3_las)"
+        )
+    if rescore and model.las is None:
+        raise ModelError(
+            f"--rescore needs an attention (LAS) decoder, but checkpoint {ckpt} is CTC-only; drop --rescore"
+        )
+    if cfg.data.utterance_mean_norm or cfg.data.speaker_mean_norm:
+        which = "utterance_mean_norm" if cfg.data.utterance_mean_norm else "speaker_mean_norm"
+        raise ModelError(
+            f"checkpoint {ckpt} was trained with data.{which}=true (an utterance's or speaker's own mean "
+            "subtracted), which needs the whole audio first; decode it with python -m usmkit.evaluate"
+        )
+    try:
+        stats = checkpoint_feature_stats(ckpt, cfg.data)
+    except StatsNotFoundError as e:
+        raise ModelError(str(e)) from e
+    return LoadedModel(model, cfg, tokenizer, ckpt, stats)
+
+
+def streaming_mask(
+    model, chunk_size: int | None = None, left_chunks: int | None = None, checkpoint: str | Path = "the checkpoint"
+) -> tuple[int, int, str | None]:
+    """(chunk_size, left_chunks, warning or None) a stream of ``model`` runs with; None takes the model's.
+
+    The warning says when the mask differs from the trained one (an approximation). Raises
+    ``ModelError`` when the model cannot stream.
+    """
+    enc_cfg = model.encoder.cfg
+    try:
+        C, K = check_streamable(enc_cfg, chunk_size, left_chunks)
+    except NotStreamableError as e:
+        if enc_cfg.causal_conv:
+            hint = "pass --chunk-size N / --left-chunks K to stream it anyway (an approximation), or decode whole "
+        else:
+            hint = "train with model.causal_conv=true for streaming, or decode whole "
+        raise ModelError(
+            f"checkpoint {checkpoint} cannot stream: {e}. To transcribe, {hint}inputs with --no-streaming"
+        ) from e
+    warning = None
+    if enc_cfg.chunk_size is None or enc_cfg.left_chunks == -1 or (C, K) != (enc_cfg.chunk_size, enc_cfg.left_chunks):
+        warning = (
+            f"streaming with chunk_size={C}, left_chunks={K} but the model was trained with "
+            f"chunk_size={enc_cfg.chunk_size}, left_chunks={enc_cfg.left_chunks}: an approximation, expect more errors"
+        )
+    return C, K, warning
+
+
+@dataclass
+class RunStats:
+    """Timing of one transcription. ``latencies_s``: processing time per encoder chunk, from the audio
+    that completes it arriving to its partial result (a call that completes k chunks counts k x its time / k)."""
+
+    audio_s: float = 0.0
+    compute_s: float = 0.0
+    setup_s: float = 0.0  # before the first chunk (tracing / compiling the encoder step); not in compute_s
+    latencies_s: list[float] = field(default_factory=list)
+
+    @property
+    def rtf(self) -> float:
+        return self.compute_s / self.audio_s if self.audio_s > 0 else float("nan")
+
+    def latency_ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies_s, q)) * 1000.0 if self.latencies_s else float("nan")
+
+
+class FrameDecoder:
+    """Encoder frames -> CTC log-probs -> ``StreamingDecoder``, each frame flagged silent from its 40 ms of audio.
+
+    ``audio(samples)`` must see the samples before ``decode`` gets the frames computed from them (the
+    encoder lags the audio, so this holds by construction). ``silence_db``: frames quieter than this
+    (dBFS) are silence for the endpointer.
+    """
+
+    def __init__(self, model, tokenizer, decoder_cfg: DecoderConfig, frame_samples: int, silence_db: float) -> None:
+        self.model = model
+        self.decoder = StreamingDecoder(tokenizer, decoder_cfg, las=model.las)
+        self.meter = LevelMeter(frame_samples)
+        self.silence_db = silence_db
+        self._levels = np.zeros(0)  # dBFS of encoder frames [decoder.frames, decoder.frames + len)
+
+    def audio(self, samples: np.ndarray) -> None:
+        self._levels = np.concatenate([self._levels, self.meter.accept(samples)])
+
+    def audio_end(self) -> None:
+        self._levels = np.concatenate([self._levels, self.meter.flush()])
+
+    def decode(self, enc: torch.Tensor) -> list[Segment]:
+        """enc (n, D), the next n encoder frames -> the segments they finalize."""
+        n = enc.shape[0]
+        if n == 0:
+            return []
+        with torch.no_grad():
+            log_probs = self.model.ctc(enc[None])[0]  # (n, V)
+        levels, self._levels = self._levels[:n], self._levels[n:]
+        levels = np.concatenate([levels, np.zeros(n - levels.size)])  # a level not known yet counts as audio
+        return self.decoder.accept(log_probs, enc, torch.from_numpy(levels < self.silence_db))
+
+    def finish(self) -> list[Segment]:
+        return self.decoder.finish()
+
+    @property
+    def partial(self) -> str:
+        return self.decoder.partial
+
+
+class StreamingTranscriber:
+    """Samples in (mono float32 at the feature sample rate), segments out; one encoder ``stream_step`` per chunk.
+
+    ``model``: an ``AsrModel`` with a CTC head (and a LAS decoder for rescoring), in eval mode.
+    ``chunk_size`` / ``left_chunks``: None = the model's (see ``usmkit.models.stream_step.check_streamable``).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        fbank: StreamingFbank,
+        decoder_cfg: DecoderConfig,
+        chunk_size: int | None = None,
+        left_chunks: int | None = None,
+        silence_db: float = -50.0,
+        step: str = "eager",
+    ) -> None:
+        self.device = next(model.parameters()).device
+        self.fbank = fbank
+        self.encoder = StreamingEncoder(model.encoder, chunk_size, left_chunks, step=step)
+        self.frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank), silence_db)
+        self.stats = RunStats()
+        start = time.perf_counter()
+        self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk
+        self.stats.setup_s = time.perf_counter() - start
+
+    @property
+    def partial(self) -> str:
+        return self.frames.partial
+
+    @property
+    def meter(self) -> LevelMeter:
+        return self.frames.meter
+
+    def accept(self, samples: np.ndarray) -> list[Segment]:
+        """The next samples (N,) -> the segments finalized by them."""
+        start = time.perf_counter()
+        chunks_before = self.encoder.chunks
+        self.frames.audio(samples)
+        feats = self.fbank.accept(samples)  # (t, F)
+        enc = self.encoder.accept(feats[None].to(self.device))  # (1, n C, D)
+        segments = self.frames.decode(enc[0])
+        elapsed = time.perf_counter() - start
+        self.stats.audio_s += samples.size / self.fbank.cfg.sample_rate
+        self.stats.compute_s += elapsed
+        k = self.encoder.chunks - chunks_before
+        if k:
+            self.stats.latencies_s += [elapsed / k] * k
+        return segments
+
+    def finish(self) -> list[Segment]:
+        """End of the audio: the feature and encoder tails, then the open segment."""
+        start = time.perf_counter()
+        self.frames.audio_end()
+        feats = self.fbank.flush()[None].to(self.device)  # (1, t, F)
+        enc = torch.cat([self.encoder.accept(feats), self.encoder.flush()], dim=1)  # (1, n, D)
+        segments = self.frames.decode(enc[0]) + self.frames.finish()
+        self.stats.compute_s += time.perf_counter() - start
+        return segments
+
+
+def transcribe_whole(
+    model,
+    tokenizer,
+    fbank: StreamingFbank,
+    decoder_cfg: DecoderConfig,
+    samples: np.ndarray,
+    chunk_size: int | None,
+    left_chunks: int,
+    silence_db: float = -50.0,
+) -> tuple[list[Segment], RunStats, LevelMeter]:
+    """Non-streaming: encode all samples (N,) at once under the given mask, then segment and decode them
+    with the same decoder (endpoints, rescoring) as the stream."""
+    start = time.perf_counter()
+    frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank), silence_db)
+    frames.audio(samples)
+    frames.audio_end()
+    device = next(model.parameters()).device
+    feats = torch.cat([fbank.accept(samples), fbank.flush()])[None].to(device)  # (1, T, F)
+    segments: list[Segment] = []
+    if feats.shape[1] >= RECEPTIVE_FIELD:
+        with torch.no_grad():
+            lengths = torch.tensor([feats.shape[1]], device=device)
+            enc, _ = model.encoder(feats, lengths, chunk_size=chunk_size, left_chunks=left_chunks)  # (1, T', D)
+        segments = frames.decode(enc[0]) + frames.finish()
+    stats = RunStats(audio_s=samples.size / fbank.cfg.sample_rate, compute_s=time.perf_counter() - start)
+    return segments, stats, frames.meter
+
+
+def encoder_frame_samples(fbank: StreamingFbank) -> int:
+    """Audio samples per encoder frame: 640 = 40 ms at 16 kHz."""
+    return SUBSAMPLING_FACTOR * fbank.shift
