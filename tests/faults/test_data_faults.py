@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -150,3 +151,46 @@ def test_user_errors_exit_codes_and_debug(monkeypatch, capsys):
     assert strip_debug_flag(["a=1", "--debug"]) == ["a=1"]
     with pytest.raises(UsageError), user_errors():  # --debug (or USMKIT_DEBUG=1): the traceback
         raise UsageError("shown with its traceback")
+
+
+@pytest.mark.parametrize("storage", ["memory_raw", "kaldiio"])
+def test_feature_storages_that_unpickle_or_run_commands_are_refused(tmp_path, storage):
+    import pickle
+
+    from lhotse import Features
+
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    cut = _wav_cut(tmp_path / "a.wav", np.zeros(1600, np.float32), "a")
+    feats = Features(
+        type="fbank",
+        num_frames=10,
+        num_features=80,
+        frame_shift=0.01,
+        sampling_rate=16000,
+        start=0.0,
+        duration=0.1,
+        storage_type=storage,
+        storage_path=f"touch {marker} |" if storage == "kaldiio" else "",
+        storage_key=pickle.dumps(Payload()) if storage == "memory_raw" else "a",
+    )
+    hostile = CutSet.from_cuts([_with_features(cut, feats)])
+    data = hostile[0].to_dict()
+    data["features"]["storage_key"] = "x"  # (bytes are not JSON: a manifest file carries a string)
+    with gzip.open(manifest_path(tmp_path, "x", "cuts", "train"), "wt") as f:
+        f.write(json.dumps(data) + "\n")
+    with pytest.raises(BadInputError, match=rf"refused feature storage: cut a .*'{storage}'"):
+        load_cuts(tmp_path, "train", corpus="x")
+    with pytest.raises(BadInputError, match=rf"refused feature storage: cut a .*'{storage}'"):
+        validate_cuts(hostile, require_text=False, on_bad="skip")
+    assert not marker.exists()
+
+
+def _with_features(cut: MonoCut, feats) -> MonoCut:
+    from dataclasses import replace
+
+    return replace(cut, features=feats)

@@ -31,6 +31,16 @@ log = logging.getLogger(__name__)
 OnBad = Literal["error", "skip"]
 DURATION_TOLERANCE_S = 0.025  # lhotse's own default tolerance between declared and decoded durations
 PROBE_S = 0.1  # seconds decoded from the start of each recording to prove it decodes
+# lhotse feature/array storages that only read numbers from files: "memory_raw" unpickles bytes from
+# the manifest, "kaldiio" runs ``cmd |`` paths in a shell, "*_url" downloads.
+SAFE_STORAGE_TYPES = (
+    "numpy_files",
+    "lilcom_files",
+    "lilcom_chunky",
+    "numpy_hdf5",
+    "lilcom_hdf5",
+    "chunked_lilcom_hdf5",
+)
 FIX_HINT = "fix or remove it from the manifest, or set data.on_bad_input=skip to drop such cuts (with a summary)"
 
 
@@ -104,8 +114,7 @@ def validate_cuts(
     kept = []
     for cut in cuts:
         report.total += 1
-        if cut.has_recording:
-            check_sources(cut.recording.to_dict(), cut.id, allow_urls=allow_urls)
+        check_sources(cut.to_dict(), cut.id, allow_urls=allow_urls)
         problem = _text_problem(cut, require_text)
         if problem is None:
             if not cut.has_recording:
@@ -139,7 +148,8 @@ def validate_cuts(
 
 def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: str = "manifest") -> None:
     """Raise ``BadInputError`` naming ``cut_id`` if any recording inside the (cut, recording) dict ``data``
-    has a source that is not a file (or a URL when ``allow_urls``)."""
+    has a source that is not a file (or a URL when ``allow_urls``), or any stored features/arrays a
+    storage type outside ``SAFE_STORAGE_TYPES``."""
     allowed = ("file", "url") if allow_urls else ("file",)
     for source in _sources(data):
         kind = source.get("type")
@@ -154,17 +164,35 @@ def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: s
                 f"usmkit reads audio only from {' and '.join(allowed)} sources",
                 hint=hint,
             )
+    for stored in _dicts_with(data, "storage_type"):
+        kind = stored.get("storage_type")
+        if kind not in SAFE_STORAGE_TYPES:
+            raise BadInputError(
+                "refused feature storage",
+                f"cut {cut_id} in {where}",
+                f"its stored features/arrays are of type {kind!r} ({str(stored.get('storage_path'))[:80]!r}); "
+                f"usmkit reads them only from {', '.join(SAFE_STORAGE_TYPES)} (others can unpickle data or run "
+                "commands)",
+                hint="drop the features from the manifest (data.features.precomputed computes them again)",
+            )
 
 
 def _sources(data: Any) -> Iterator[dict]:
+    for recording in _dicts_with(data, "sources"):
+        if isinstance(recording["sources"], list):
+            yield from (s for s in recording["sources"] if isinstance(s, dict))
+
+
+def _dicts_with(data: Any, key: str) -> Iterator[dict]:
+    """Every dict nested in ``data`` (itself included) that has ``key``."""
     if isinstance(data, dict):
-        if isinstance(data.get("sources"), list):
-            yield from (s for s in data["sources"] if isinstance(s, dict))
+        if key in data:
+            yield data
         for v in data.values():
-            yield from _sources(v)
+            yield from _dicts_with(v, key)
     elif isinstance(data, list):
         for v in data:
-            yield from _sources(v)
+            yield from _dicts_with(v, key)
 
 
 def _audio_problem(rec: Recording) -> Problem | None:
