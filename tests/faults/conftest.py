@@ -69,16 +69,6 @@ def ctc_ckpt(tmp_path_factory) -> Path:
     return make_ctc_checkpoint(tmp_path_factory.mktemp("fault_ckpt"))
 
 
-@pytest.fixture(scope="session")
-def synth_corpus(tmp_path_factory) -> Path:
-    """The embedded corpus, tiny (a few dozen utterances per split)."""
-    from usmkit.data.synth.build import SynthConfig, build_corpus
-
-    out = tmp_path_factory.mktemp("synth")
-    build_corpus(SynthConfig(out=out, size="tiny", workers=1, external_engines=False))
-    return out
-
-
 @pytest.fixture(autouse=True)
 def _restore_torch_threads():
     threads = torch.get_num_threads()
