@@ -21,7 +21,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
-from usmkit.config import TrainConfig, from_dict, tokenizer_path
+from usmkit.config import ConfigError, TrainConfig, from_dict, tokenizer_path
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
@@ -114,6 +114,12 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
             log.info(
                 "compiled step: up to %d graphs per function, torch's recompile limit %d -> %d", needed, limit, needed
             )
+    try:  # the model's settings (preset name, overrides) are checked before any data is read
+        cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model: {e}") from e
+    if cfg.init_from:
+        resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
     rank, world, device = setup_distributed(cfg.trainer.device)
     torch.manual_seed(cfg.trainer.seed + rank)
     exp_dir = Path(cfg.trainer.exp_dir)

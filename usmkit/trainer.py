@@ -27,6 +27,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from usmkit.checkpoint import (
     STATE_FILE,
+    STATE_TENSORS_FILE,
     CheckpointDamaged,
     CheckpointError,
     latest_checkpoint,
@@ -289,10 +290,16 @@ class Trainer:
         """
         candidates = list_checkpoints(self.ckpt_root)
         complete = {c.path for c in candidates}
-        for p in sorted(self.ckpt_root.glob("step-*")) if self.ckpt_root.is_dir() else []:
-            if p not in complete:
-                log.warning("%s is incomplete (no %s or weights); it is not resumed from", p, STATE_FILE)
+        incomplete = [p for p in sorted(self.ckpt_root.glob("step-*")) if p not in complete]
+        for p in incomplete:
+            log.warning("%s is incomplete (no %s or weights); it is not resumed from", p, STATE_FILE)
         if not candidates:
+            if incomplete:  # e.g. only checkpoints of the older pickled format: never start over silently
+                raise CheckpointError(
+                    f"resume=true but none of the {len(incomplete)} checkpoints in {self.ckpt_root} is complete "
+                    f"(each needs model.safetensors, {STATE_FILE} and {STATE_TENSORS_FILE}); to reuse the weights, "
+                    f"start a new run with init_from={incomplete[-1]} and another trainer.exp_dir"
+                )
             return False
         for ckpt in reversed(candidates):
             try:

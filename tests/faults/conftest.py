@@ -1,67 +1,12 @@
-"""Shared pieces of the fault suite: a tiny untrained CTC checkpoint (streamable) and speech-like audio.
-
-The checkpoint's CTC head prefers one word-initial token everywhere, so the model "speaks" wherever
-the audio does: what is transcribed, and what is lost, can be counted from the segments.
-"""
+"""Fixtures of the fault suite: a tiny untrained streamable CTC checkpoint (see fault_helpers.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import yaml
-
-from usmkit.checkpoint import save_checkpoint
-from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
-from usmkit.data.features import fbank_extractor
-from usmkit.data.normalize import STATS_FILE, FeatureStats
-from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
-from usmkit.tasks import build_task
-
-SR = 16000
-TEXTS = ["the cat sat on the mat", "a dog ran to the park", "hello world this is a test"]
-
-
-def speechlike(seconds: float, seed: int = 0, level: float = 0.1, sr: int = SR) -> np.ndarray:
-    """Harmonics of a wandering pitch under a syllable-rate envelope, plus a little noise."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(round(seconds * sr))) / sr
-    phase = 2 * np.pi * np.cumsum(120 + 40 * np.sin(2 * np.pi * 1.3 * t)) / sr
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
-    envelope = 0.6 + 0.4 * np.sin(2 * np.pi * 4.0 * t)
-    return (level * envelope * voiced + 0.003 * rng.standard_normal(t.size)).astype(np.float32)
-
-
-def speech_silence_speech(sr: int = SR) -> np.ndarray:
-    """1.2 s speech, 1.2 s digital silence, 1.2 s speech: two segments."""
-    return np.concatenate([speechlike(1.2, 1, sr=sr), np.zeros(int(1.2 * sr), np.float32), speechlike(1.2, 2, sr=sr)])
-
-
-def make_ctc_checkpoint(root: Path) -> Path:
-    """Experiment dir ``root`` with checkpoints/step-000001 (tiny causal CTC model), tokenizer and stats."""
-    tokenizer = Tokenizer.train(TEXTS, root / "tokenizer", vocab_size=minimum_vocab_size(TEXTS))
-    cfg = TrainConfig(
-        task=TaskConfig(kind="ctc"),
-        model=ModelSection(preset="tiny", chunk_size=4, left_chunks=2, causal_conv=True, dropout=0.0),
-        data=DataConfig(manifest_dir=str(root / "no-manifests")),
-        trainer=TrainerConfig(exp_dir=str(root)),
-        tokenizer=str(tokenizer.path),
-    )
-    torch.manual_seed(0)
-    module = build_task(
-        cfg.task, cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), tokenizer.vocab_size
-    )
-    word = next(i for i in tokenizer.encode("cat") if tokenizer.decode([i]).strip())
-    with torch.no_grad():
-        module.ctc.proj.weight.zero_()
-        module.ctc.proj.bias.zero_()
-        module.ctc.proj.bias[word] = 5.0
-    save_checkpoint(root / "checkpoints", 1, module, {}, yaml.safe_dump(to_dict(cfg)))
-    feats = torch.as_tensor(fbank_extractor(cfg.data.features).extract(speechlike(2.0), SR))  # (T, 80)
-    FeatureStats(mean=feats.mean(0), std=feats.std(0).clamp_min(1e-5)).save(root / STATS_FILE, cfg.data.features)
-    return root
+from fault_helpers import make_ctc_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -125,9 +125,28 @@ def test_8khz_training_audio_gets_a_note(tmp_path, caplog):
     assert len(kept) == 1
 
 
-def test_recipe_manifest_lines_are_json(tmp_path):
-    # write_manifest's output is plain lhotse JSONL: other tools read it (paths relative to the file)
-    cut = _wav_cut(tmp_path / "a.wav", np.zeros(1600, np.float32), "a")
-    path = write_manifest(CutSet.from_cuts([cut]), tmp_path / "m" / "c.jsonl.gz")
-    (line,) = gzip.open(path, "rt").read().splitlines()
-    assert json.loads(line)["recording"]["sources"][0]["source"] == "../a.wav"
+def test_manifest_paths_relative_inside_absolute_outside(tmp_path):
+    # write_manifest's output is plain lhotse JSONL: other tools read it
+    (tmp_path / "m" / "audio").mkdir(parents=True)
+    inside = _wav_cut(tmp_path / "m" / "audio" / "a.wav", np.zeros(1600, np.float32), "a")
+    outside = _wav_cut(tmp_path / "b.wav", np.zeros(1600, np.float32), "b")  # a corpus elsewhere
+    path = write_manifest(CutSet.from_cuts([inside, outside]), tmp_path / "m" / "c.jsonl.gz")
+    sources = [json.loads(line)["recording"]["sources"][0]["source"] for line in gzip.open(path, "rt")]
+    assert sources == ["audio/a.wav", str(tmp_path / "b.wav")]
+
+
+def test_user_errors_exit_codes_and_debug(monkeypatch, capsys):
+    from usmkit.checkpoint import CheckpointWriteError
+    from usmkit.errors import DEBUG_ENV, UsageError, strip_debug_flag, user_errors
+
+    monkeypatch.delenv(DEBUG_ENV, raising=False)
+    for error, code in ((UsageError("bad value x=1; pass x=2"), 2), (CheckpointWriteError("disk full"), 1)):
+        with pytest.raises(SystemExit) as e, user_errors():
+            raise error
+        assert e.value.code == code and capsys.readouterr().err == f"error: {error}\n"
+    with pytest.raises(SystemExit), user_errors():
+        open("/nonexistent/file.wav")
+    assert capsys.readouterr().err == "error: /nonexistent/file.wav: No such file or directory\n"
+    assert strip_debug_flag(["a=1", "--debug"]) == ["a=1"]
+    with pytest.raises(UsageError), user_errors():  # --debug (or USMKIT_DEBUG=1): the traceback
+        raise UsageError("shown with its traceback")

@@ -40,8 +40,10 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def corpus(synth_corpus) -> Path:
-    return synth_corpus
+def corpus(synth_corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("train_faults") / "corpus"
+    shutil.copytree(synth_corpus, out)  # training caches features and statistics next to the manifests
+    return out
 
 
 def config(corpus: Path, exp: Path, *extra: str) -> tuple[TrainConfig, str]:
@@ -266,6 +268,10 @@ def test_command_source_in_a_training_manifest_never_runs(corpus, tmp_path):
 def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
     with pytest.raises(ConfigError, match=r"optim.lr must be a positive number, got -0.1"):
         config(tmp_path / "no-corpus", tmp_path / "exp", "optim.lr=-0.1")
+    with pytest.raises(ConfigError, match="model: unknown encoder preset 'huge'"):  # not "no cuts manifest"
+        train(tmp_path / "no-corpus", tmp_path / "exp", "model.preset=huge")
+    with pytest.raises(FileNotFoundError, match="no checkpoint found at"):
+        train(tmp_path / "no-corpus", tmp_path / "exp", f"init_from={tmp_path / 'nope'}")
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable,
@@ -279,5 +285,30 @@ def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: optim.lr must be a positive number, got -1.0"
     assert "Traceback" not in proc.stderr  # and no "no cuts manifest" error: no data was looked at
-    proc = subprocess.run([*cmd, "--debug"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_debug_flag_shows_the_traceback(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "usmkit.train", "recipe=stage3_ctc", "optim.lr=-1", "--debug"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "optim.lr" in proc.stderr
+
+
+def test_metrics_cut_by_a_kill_mid_line_are_trimmed(tmp_path):
+    from usmkit.trainer import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "train/lo')
+    assert truncate_metrics(path, 2) == 1
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert truncate_metrics(path, 1) == 1 and truncate_metrics(tmp_path / "absent.jsonl", 0) == 0
+
+
+def test_resume_with_only_old_pickled_checkpoints_refuses_to_start_over(corpus, uninterrupted, tmp_path):
+    exp = tmp_path / "run"
+    shutil.copytree(uninterrupted, exp)
+    for step_dir in (exp / "checkpoints").glob("step-*"):
+        (step_dir / ck.STATE_FILE).rename(step_dir / "train_state.pt")
+    with pytest.raises(ck.CheckpointError, match=r"none of the 3 checkpoints .* is complete.*init_from="):
+        train(corpus, exp, "resume=true")

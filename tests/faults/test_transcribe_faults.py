@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import SR, speech_silence_speech
+from fault_helpers import SR, speech_silence_speech
 
 from usmkit.transcribe import main
 

@@ -9,9 +9,9 @@ Every corpus recipe writes, per split, lhotse manifests named
 and a text-only pool, when the corpus has one, as ``{manifest_dir}/{corpus}_text_only.jsonl.gz``
 (one ``{"text": ..., "language": ...}`` object per line).
 
-Paths inside a manifest (audio files, stored features) are written relative to the manifest's own
-directory by ``write_manifest`` and resolved against it when read, so a corpus directory (or a
-whole clone) can be moved. Reading also refuses recording sources that are not files: a lhotse
+Paths inside a manifest (audio files, stored features) under the manifest's own directory are written
+relative to it by ``write_manifest`` and resolved against it when read, so a corpus directory (or a
+whole clone holding it) can be moved; files elsewhere (a shared corpus) keep their absolute path. Reading also refuses recording sources that are not files: a lhotse
 ``command`` source would run a shell command and a ``url`` source would download, so such a cut is
 rejected by id before any audio is touched (URLs only with ``allow_urls=True``).
 """
@@ -142,7 +142,11 @@ def _map_paths(data: Any, fn: Any) -> Any:
 
 
 def _relative(p: str, base: Path) -> str:
-    return os.path.relpath(os.path.abspath(p), base)
+    """Relative to ``base`` when inside it (the corpus moves with its manifests); absolute otherwise (a
+    corpus elsewhere, e.g. a shared data folder, stays where it is when the manifests move)."""
+    absolute = os.path.abspath(p)
+    relative = os.path.relpath(absolute, base)
+    return absolute if relative == ".." or relative.startswith(".." + os.sep) else relative
 
 
 def _absolute(p: str, base: Path) -> str:

@@ -14,7 +14,7 @@ prints, so one corrupt file does not stop a whole corpus::
             drops.drop("missing transcript", str(path), "no line for it in the transcript file")
             continue
         ...
-    write_split(out_dir, "mycorpus", "train", cuts)  # manifests with paths relative to out_dir
+    write_split(out_dir, "mycorpus", "train", cuts)  # manifests; paths under out_dir stored relative to it
     print(drops.summary())  # "skipped 2 of 512 files: 1 corrupt audio (a.flac), 1 missing transcript (b.flac)"
 """
 
@@ -121,7 +121,8 @@ def write_split(
     recordings: RecordingSet | None = None,
     supervisions: SupervisionSet | None = None,
 ) -> None:
-    """``{corpus}_{recordings,supervisions,cuts}_{split}.jsonl.gz`` in ``out_dir``, paths relative to it.
+    """``{corpus}_{recordings,supervisions,cuts}_{split}.jsonl.gz`` in ``out_dir`` (``write_manifest``: paths
+    under ``out_dir`` relative to it, others absolute).
 
     Recordings and supervisions default to those of ``cuts``."""
     if recordings is None:
