@@ -26,7 +26,8 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 @pytest.fixture(scope="session")
 def synth_corpus(tmp_path_factory) -> Path:
-    """The embedded corpus, ``python -m usmkit.data.synth out=... size=tiny seed=0``, built once per session.
+    """The embedded corpus, ``python -m usmkit.data.synth out=... size=tiny seed=0 external_engines=false``, built
+    once per session (espeak-ng voices only, so the audio does not depend on which other engines are installed).
 
     Read-only by convention: a test that must change a corpus copies it first.
     """
@@ -35,7 +36,7 @@ def synth_corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth_tiny") / "corpus"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny text: "fewer pieces than requested" is expected
-        result = build_corpus(SynthConfig(out=out, size="tiny", seed=0, workers=2))
+        result = build_corpus(SynthConfig(out=out, size="tiny", seed=0, workers=2, external_engines=False))
     assert not result.skipped
     return out
 

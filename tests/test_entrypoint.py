@@ -27,15 +27,22 @@ print("at-torch-import", seen.get("torch", "<torch not imported>"))
 print("after", os.environ.get("OMP_WAIT_POLICY", "<unset>"))
 """
 
+# Each probe is a fresh interpreter importing torch (several seconds here): the default run keeps one of each
+# kind (a plain module, a package's ``__main__``, the console script's module); the rest are marked slow.
 ENTRY_MODULES = [
     "usmkit.train",
-    "usmkit.evaluate",
-    "usmkit.demo",
-    "usmkit.average",
-    "usmkit.data.synth.__main__",
-    "usmkit.data.recipes.fsdd",
-    "usmkit.data.recipes.librispeech",
+    "usmkit.data.synth.__main__",  # its package __init__ must not load torch before __main__ runs
     "usmkit.transcribe",  # the ``usmkit-transcribe`` console script imports its ``main`` from here
+    *(
+        pytest.param(m, marks=pytest.mark.slow)
+        for m in (
+            "usmkit.evaluate",
+            "usmkit.demo",
+            "usmkit.average",
+            "usmkit.data.recipes.fsdd",
+            "usmkit.data.recipes.librispeech",
+        )
+    ),
 ]
 
 

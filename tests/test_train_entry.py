@@ -107,7 +107,7 @@ def greedy_eval(resumed_run, tmp_path_factory) -> dict:
 # The recipe's losses, pinned (as torchtune's recipe tests pin theirs): a change to the model, the data
 # pipeline, the tokenizer or the optimizer that moves them shows here. Regenerate them, when the change
 # is intended, from the failure message (it prints the new values). Produced by
-#   python -m usmkit.data.synth out=data/synth_tiny size=tiny seed=0
+#   python -m usmkit.data.synth out=data/synth_tiny size=tiny seed=0 external_engines=false
 #   OMP_NUM_THREADS=1 python -m usmkit.train recipe=stage3_ctc data.manifest_dir=data/synth_tiny optim.schedule=constant \
 #       <FAST> trainer.max_steps=6 trainer.eval_every=0 trainer.save_every=3
 PINNED_LOSSES = {

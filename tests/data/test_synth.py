@@ -29,12 +29,12 @@ HELD_OUT_VOICE_SPLITS = ("train", "dev", "test", "test_other")
 def _build(out: Path, seed: int = 0, workers: int = 2):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny text: "fewer pieces than requested" is expected
-        return build_corpus(SynthConfig(out=out, size="tiny", seed=seed, workers=workers))
+        return build_corpus(SynthConfig(out=out, size="tiny", seed=seed, workers=workers, external_engines=False))
 
 
 @pytest.fixture(scope="module")
 def corpus(synth_corpus: Path) -> Path:
-    return synth_corpus  # tests/conftest.py: built once per session with _build's settings
+    return synth_corpus  # tests/conftest.py: built once per session with _build's settings (seed 0, 2 workers)
 
 
 def _speakers(out: Path, split: str) -> set[str]:

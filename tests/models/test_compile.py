@@ -90,7 +90,9 @@ def _batch(B, T, U, seed):
     return feats, lens, tokens, token_lens
 
 
-@pytest.mark.parametrize("las", [False, True], ids=["ctc", "ctc+las"])
+@pytest.mark.parametrize(
+    "las", [pytest.param(False, id="ctc"), pytest.param(True, id="ctc+las", marks=pytest.mark.slow)]
+)
 def test_whole_model_compiles_fullgraph_without_recompiling(las):
     """No graph break (fullgraph=True) and one graph for three batch shapes (dynamic shapes)."""
     from torch._dynamo.utils import counters

@@ -1,4 +1,4 @@
-"""The streaming encoder: chunk-by-chunk output equals the full forward under the same chunk mask."""
+"""The encoder's stream step: chunk-by-chunk output equals the full forward under the same chunk mask."""
 
 import pytest
 import torch
@@ -16,16 +16,9 @@ from usmkit.models.stream_step import (
 )
 from usmkit.models.subsampling import output_lengths
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: chunks of a few frames run best on one
+
 F_BINS = 16
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Chunks of a few frames are too small to share out over threads: one is fastest (and steady under load)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _encoder(**overrides) -> ConformerEncoder:

@@ -374,3 +374,35 @@ def test_checkpoint_trained_with_a_whole_audio_mean_is_refused(tmp_path, audio, 
     code, _, err = run_cli(capsys, audio, "--checkpoint", root)
     assert code == 2 and option in err and "usmkit.evaluate" in err
     assert "Traceback" not in err
+
+
+def test_pipeline_api_streams_what_the_whole_input_gives(ckpt):
+    """``usmkit.streaming.pipeline`` without the command line (as a server uses it): blocks of uneven
+    sizes through ``StreamingTranscriber`` give the segments ``transcribe_whole`` gives under the same mask."""
+    from usmkit.streaming.decoder import DecoderConfig
+    from usmkit.streaming.features import StreamingFbank
+    from usmkit.streaming.pipeline import ModelError, StreamingTranscriber, load_model, streaming_mask, transcribe_whole
+
+    loaded = load_model(ckpt)
+    C, K, warning = streaming_mask(loaded.model)
+    assert (C, K, warning) == (4, 2, None)
+    assert "an approximation" in streaming_mask(loaded.model, 8, 1)[2]
+    samples = speech_silence_speech()
+    features = loaded.cfg.data.features
+    stream = StreamingTranscriber(
+        loaded.model, loaded.tokenizer, StreamingFbank(features, loaded.stats), DecoderConfig()
+    )
+    segments = []
+    for start, stop in zip((0, 1000, 1003, 9000), (1000, 1003, 9000, samples.size), strict=True):
+        segments += stream.accept(samples[start:stop])
+    segments += stream.finish()
+    whole, stats, _ = transcribe_whole(
+        loaded.model, loaded.tokenizer, StreamingFbank(features, loaded.stats), DecoderConfig(), samples, C, K
+    )
+    assert len(segments) == 2 and [s.text for s in segments] == [s.text for s in whole]
+    assert [t for s in segments for t in (s.start, s.end)] == pytest.approx(
+        [t for s in whole for t in (s.start, s.end)]
+    )
+    assert stream.stats.audio_s == pytest.approx(stats.audio_s) and len(stream.stats.latencies_s) == 22
+    with pytest.raises(ModelError, match="--rescore needs an attention"):
+        load_model(ckpt, rescore=True)

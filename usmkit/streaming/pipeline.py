@@ -16,14 +16,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
+from usmkit.checkpoint import CheckpointError
+from usmkit.config import ConfigError, TrainConfig
 from usmkit.data.normalize import FeatureStats
+from usmkit.data.tokenizer import Tokenizer
+from usmkit.models.asr import AsrModel
 from usmkit.models.stream_step import NotStreamableError, StreamingEncoder, check_streamable
 from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR
+from usmkit.runs import load_trained
 from usmkit.streaming.audio import LevelMeter
 from usmkit.streaming.decoder import DecoderConfig, Segment, StreamingDecoder
 from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
@@ -38,9 +42,9 @@ class LoadedModel:
     """A checkpoint ready for transcription: ``model`` (``AsrModel`` in eval mode, with a CTC head), the
     ``TrainConfig`` it was trained with, its tokenizer, the checkpoint path and its feature statistics."""
 
-    model: Any
-    cfg: Any
-    tokenizer: Any
+    model: AsrModel
+    cfg: TrainConfig
+    tokenizer: Tokenizer
     checkpoint: Path
     stats: FeatureStats
 
@@ -48,10 +52,6 @@ class LoadedModel:
 def load_model(checkpoint: str | Path, device: torch.device | str = "cpu", rescore: bool = False) -> LoadedModel:
     """Load ``checkpoint`` (a checkpoint dir, or an experiment dir: its best/latest checkpoint) for
     transcription; ``rescore``: the LAS decoder is needed too. Raises ``ModelError``."""
-    from usmkit.checkpoint import CheckpointError
-    from usmkit.config import ConfigError
-    from usmkit.runs import load_trained
-
     try:
         model, cfg, tokenizer, ckpt = load_trained(str(checkpoint), device)
     except (FileNotFoundError, CheckpointError, ConfigError) as e:
