@@ -31,6 +31,7 @@ from typing import TextIO
 import numpy as np
 import torch
 
+from usmkit.errors import UsageError, debug_enabled  # UsageError: bad command line, checkpoint or input (exit 2)
 from usmkit.models.subsampling import SUBSAMPLING_FACTOR
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
 from usmkit.streaming.decoder import DecoderConfig, EndpointConfig, Segment
@@ -46,10 +47,6 @@ from usmkit.streaming.pipeline import (
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 CLIP_WARN_FRACTION = 0.001  # warn when more than 0.1% of the samples sit at full scale
-
-
-class UsageError(Exception):
-    """Bad command line, checkpoint or input: exit status 2."""
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -373,7 +370,7 @@ def _write_json(
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status (0 ok, 2 bad input/usage, 1 failure)."""
     parser = build_parser()
-    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv) or debug_enabled()  # or USMKIT_DEBUG=1
     try:
         args = parser.parse_args(argv)
         return run(args)

@@ -140,9 +140,7 @@ def test_user_errors_exit_codes_and_debug(monkeypatch, capsys):
     from usmkit.checkpoint import CheckpointWriteError
     from usmkit.errors import DEBUG_ENV, UsageError, strip_debug_flag, user_errors
 
-    # setenv (not delenv of an absent name) records the variable, so the USMKIT_DEBUG=1 that strip_debug_flag
-    # sets below is removed after the test instead of leaking into later tests' subprocesses.
-    monkeypatch.setenv(DEBUG_ENV, "")
+    monkeypatch.setenv(DEBUG_ENV, "")  # recorded: strip_debug_flag below sets it, the teardown undoes that
     for error, code in ((UsageError("bad value x=1; pass x=2"), 2), (CheckpointWriteError("disk full"), 1)):
         with pytest.raises(SystemExit) as e, user_errors():
             raise error

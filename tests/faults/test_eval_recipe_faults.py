@@ -133,3 +133,42 @@ def test_recipe_bad_argument_is_one_line_exit_2(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: LibriSpeech directory") and "Traceback" not in err
+
+
+# ---- FSDD layout with damaged files --------------------------------------------------------------
+
+
+def _write_fsdd(root: Path) -> Path:
+    """3 speakers x digits 0-1 x takes 0-5 of 8 kHz tones; one take empty, one corrupt, one misnamed file."""
+    rec = root / "recordings"
+    rec.mkdir(parents=True)
+    t = np.arange(4000) / 8000
+    for speaker in ("ann", "bob", "theo"):
+        for digit in (0, 1):
+            for take in range(6):
+                tone = 0.2 * np.sin(2 * np.pi * (200 + 50 * digit + 10 * take) * t)
+                sf.write(rec / f"{digit}_{speaker}_{take}.wav", tone.astype(np.float32), 8000, subtype="PCM_16")
+    (rec / "1_bob_5.wav").write_bytes(b"")
+    (rec / "0_ann_5.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    (rec / "notes.wav").write_bytes((rec / "0_ann_1.wav").read_bytes())
+    return root
+
+
+def test_fsdd_fail_and_skip_modes(tmp_path, capsys):
+    from usmkit.data.recipes.fsdd import main as fsdd_main
+    from usmkit.data.recipes.fsdd import prepare_fsdd
+
+    root = _write_fsdd(tmp_path / "fsdd")
+    with pytest.raises(UsageError, match=r"notes.wav: FSDD file names must look like .*on_error=skip"):
+        prepare_fsdd(root, tmp_path / "out")
+    (root / "recordings" / "notes.wav").rename(tmp_path / "notes.wav")
+    with pytest.raises(BadInputError, match=r"corrupt audio: .*0_ann_5.wav: cannot read it as audio.*on_error=skip"):
+        prepare_fsdd(root, tmp_path / "out")
+    (tmp_path / "notes.wav").rename(root / "recordings" / "notes.wav")
+    assert fsdd_main([f"corpus_dir={root}", f"out={tmp_path / 'out'}", "on_error=skip"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "skipped 3 of 37 files:" in out
+    for kind in ("1 unexpected file name (notes.wav)", "1 corrupt audio (0_ann_5.wav)", "1 empty audio (1_bob_5.wav)"):
+        assert kind in out
+    cuts = [c.id for split in ("train", "dev", "test") for c in load_cuts(tmp_path / "out", split, corpus="fsdd")]
+    assert len(cuts) == 34 and "fsdd-0_ann_5" not in cuts

@@ -23,6 +23,7 @@ from usmkit.config import ConfigError, TrainConfig, from_dict
 from usmkit.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("one_thread")  # also what the command line runs with (OMP_NUM_THREADS=1)
 FAST = [
     "recipe=stage3_ctc",
     "model=tiny",
@@ -312,3 +313,30 @@ def test_resume_with_only_old_pickled_checkpoints_refuses_to_start_over(corpus, 
         (step_dir / ck.STATE_FILE).rename(step_dir / "train_state.pt")
     with pytest.raises(ck.CheckpointError, match=r"none of the 3 checkpoints .* is complete.*init_from="):
         train(corpus, exp, "resume=true")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sigkill_at_a_random_moment_then_resume(corpus, uninterrupted, tmp_path, seed):
+    """A real ``kill -9`` of ``python -m usmkit.train`` at a random moment (maybe mid checkpoint write)."""
+    import random
+    import signal
+    import time
+
+    exp = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "usmkit.train", *FAST, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = random.Random(seed).uniform(1.5, 5.5)  # in steps: somewhere between step 2 and step 6
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        done = len(metrics(exp)) if (exp / "metrics.jsonl").is_file() else 0
+        if done >= int(target):
+            time.sleep((target - int(target)) * 0.5)
+            break
+        time.sleep(0.02)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run([*cmd, "resume=true"], cwd=tmp_path, env=env, check=True, capture_output=True, timeout=300)
+    assert metrics(exp) == metrics(uninterrupted)

@@ -87,10 +87,12 @@ def load_cuts(
 def read_cuts(path: str | os.PathLike[str], lazy: bool = False, allow_urls: bool = False) -> CutSet:
     """A cuts manifest file, resolved and checked like ``load_cuts``."""
     path = Path(path)
-    resolve = functools.partial(_resolve_cut, base=path.parent.resolve(), allow_urls=allow_urls, path=path)
+    base = path.parent.resolve()
     if lazy:
-        return CutSet.from_jsonl_lazy(path).map(resolve)
-    return CutSet.from_cuts([resolve(deserialize_item(d)) for d in _read_dicts(path)])
+        return CutSet.from_jsonl_lazy(path).map(
+            functools.partial(_resolve_cut, base=base, allow_urls=allow_urls, path=path)
+        )
+    return CutSet.from_cuts([_resolve_dict(d, base, allow_urls, path) for d in _read_dicts(path)])
 
 
 def write_manifest(manifest: Iterable[Any], path: str | os.PathLike[str]) -> Path:
@@ -122,8 +124,12 @@ def _read_dicts(path: Path) -> Iterator[dict]:
 
 
 def _resolve_cut(cut: Any, base: Path, allow_urls: bool, path: Path) -> Any:
-    data = cut.to_dict()
-    check_sources(data, cut.id, allow_urls=allow_urls, where=str(path))
+    return _resolve_dict(cut.to_dict(), base, allow_urls, path)
+
+
+def _resolve_dict(data: dict, base: Path, allow_urls: bool, path: Path) -> Any:
+    """One manifest entry: sources checked (before anything is built from it), paths resolved, deserialized."""
+    check_sources(data, str(data.get("id")), allow_urls=allow_urls, where=str(path))
     return deserialize_item(_map_paths(data, functools.partial(_absolute, base=base)))
 
 

@@ -23,10 +23,12 @@ import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
+from usmkit.errors import UsageError
+
 CLIP_LEVEL = 0.999  # |sample| at or above this counts as clipped (full scale)
 
 
-class AudioError(ValueError):
+class AudioError(UsageError, ValueError):
     """An input that cannot be read as audio; the message names it and says what to do."""
 
 

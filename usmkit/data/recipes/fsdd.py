@@ -76,15 +76,20 @@ def _recordings_dir(corpus_dir: Path) -> Path:
     )
 
 
-def scan_fsdd(corpus_dir: Path, limit: int | None = None) -> list[FsddFile]:
-    """Every ``{digit}_{speaker}_{index}.wav``, sorted; ``limit`` keeps takes with index < limit."""
+def scan_fsdd(corpus_dir: Path, limit: int | None = None, drops: RecipeDrops | None = None) -> list[FsddFile]:
+    """Every ``{digit}_{speaker}_{index}.wav``, sorted; ``limit`` keeps takes with index < limit. A file
+    named otherwise stops the scan, or with ``drops`` in skip mode is left out and counted."""
     files = []
     for path in sorted(_recordings_dir(corpus_dir).glob("*.wav")):
         match = _FILE_NAME.match(path.name)
         if match is None:
+            if drops is not None and drops.on_error == "skip":
+                drops.seen()
+                drops.drop("unexpected file name", str(path), "not {digit}_{speaker}_{index}.wav")
+                continue
             raise RecipeError(
                 f"{path}: FSDD file names must look like '{{digit}}_{{speaker}}_{{index}}.wav' (e.g. 7_theo_12.wav); "
-                "move other files out of the recordings directory"
+                "move other files out of the recordings directory, or pass on_error=skip to leave them out"
             )
         item = FsddFile(path, int(match["digit"]), match["speaker"], int(match["index"]))
         if limit is None or item.index < limit:
@@ -161,7 +166,7 @@ def prepare_fsdd(
         raise RecipeError(f"limit must be >= 1 (takes per digit and speaker) or None, got {limit}")
     if synth_takes < 0:
         raise RecipeError(f"synth_takes must be >= 0 (synthetic takes per digit; 0 = none), got {synth_takes}")
-    files = scan_fsdd(corpus_dir, limit)
+    files = scan_fsdd(corpus_dir, limit, drops)
     test_set, dev_set = set(test_speakers), set(dev_speakers)
     _check_speakers({f.speaker for f in files}, test_set, dev_set)
     by_split: dict[str, list[MonoCut]] = {"train": [], "dev": [], "test": []}
