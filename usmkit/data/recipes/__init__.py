@@ -3,6 +3,8 @@
 Every recipe writes ``{out}/{corpus}_{recordings,supervisions,cuts}_{split}.jsonl.gz``
 (see :func:`usmkit.data.manifests.manifest_path`). This module holds the few helpers the recipes
 share: the ``key=value`` command line, transcript normalization and the per-split summary table.
+Bad input (missing, corrupt, untranscribed files; ``on_error=fail|skip``, every left-out item counted)
+and writing a split's manifests are in ``usmkit.data.recipes.common``.
 """
 
 from __future__ import annotations
