@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-DATA := data/synth
+DATA := data/demo
 EXP := exp/demo_ctc
 
 .PHONY: demo test venv clean
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(BIN)/python -m usmkit.data.synth out=$(DATA) size=default
+	$(BIN)/python -m usmkit.data.synth out=$(DATA) size=demo
 	$(BIN)/python -m usmkit.demo data=$(DATA) exp=$(EXP)
 
 test: $(VENV)/.installed

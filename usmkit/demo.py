@@ -1,12 +1,16 @@
-"""``make demo``: the pipeline end to end on the embedded corpus, printing each command it runs.
+"""``make demo``: the pipeline end to end on the embedded demo corpus, printing each command it runs.
 
-``python -m usmkit.demo data=data/synth exp=exp/demo_ctc [steps=700]``: trains a tiny streaming CTC
-model (640 ms chunks, 4 chunks of left context, causal convolution) on the synthesized corpus (built
-before by ``python -m usmkit.data.synth``), evaluates it on the held-out-voice test sets (greedy and
-lexicon decoding), transcribes one held-out test recording chunk by chunk with ``usmkit-transcribe``,
-and prints what it did. The training settings are the fastest-learning ones of
-``bench/results/baseline_wer_gpu_sweep.json`` (50-s batches, a 320-piece tokenizer, no SpecAugment/dropout).
-Every step is a user-facing command; copy any of them to run it alone.
+``python -m usmkit.demo data=data/demo exp=exp/demo_ctc [steps=900]``: trains a tiny streaming CTC
+model (640 ms chunks, 4 chunks of left context, causal convolution) on the English demo corpus
+(built before by ``python -m usmkit.data.synth out=data/demo size=demo``: 40 synthetic voices reading
+sequences of the 400 most frequent English words and digit strings), scores it on the six voices it
+never heard (greedy and lexicon decoding), transcribes one of their recordings chunk by chunk with
+``usmkit-transcribe``, and says where to go next.
+
+The settings are chosen for a 2-core CPU and a few minutes: a character-level tokenizer (290 pieces:
+the specials, byte fallback and the letters), which gets out of CTC's all-blank phase sooner than
+word pieces; intermediate CTC on the middle block; no dropout or SpecAugment (minutes of training
+do not overfit); 50-s batches. Every step is a user-facing command; copy any of them to run it alone.
 """
 
 from __future__ import annotations
@@ -21,9 +25,22 @@ import sys
 import time
 from pathlib import Path
 
+DIGITS = frozenset("zero one two three four five six seven eight nine".split())
+# Lexicon decoding: unigram LM of the training transcripts; weight and word score chosen on the dev set.
+LEXICON = ("lexicon.order=1", "lexicon.lm_weight=0.5", "lexicon.word_score=0.0")
+
+NEXT_STEPS = """
+Where to go next (docs/ has each in full):
+  the three USM stages on this corpus     python -m usmkit.train recipe=stage1 | stage2 | stage3_ctc | stage3_las
+  real human speech (CMU AN4, Kathleen)   python -m usmkit.data.recipes.an4 out=data/an4      (docs/recipes.md)
+  stream from a file or the microphone    usmkit-transcribe FILE --checkpoint {exp}
+  evaluate other test sets                python -m usmkit.evaluate checkpoint={exp} test_sets=[test,test_other]
+  train longer (resumes this run)         python -m usmkit.demo steps=3000
+"""
+
 
 def _args(argv: list[str]) -> dict[str, str]:
-    out = {"data": "data/synth", "exp": "exp/demo_ctc", "steps": "700"}
+    out = {"data": "data/demo", "exp": "exp/demo_ctc", "steps": "900"}
     for a in argv:
         if a in ("-h", "--help"):
             print(__doc__)
@@ -42,40 +59,54 @@ def _run(cmd: list[str], log: list[dict]) -> None:
     log.append({"command": shlex.join(cmd), "seconds": round(time.perf_counter() - start, 1)})
 
 
-def main(argv: list[str] | None = None) -> None:
-    a = _args(sys.argv[1:] if argv is None else argv)
-    data, exp = Path(a["data"]), Path(a["exp"])
-    if not (data / "corpus.json").is_file():
-        raise SystemExit(f"no corpus at {data}: run `python -m usmkit.data.synth out={data}` first")
-    py = sys.executable
-    log: list[dict] = []
-    train = [
+def train_command(py: str, data: Path, exp: Path, steps: int) -> list[str]:
+    """The demo's training run (``python -m usmkit.train ...``)."""
+    every = max(1, steps // 3)
+    return [
         py, "-m", "usmkit.train", "recipe=stage3_ctc", "model=tiny",
         "model.chunk_size=16", "model.left_chunks=4", "model.causal_conv=true",
         "model.dropout=0.0", "model.overrides={subsampling_channels: 32}",
         f"data.manifest_dir={data}", "data.max_duration=50", "data.spec_augment.enabled=false",
-        "vocab_size=320", f"tokenizer={exp}/tokenizer/tokenizer.model", f"trainer.exp_dir={exp}",
-        f"trainer.max_steps={a['steps']}", "optim.lr=2.5e-3", "optim.warmup_steps=100",
-        "trainer.eval_every=350", "trainer.save_every=350", "trainer.dev_max_batches=4",
+        "vocab_size=290", f"tokenizer={exp}/tokenizer/tokenizer.model", f"trainer.exp_dir={exp}",
+        "task.inter_ctc_weight=0.3", f"trainer.max_steps={steps}", "optim.lr=2.5e-3", "optim.warmup_steps=100",
+        f"trainer.eval_every={every}", f"trainer.save_every={every}", "trainer.dev_max_batches=4",
     ]  # fmt: skip
+
+
+def demo_recording(data: Path):
+    """The first digit string of the held-out-voice test set (else its first recording): a short,
+    checkable example of what the model hears."""
+    from usmkit.data.manifests import load_cuts
+
+    cuts = list(load_cuts(data, "test"))
+    digits = [c for c in cuts if set(c.supervisions[0].text.split()) <= DIGITS]
+    return (digits or cuts)[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = _args(sys.argv[1:] if argv is None else argv)
+    data, exp = Path(a["data"]), Path(a["exp"])
+    if not (data / "corpus.json").is_file():
+        raise SystemExit(f"no corpus at {data}: run `python -m usmkit.data.synth out={data} size=demo` first")
+    py = sys.executable
+    log: list[dict] = []
+    train = train_command(py, data, exp, int(a["steps"]))
     if (exp / "checkpoints").is_dir():
         train.append("resume=true")
     _run(train, log)
     evals = {}
-    for decode in ("ctc_greedy", "ctc_lexicon"):
+    for decode, extra in (("ctc_greedy", ()), ("ctc_lexicon", LEXICON)):
         evals[decode] = exp / f"eval_test_{decode}.json"
         _run(
             [
-                py, "-m", "usmkit.evaluate", f"checkpoint={exp}", "test_sets=[test,test_other]",
-                f"decode={decode}", f"output={evals[decode]}",
+                py, "-m", "usmkit.evaluate", f"checkpoint={exp}", "test_sets=[test]",
+                f"decode={decode}", *extra, f"output={evals[decode]}",
             ],
             log,
         )  # fmt: skip
-    from usmkit.data.manifests import load_cuts
-
-    cut = next(iter(load_cuts(data, "test")))
+    cut = demo_recording(data)
     audio = cut.recording.sources[0].source
-    print(f"\nreference: {cut.supervisions[0].text}")
+    print(f"\nreference: {cut.supervisions[0].text}  ({cut.supervisions[0].speaker}, a voice not heard in training)")
     script = Path(py).parent / "usmkit-transcribe"  # the console script, where usmkit is pip-installed
     transcribe = [str(script)] if script.is_file() else [py, "-m", "usmkit.transcribe"]
     _run([*transcribe, audio, "--checkpoint", str(exp)], log)
@@ -85,9 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     for decode, path in evals.items():
         for name, s in json.loads(path.read_text())["sets"].items():
             print(
-                f"  {decode:<12} {name:<12} WER {100 * s['wer']:.1f}%  CER {100 * s['cer']:.1f}%  "
-                f"({s['utterances']} utterances)"
+                f"  {decode:<12} {name:<6} WER {100 * s['wer']:.1f}%  CER {100 * s['cer']:.1f}%  "
+                f"({s['utterances']} utterances, voices not heard in training)"
             )
+    print(NEXT_STEPS.format(exp=exp))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from usmkit.data.synth.external import ExternalEngine
 from usmkit.data.synth.text import LANGUAGE_SHARES, Lexicon, SentenceSampler, build_lexicon
@@ -39,15 +39,19 @@ SPLIT_VOICES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class SizePreset:
-    """Utterances per audio split and sentences in the text-only pool.
+    """Utterances per audio split, sentences in the text-only pool, and what the texts draw from.
 
     ``default`` is calibrated for ~3 h of train audio (mean utterance ~3.1 s), ~12 min per
-    evaluation split, ~1 h unlabeled.
+    evaluation split, ~1 h unlabeled, in five languages. ``demo`` is English only, over the
+    ``english_vocabulary`` most frequent English words: few enough words that a tiny model trained
+    for minutes on a 2-core CPU hears each of them often enough to learn it (``make demo``).
     """
 
     name: str
     utterances: Mapping[str, int]
     text_only: int
+    languages: Mapping[str, float] = field(default_factory=lambda: dict(LANGUAGE_SHARES))  # language -> share
+    english_vocabulary: int | None = None  # the N most frequent English words only; None = the whole list
 
 
 SIZES: dict[str, SizePreset] = {
@@ -60,6 +64,13 @@ SIZES: dict[str, SizePreset] = {
         "default",
         {"train": 3500, "dev": 240, "test": 240, "test_other": 200, "test_textonly": 200, "unlabeled": 1170},
         text_only=20000,
+    ),
+    "demo": SizePreset(
+        "demo",
+        {"train": 2400, "dev": 120, "test": 120, "test_other": 60, "test_textonly": 60, "unlabeled": 400},
+        text_only=4000,
+        languages={"en": 1.0},
+        english_vocabulary=400,
     ),
 }
 
@@ -89,23 +100,25 @@ def get_size(name: str) -> SizePreset:
     return SIZES[name]
 
 
-def language_schedule(count: int, rng: random.Random) -> list[str]:
-    """``count`` languages in the LANGUAGE_SHARES proportions (largest remainder), shuffled.
+def language_schedule(count: int, rng: random.Random, shares: Mapping[str, float] = LANGUAGE_SHARES) -> list[str]:
+    """``count`` languages in the ``shares`` proportions (largest remainder), shuffled.
 
     Exact quotas rather than independent draws, so that even a tiny split has every language.
     """
-    exact = {lang: share * count for lang, share in LANGUAGE_SHARES.items()}
+    exact = {lang: share * count for lang, share in shares.items()}
     quota = {lang: int(x) for lang, x in exact.items()}
     by_remainder = sorted(exact, key=lambda lang: (exact[lang] - quota[lang], lang), reverse=True)
     for lang in by_remainder[: count - sum(quota.values())]:
         quota[lang] += 1
-    schedule = [lang for lang in LANGUAGE_SHARES for _ in range(quota[lang])]
+    schedule = [lang for lang in shares for _ in range(quota[lang])]
     rng.shuffle(schedule)
     return schedule
 
 
-def _split_utterances(split: str, count: int, voices: tuple[Voice, ...], sampler: SentenceSampler) -> list[Utterance]:
-    languages = ["en"] * count if split == "test_textonly" else language_schedule(count, sampler.rng)
+def _split_utterances(
+    split: str, count: int, voices: tuple[Voice, ...], sampler: SentenceSampler, shares: Mapping[str, float]
+) -> list[Utterance]:
+    languages = ["en"] * count if split == "test_textonly" else language_schedule(count, sampler.rng, shares)
     utterances = []
     for i in range(count):
         voice = voices[i % len(voices)]  # round robin: every voice speaks the same amount
@@ -118,10 +131,12 @@ def _split_utterances(split: str, count: int, voices: tuple[Voice, ...], sampler
     return utterances
 
 
-def _text_only(count: int, sampler: SentenceSampler, excluded: set[str]) -> list[tuple[str, str]]:
+def _text_only(
+    count: int, sampler: SentenceSampler, excluded: set[str], shares: Mapping[str, float]
+) -> list[tuple[str, str]]:
     texts: list[tuple[str, str]] = []
     while len(texts) < count:
-        for language in language_schedule(count - len(texts), sampler.rng):
+        for language in language_schedule(count - len(texts), sampler.rng, shares):
             text = sampler.utterance(language, include_heldout=True)
             if text not in excluded:
                 texts.append((text, language))
@@ -131,16 +146,18 @@ def _text_only(count: int, sampler: SentenceSampler, excluded: set[str]) -> list
 def plan_corpus(seed: int, size: str, external: list[ExternalEngine] | None = None) -> CorpusPlan:
     """Every utterance of the corpus (deterministic for ``seed``, ``size`` and the external engines)."""
     preset = get_size(size)
-    lexicon: Lexicon = build_lexicon()
+    lexicon: Lexicon = build_lexicon(preset.english_vocabulary)
     voices = plan_voices(seed, external)
     utterances: dict[str, tuple[Utterance, ...]] = {}
     for split in AUDIO_SPLITS:
         sampler = SentenceSampler(lexicon, random.Random(f"usmkit-synth-{seed}-{split}"))
         group = voices[SPLIT_VOICES[split]]
-        utterances[split] = tuple(_split_utterances(split, preset.utterances[split], group, sampler))
+        utterances[split] = tuple(
+            _split_utterances(split, preset.utterances[split], group, sampler, preset.languages)
+        )
     eval_texts = {u.text for split in EVAL_SPLITS for u in utterances[split]}
     sampler = SentenceSampler(lexicon, random.Random(f"usmkit-synth-{seed}-text_only"))
-    text_only = tuple(_text_only(preset.text_only, sampler, eval_texts))
+    text_only = tuple(_text_only(preset.text_only, sampler, eval_texts, preset.languages))
     return CorpusPlan(seed, preset, voices, utterances, text_only, lexicon.heldout)
 
 

@@ -97,8 +97,13 @@ class Lexicon:
 
 
 @cache
-def build_lexicon() -> Lexicon:
-    """Read the wordfreq lists (shipped with the wheel, no download) and pick the held-out words."""
+def build_lexicon(english_vocabulary: int | None = None) -> Lexicon:
+    """Read the wordfreq lists (shipped with the wheel, no download) and pick the held-out words.
+
+    ``english_vocabulary``: keep only the N most frequent English words (held-out words among them
+    stay held out); the held-out list is chosen from the whole list first, so it is the same words
+    whatever N is.
+    """
     import wordfreq
 
     full: dict[str, WordPool] = {}
@@ -116,6 +121,13 @@ def build_lexicon() -> Lexicon:
     candidates = [w for w in ranked["en"][HELDOUT_MIN_RANK:] if len(w) >= 4 and w not in elsewhere]
     heldout = tuple(sorted(random.Random(HELDOUT_SEED).sample(candidates, HELDOUT_COUNT)))
     heldout_set = set(heldout)
+    if english_vocabulary is not None:
+        if english_vocabulary < 1:
+            raise ValueError(f"english_vocabulary must be >= 1 word, got {english_vocabulary}")
+        english = ranked["en"][:english_vocabulary]
+        full["en"] = _pool(english, [wordfreq.word_frequency(w, "en") ** FREQUENCY_EXPONENT for w in english])
+        heldout = tuple(w for w in heldout if w in set(english))
+        heldout_set = set(heldout)
     paired = dict(full)
     keep = [i for i, w in enumerate(full["en"].words) if w not in heldout_set]
     en_weights = [wordfreq.word_frequency(w, "en") ** FREQUENCY_EXPONENT for w in full["en"].words]
