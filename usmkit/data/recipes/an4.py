@@ -170,7 +170,11 @@ def scan_part(corpus_dir: Path, part: str, drops: RecipeDrops) -> list[An4Uttera
         audio = _find_audio(wav_dir, fileid)
         if audio is None:
             drops.seen()
-            drops.drop("missing audio", str(wav_dir / f"{fileid}.sph"), f"listed in {fileids_path.name}, no .sph/.flac/.opus/.ogg file")
+            drops.drop(
+                "missing audio",
+                str(wav_dir / f"{fileid}.sph"),
+                f"listed in {fileids_path.name}, no .sph/.flac/.opus/.ogg file",
+            )
             continue
         if utt_id not in texts:
             drops.seen()

@@ -12,8 +12,9 @@ goes to ``train``, ``dev`` or ``test`` by a hash of its id (SHA-256, buckets of 
 the split of a prompt never depends on which other files are present. ``unlabeled`` is the ``train``
 audio without transcripts (speaker and language in ``cut.custom``), for BEST-RQ pre-training.
 
-Transcripts: lowercase words with apostrophes kept inside words (as the LibriSpeech recipe and the
-WER normalization keep them: ``don't``, ``c's``), punctuation and hyphens turned into spaces, and
+Transcripts: lowercase words with apostrophes kept inside words and dropped at their edges (as the
+WER normalization of ``usmkit.metrics`` does: ``don't``, ``c's``, ``'em`` -> ``em``; the LibriSpeech
+recipe keeps them too), punctuation and hyphens turned into spaces, and
 the prompts' three abbreviations written as read: ``Mr`` -> ``mister``, ``Mrs`` -> ``missus``,
 ``etc`` -> ``et cetera``. The ARCTIC prompts write their numbers as words; a transcript holding a digit
 is bad input (``digits in transcript``), since its words would be a guess.
@@ -77,7 +78,8 @@ def normalize_kathleen(text: str) -> str:
     >>> normalize_kathleen("Mrs McFee's jaws -- it's the wolf-dog, etc.")
     "missus mcfee's jaws it's the wolf dog et cetera"
     """
-    return " ".join(ABBREVIATIONS.get(w, w) for w in normalize_text(text, keep_apostrophes=True).split())
+    words = (w.strip("'") for w in normalize_text(text, keep_apostrophes=True).split())
+    return " ".join(ABBREVIATIONS.get(w, w) for w in words if w)
 
 
 def prompt_split(prompt: str) -> str:
@@ -215,8 +217,7 @@ def prepare_kathleen(
 
 def prompts_line(cut_sets: Mapping[str, CutSet]) -> str:
     counts = {
-        split: len({s.custom["prompt"] for c in cut_sets[split] for s in c.supervisions})
-        for split, _ in SPLIT_PERCENT
+        split: len({s.custom["prompt"] for c in cut_sets[split] for s in c.supervisions}) for split, _ in SPLIT_PERCENT
     }
     return "prompts: " + ", ".join(f"{split} {n}" for split, n in counts.items())
 
