@@ -63,15 +63,24 @@ def parse_key_value_args(config_cls: type[T], argv: Sequence[str], usage: str) -
 
 
 def split_rows(cut_sets: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per-split hours, utterances, speakers and languages of lhotse CutSets, for :func:`print_split_table`."""
+    """Per-split hours, utterances, speakers and languages of lhotse CutSets, for :func:`print_split_table`.
+
+    Audio-only cuts (no supervisions) count by the ``speaker``/``language`` in their ``custom``."""
     rows = {}
     for split, cuts in cut_sets.items():
-        supervisions = [s for c in cuts for s in c.supervisions]
+        speakers, languages = set(), set()
+        for c in cuts:
+            pairs = [(s.speaker, s.language) for s in c.supervisions]
+            if not pairs and c.custom:
+                pairs = [(c.custom.get("speaker"), c.custom.get("language"))]
+            for speaker, language in pairs:
+                speakers.add(speaker)
+                languages.add(language)
         rows[split] = {
             "hours": sum(c.duration for c in cuts) / 3600,
             "utterances": len(cuts),
-            "speakers": len({s.speaker for s in supervisions}),
-            "languages": sorted({s.language for s in supervisions if s.language}),
+            "speakers": len(speakers),
+            "languages": sorted(lang for lang in languages if lang),
         }
     return rows
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from lhotse import CutSet, Recording, RecordingSet, SupervisionSet
+from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSet
 
 from usmkit.data.manifests import manifest_path, write_manifest
 from usmkit.data.validate import BadInputError, Problem, ValidationReport
@@ -142,3 +142,33 @@ def drops_footer(drops: RecipeDrops, extra: Sequence[str] = ()) -> str:
 def _first_line(e: Exception) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return lines[0] if lines else type(e).__name__
+
+
+def shared_data_dir(name: str) -> Path:
+    """``<repo root>/../shared/data/<name>``: where the project keeps its local corpus copies, found from any
+    working directory. In a git worktree (``.git`` is a file) the main checkout's neighbour is tried too."""
+    repo = Path(__file__).resolve().parents[3]
+    candidates = [repo.parent / "shared" / "data" / name]
+    git = repo / ".git"
+    if git.is_file() and git.read_text().startswith("gitdir:"):
+        main_git = Path(git.read_text()[len("gitdir:") :].strip()).resolve().parents[1]  # <main>/.git/worktrees/<wt>
+        candidates.append(main_git.parent.parent / "shared" / "data" / name)
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+def unlabeled_cuts(cuts: CutSet, language: str) -> CutSet:
+    """The same audio without transcripts (BEST-RQ pre-training): each cut's supervisions dropped, its
+    speaker and ``language`` kept in ``cut.custom`` (as the synthetic corpus's ``unlabeled`` split)."""
+    out = []
+    for cut in cuts:
+        speaker = next((s.speaker for s in cut.supervisions if s.speaker), None)
+        custom = {"language": language, "speaker": speaker}
+        out.append(MonoCut(cut.id, cut.start, cut.duration, cut.channel, recording=cut.recording, custom=custom))
+    return CutSet.from_cuts(out)
+
+
+def write_unlabeled_split(out_dir: str | os.PathLike[str], corpus: str, split: str, cuts: CutSet) -> None:
+    """``{corpus}_{recordings,cuts}_{split}.jsonl.gz`` for audio-only cuts (no supervisions manifest)."""
+    recordings = RecordingSet.from_recordings(c.recording for c in cuts)
+    write_manifest(recordings, manifest_path(out_dir, corpus, "recordings", split))
+    write_manifest(cuts, manifest_path(out_dir, corpus, "cuts", split))
