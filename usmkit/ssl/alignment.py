@@ -58,21 +58,24 @@ def forced_durations(
 
     log_probs (B, T, V) CTC log-posteriors, lengths (B,) valid frames, tokens (B, U) padded with -1,
     token_lens (B,) -> durations (B, U) int64 (0 at padded tokens; each row sums to its length) and
-    ok (B,) bool. A row is not ok (all zeros) when it has no token or too few frames for its tokens.
-    ``forced_align`` takes one utterance at a time, so this loops over the batch.
+    ok (B,) bool, on log_probs' device. A row is not ok (all zeros) when it has no token or too few
+    frames for its tokens. ``forced_align`` takes one utterance at a time, so this loops over the
+    batch, on the CPU: one copy of the posteriors there costs less than a GPU launch and a host sync
+    per utterance (the Viterbi search over a few hundred frames is small).
     """
+    device = log_probs.device
+    log_probs, tokens = log_probs.detach().float().cpu(), tokens.cpu()
     B, U = tokens.shape
-    durations = torch.zeros(B, U, dtype=torch.int64, device=log_probs.device)
-    ok = torch.zeros(B, dtype=torch.bool, device=log_probs.device)
-    with torch.autocast(device_type=log_probs.device.type, enabled=False):
-        for b, (T, n) in enumerate(zip(lengths.tolist(), token_lens.tolist(), strict=True)):
-            row = tokens[b, :n]
-            if n == 0 or T < frames_needed(row.tolist()):
-                continue
-            path, _ = taf.forced_align(log_probs[b : b + 1, :T].float(), row[None].int(), blank=BLANK_ID)  # (1, T)
-            durations[b, :n] = token_durations(path[0], n)
-            ok[b] = True
-    return durations, ok
+    durations = torch.zeros(B, U, dtype=torch.int64)
+    ok = torch.zeros(B, dtype=torch.bool)
+    for b, (T, n) in enumerate(zip(lengths.tolist(), token_lens.tolist(), strict=True)):
+        row = tokens[b, :n]
+        if n == 0 or T < frames_needed(row.tolist()):
+            continue
+        path, _ = taf.forced_align(log_probs[b : b + 1, :T], row[None].int(), blank=BLANK_ID)  # (1, T)
+        durations[b, :n] = token_durations(path[0], n)
+        ok[b] = True
+    return durations.to(device), ok.to(device)
 
 
 def check_aligner(align_from: str, tokenizer: Tokenizer) -> None:

@@ -38,6 +38,7 @@ import logging
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from usmkit.checkpoint import MODEL_FILE, load_tensors
@@ -162,6 +163,10 @@ class MostModel(nn.Module):
                 metrics[f"loss_{name}"] = terms[name].detach()
                 loss = loss + weight * terms[name]
         metrics["loss"] = loss.detach()
+        if self.training and dist.is_available() and dist.is_initialized():
+            # DDP reduces every parameter's gradient each step: the parameters of a term that is off in
+            # this step (warm-up, a missing stream) join the graph with a zero gradient.
+            loss = loss + sum(p.view(-1)[0] for p in self.parameters() if p.requires_grad) * 0.0
         return StepOutput(loss=loss, metrics=metrics)
 
     def _paired_losses(
