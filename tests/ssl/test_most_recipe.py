@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,3 +124,17 @@ def test_stage2_weights_start_stage3_and_decode_with_evaluate(runs, caplog):
     assert any("encoder tensors from" in m and str(stage2) in m for m in caplog.messages)
     scored = evaluate(EvalConfig(checkpoint=str(stage2), test_sets=("test_textonly",)))["sets"]["test_textonly"]
     assert scored["utterances"] == 10 and 0 <= scored["cer"]
+
+
+def test_stage2_under_torchrun_with_terms_held_back(runs, tmp_path):
+    """DDP reduces every parameter each step: with the text-only and alignment losses held back in the first
+    step (their parameters unused), stage 2 still trains in two processes."""
+    exp = tmp_path / "ddp"
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "-m", "usmkit.train", "recipe=stage2", *FAST, *SMALL_BESTRQ, f"data.manifest_dir={runs['corpus']}",
+            "task.most.text_warmup_steps=1", "task.most.align_warmup_steps=1", "trainer.max_steps=3",
+            "trainer.eval_every=0", "trainer.save_every=3", "trainer.device=cpu", f"trainer.exp_dir={exp}"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    assert [r["step"] for r in _rows(exp) if "train/loss" in r] == [1, 2, 3]
