@@ -14,7 +14,8 @@ Steps, each with its budget on the command line:
    (c) ``ctc_long``: stage 3 CTC from stage 1 for ``--stage2-steps + --stage3-steps`` (the control: as many
        supervised steps on the paired data as (b), without the text);
 4. greedy-CTC WER of every model (and of the stage-2 model itself) on ``test`` and on ``test_textonly``,
-   whose utterances each hold 1-2 of 100 words that occur in the text-only pool but never in paired speech.
+   whose utterances each hold 1-2 of 100 words that occur in the text-only pool but never in paired speech,
+   and the share of those held-out words each model gets right ("held-out words %").
 
 Budgets compared: (a) and (b) have equal stage-3 budgets; (b) has ``--stage2-steps`` more pre-training, in
 which it also sees the paired data (CTC loss) besides unlabeled audio and text; (c) gives CTC alone those
@@ -125,6 +126,34 @@ def prepare_data(args: argparse.Namespace) -> dict:
 def read_eval(path: Path) -> dict:
     sets = json.loads(path.read_text())["sets"]
     return {name: {"wer": s["wer"], "cer": s["cer"], "utterances": s["utterances"]} for name, s in sets.items()}
+
+
+def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
+    """On ``test_textonly``: of the held-out words in the references (those only the text-only pool has),
+    the share the greedy hypothesis holds too (per utterance, counts clipped as in BLEU)."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from usmkit.data.loader import make_loader, prepare_cuts
+    from usmkit.data.manifests import load_cuts
+    from usmkit.inference import transcribe_batches
+    from usmkit.runs import load_trained
+    from usmkit.streaming.features import checkpoint_feature_stats
+    from usmkit.trainer import resolve_device
+
+    words = set(json.loads((corpus / "corpus.json").read_text())["heldout_words"])
+    module, cfg, tokenizer, path = load_trained(str(ckpt), resolve_device(device))
+    data = replace(cfg.data, num_workers=0)
+    cuts, _ = prepare_cuts(load_cuts(corpus, "test_textonly"), data, split="test_textonly", require_text=True)
+    loader = make_loader(cuts, data, tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data), train=False)
+    records, _ = transcribe_batches(module, loader, tokenizer)
+    found = total = 0
+    for r in records:
+        ref = Counter(w for w in r["ref"].split() if w in words)
+        hyp = Counter(r["hyp"].split())
+        found += sum(min(n, hyp[w]) for w, n in ref.items())
+        total += sum(ref.values())
+    return {"heldout_word_recall": found / max(total, 1), "heldout_words_in_refs": total}
 
 
 def curve(exp: Path, prefix: str, keys: tuple[str, ...]) -> list[dict]:
@@ -242,12 +271,14 @@ def main() -> None:
             "commands": [shlex.join(cmd[2:]) for cmd, _ in jobs[name]],
             "sets": read_eval(exp / name / "eval.json"),
         }
+        results["runs"][name]["sets"]["test_textonly"] |= heldout_recall(exp / name, REPO / args.corpus, args.device)
         if name == "most_ctc":
             results["stage2"] = {
                 "steps": args.stage2_steps,
                 "sets": read_eval(stage2 / "eval.json"),  # the stage-2 model itself, through its CTC head
                 "curve": curve(stage2, "train/", STAGE2_KEYS),
             }
+            results["stage2"]["sets"]["test_textonly"] |= heldout_recall(stage2, REPO / args.corpus, args.device)
         save()
 
     t = time.perf_counter()
@@ -273,12 +304,15 @@ def main() -> None:
     save()
 
     print(f"\nwrote {RESULTS} and {png}")
-    print(f"\n{'model':22s} " + " ".join(f"{s + ' WER %':>18s} {'CER %':>7s}" for s in TEST_SETS))
+    print(
+        f"\n{'model':22s} " + " ".join(f"{s + ' WER %':>18s} {'CER %':>7s}" for s in TEST_SETS) + "  held-out words %"
+    )
     table = {"stage 2 (MOST) alone": results["stage2"].get("sets", {})}
     table |= {name: r["sets"] for name, r in results["runs"].items()}
     for name, sets in table.items():
         cells = " ".join(f"{100 * sets[s]['wer']:18.2f} {100 * sets[s]['cer']:7.2f}" for s in TEST_SETS if s in sets)
-        print(f"{name:22s} {cells}")
+        recall = sets.get("test_textonly", {}).get("heldout_word_recall")
+        print(f"{name:22s} {cells}" + (f"  {100 * recall:16.1f}" if recall is not None else ""))
 
 
 if __name__ == "__main__":
