@@ -18,6 +18,7 @@ from usmkit.data.config import DataConfig
 from usmkit.errors import UsageError
 from usmkit.models.config import ConformerConfig
 from usmkit.models.las import LASConfig
+from usmkit.ssl.most_config import MostConfig
 
 
 class ConfigError(UsageError, ValueError):
@@ -57,14 +58,15 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """What is trained. ``kind``: ``ctc``, ``las`` (joint CTC + attention decoder) or ``bestrq``."""
+    """What is trained. ``kind``: ``ctc``, ``las`` (joint CTC + attention decoder), ``bestrq`` or ``most``."""
 
-    kind: Literal["ctc", "las", "bestrq"] = "ctc"
+    kind: Literal["ctc", "las", "bestrq", "most"] = "ctc"
     ctc_weight: float = 1.0  # for ``las``: weight of the CTC loss in the joint loss (0.3 is usual)
     inter_ctc_weight: float = 0.0  # intermediate CTC's share of the CTC loss (0.3 is usual); 0 = off
     inter_ctc_layer: int = 0  # encoder block that gets it; 0 = the middle one
     las: LASConfig = field(default_factory=LASConfig)  # the attention decoder, for kind=las
     bestrq: dict[str, Any] = field(default_factory=dict)  # BestRQConfig fields, see usmkit.ssl.bestrq
+    most: MostConfig = field(default_factory=MostConfig)  # stage 2 (text injection), for kind=most; BEST-RQ from bestrq
 
 
 @dataclass(frozen=True)

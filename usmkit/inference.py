@@ -81,7 +81,7 @@ def make_dev_eval(dev_batches_factory: Callable, tokenizer, task_kind: str, max_
             total += float(out.loss) * batch.size
             n += batch.size
         results = {"dev_loss": total / max(n, 1)}
-        if task_kind in ("ctc", "las"):
+        if task_kind in ("ctc", "las", "most"):
             records, _ = transcribe_batches(module, dev_batches_factory(), tokenizer, max_batches=max_batches)
             stats = score([r["ref"] for r in records], [r["hyp"] for r in records])
             results |= {"dev_wer": stats.wer, "dev_cer": stats.cer}

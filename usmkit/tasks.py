@@ -34,7 +34,12 @@ def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) 
         from usmkit.ssl.bestrq import BestRQConfig, BestRQModel
 
         return BestRQModel(encoder, BestRQConfig(**task.bestrq), input_dim=encoder_cfg.input_dim)
-    raise ValueError(f"unknown task.kind {task.kind!r}; choose ctc, las or bestrq")
+    if task.kind == "most":
+        from usmkit.ssl.bestrq import BestRQConfig
+        from usmkit.ssl.most import MostModel
+
+        return MostModel(encoder, vocab_size, task.most, BestRQConfig(**task.bestrq), input_dim=encoder_cfg.input_dim)
+    raise ValueError(f"unknown task.kind {task.kind!r}; choose ctc, las, bestrq or most")
 
 
 def train_spec(module: torch.nn.Module, optim: OptimConfig) -> TrainSpec:
@@ -73,5 +78,10 @@ def encoder_param_groups(module: torch.nn.Module, optim: OptimConfig) -> tuple[P
 
 def batch_dynamic_axes(batch: Batch) -> list[tuple[torch.Tensor, int]]:
     """The axes the bucketing sampler varies: every tensor's batch axis and the token axis. The feature
-    time axis comes in a few padded lengths (``data.pad_to_frames``) and stays static."""
+    time axis comes in a few padded lengths (``data.pad_to_frames``) and stays static. A MOST step
+    (``MostBatch``): those of its audio batches."""
+    if not isinstance(batch, Batch):
+        return [
+            axis for part in (batch.unlabeled, batch.paired) if part is not None for axis in batch_dynamic_axes(part)
+        ]
     return [(batch.features, 0), (batch.feature_lens, 0), (batch.tokens, 0), (batch.token_lens, 0), (batch.tokens, 1)]

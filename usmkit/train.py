@@ -10,6 +10,7 @@ from __future__ import annotations
 import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
 
 # isort: split
+import functools
 import logging
 import math
 import os
@@ -120,6 +121,13 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         raise ConfigError(f"model: {e}") from e
     if cfg.init_from:
         resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
+    if cfg.task.kind == "most":  # MOST: where text enters must be one of the encoder's blocks
+        try:
+            cfg.task.most.resolve_text_layer(
+                cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins).num_layers
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
     rank, world, device = setup_distributed(cfg.trainer.device)
     torch.manual_seed(cfg.trainer.seed + rank)
     exp_dir = Path(cfg.trainer.exp_dir)
@@ -132,14 +140,14 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     audio_only = cfg.task.kind == "bestrq"
     tokenizer = None if audio_only else load_tokenizer(cfg, rank)
 
-    def prepare(split: str):
+    def prepare(split: str, require_text: bool = not audio_only):
         cuts, report = rank0_first(
             rank,
             lambda: prepare_cuts(
                 load_cuts(data.manifest_dir, split, corpus=data.corpus, allow_urls=data.allow_urls),
                 data,
                 split=split,
-                require_text=not audio_only,
+                require_text=require_text,
             ),
         )
         if rank == 0 and report.num_skipped:
@@ -153,16 +161,25 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         stats.save(exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
         if tokenizer is not None:  # so does the tokenizer the run loaded (the corpus's may be retrained)
             (exp_dir / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
-    loader = make_loader(
-        train_cuts,
-        data,
-        tokenizer=tokenizer,
-        stats=stats,
-        train=True,
-        rank=rank,
-        world_size=world,
-        seed=cfg.trainer.seed,
-    )
+    if cfg.task.kind == "most":  # three streams in every step: unlabeled audio, paired, text-only
+        from usmkit.ssl.alignment import check_aligner
+        from usmkit.ssl.most_data import build_most_loader
+
+        if cfg.task.most.align_from:
+            check_aligner(cfg.task.most.align_from, tokenizer)
+        audio_only_cuts = functools.partial(prepare, require_text=False)
+        loader = build_most_loader(cfg, train_cuts, audio_only_cuts, tokenizer, stats, rank=rank, world_size=world)
+    else:
+        loader = make_loader(
+            train_cuts,
+            data,
+            tokenizer=tokenizer,
+            stats=stats,
+            train=True,
+            rank=rank,
+            world_size=world,
+            seed=cfg.trainer.seed,
+        )
     dev_eval = None
     if cfg.trainer.eval_every and data.dev_split:
         dev_cuts = prepare(data.dev_split)
@@ -181,6 +198,10 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         loaded = load_weights(module, src, prefix="encoder.")
         if rank == 0:
             log.info("initialized %d encoder tensors from %s", len(loaded), src)
+        if cfg.task.kind == "most":  # stage 1's BEST-RQ heads and quantizer (or a CTC head), where they fit
+            heads = module.init_heads_from(src)
+            if rank == 0:
+                log.info("initialized %d head tensors from %s: %s", len(heads), src, ", ".join(heads) or "none fit")
     if rank == 0:
         n = sum(p.numel() for p in module.parameters())
         log.info(

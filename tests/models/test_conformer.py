@@ -274,3 +274,31 @@ def test_forward_compiles_with_fullgraph():
     compiled = torch.compile(enc, fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x, lengths)[0], enc(x, lengths)[0], atol=1e-5, rtol=1e-5)
+
+
+# ---- the encoder in two parts (MOST: text enters at block k)
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+@pytest.mark.parametrize("chunk_size", [None, 3])
+def test_split_forward_equals_the_full_forward(k, chunk_size):
+    """front_end + run_blocks(0, k) + run_blocks(k, n) is bit-identical to forward, intermediates too."""
+    enc = _encoder(num_layers=3, chunk_size=chunk_size)
+    feats, lens = _features(3, 70), torch.tensor([70, 51, 23])
+    full, full_lens, (inter,) = enc.forward_with_intermediate(feats, lens, (2,))
+    x, x_lens = enc.front_end(feats, lens)
+    h, _ = enc.run_blocks(x, x_lens, 0, k)
+    y, kept = enc.run_blocks(h, x_lens, k, 3, layers=(2,))
+    assert torch.equal(x_lens, full_lens)
+    assert torch.equal(y, full)
+    if k < 2:
+        assert torch.equal(kept[0], inter)
+
+
+def test_run_blocks_rejects_a_bad_range():
+    enc = _encoder(num_layers=2)
+    x, lens = enc.front_end(_features(1, 40), torch.tensor([40]))
+    with pytest.raises(ValueError, match="start <= stop"):
+        enc.run_blocks(x, lens, 2, 1)
+    with pytest.raises(ValueError, match="start <= stop"):
+        enc.run_blocks(x, lens, 0, 3)

@@ -141,32 +141,63 @@ class ConformerEncoder(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``forward``, also returning the outputs of the blocks numbered ``layers`` (1 = the first
         block's output), each (B, T', D) with padded frames set to 0 (for intermediate CTC)."""
-        if isinstance(chunk_size, str):
-            if chunk_size != "config":
-                raise ValueError(f"chunk_size must be an int, None (full attention) or 'config', got {chunk_size!r}")
-            chunk_size = self.cfg.chunk_size
-        left_chunks = self.cfg.left_chunks if left_chunks is None else left_chunks
-        check_chunk_args(chunk_size, left_chunks)
         if lengths.dim() != 1 or lengths.shape[0] != features.shape[0]:
             raise ValueError(
                 f"lengths must be (batch,) = ({features.shape[0]},) valid frames per row, got {tuple(lengths.shape)}"
             )
         if any(not 1 <= k <= len(self.blocks) for k in layers):
             raise ValueError(f"intermediate layers {layers} must lie in 1..{len(self.blocks)} (the encoder's blocks)")
+        x, lengths = self.front_end(features, lengths)  # (B, T', D), (B,)
+        x, kept = self.run_blocks(x, lengths, 0, len(self.blocks), layers, chunk_size, left_chunks)
+        return x, lengths, kept
+
+    # The encoder in two parts, for a second modality that enters at block k (MOST's text injection,
+    # usmkit/ssl/most.py): front_end + run_blocks(0, k) for speech, run_blocks(k, num_layers) for both.
+    # ``forward_with_intermediate`` is front_end + run_blocks(0, num_layers).
+
+    def front_end(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> the first block's input (B, T', D) and valid encoder frames (B,)."""
         x, lengths = self.subsampling(features, lengths)  # (B, T', D), (B,)
         if torch.is_autocast_enabled(x.device.type):
             # Under CUDA's autocast each block returns its LayerNorm's fp32, while the front end's
             # projection returns bf16: start the residual stream in fp32 too, so every block sees one
             # dtype (compiled blocks: one graph per length, not two).
             x = x.float()
+        return x, lengths
+
+    def run_blocks(
+        self,
+        x: torch.Tensor,
+        lengths: torch.Tensor,
+        start: int,
+        stop: int,
+        layers: tuple[int, ...] = (),
+        chunk_size: int | None | Literal["config"] = "config",
+        left_chunks: int | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Blocks ``start .. stop - 1`` (0-based) on x (B, T', D) with (B,) valid frames.
+
+        Returns their output (B, T', D) with padded frames set to 0, and the outputs of the blocks
+        numbered ``layers`` (1 = the first block's output) among them, likewise. Padded input frames
+        never reach valid output frames, so ``run_blocks(run_blocks(x, l, 0, k)[0], l, k, n)`` equals
+        ``run_blocks(x, l, 0, n)`` (tests/models/test_conformer.py).
+        """
+        if isinstance(chunk_size, str):
+            if chunk_size != "config":
+                raise ValueError(f"chunk_size must be an int, None (full attention) or 'config', got {chunk_size!r}")
+            chunk_size = self.cfg.chunk_size
+        left_chunks = self.cfg.left_chunks if left_chunks is None else left_chunks
+        check_chunk_args(chunk_size, left_chunks)
+        if not 0 <= start <= stop <= len(self.blocks):
+            raise ValueError(f"blocks {start}..{stop} must satisfy 0 <= start <= stop <= {len(self.blocks)}")
         T = x.shape[1]
         valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
         positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
         rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
         padded = ~valid[:, :, None]  # (B, T', 1)
         kept = []
-        for i, block in enumerate(self.blocks, start=1):
-            x = block(x, lengths, valid, rotary, chunk_size, left_chunks)
-            if i in layers:
+        for i in range(start, stop):
+            x = self.blocks[i](x, lengths, valid, rotary, chunk_size, left_chunks)
+            if i + 1 in layers:
                 kept.append(x.masked_fill(padded, 0.0))
-        return x.masked_fill(padded, 0.0), lengths, kept
+        return x.masked_fill(padded, 0.0), kept

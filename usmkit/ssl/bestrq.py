@@ -21,6 +21,7 @@ prefix), so neither leaks into fine-tuning.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -129,14 +130,21 @@ class BestRQModel(nn.Module):
     and evaluation takes nothing from the global RNG (which resume restores).
     """
 
-    def __init__(self, encoder: nn.Module, cfg: BestRQConfig, input_dim: int) -> None:
+    def __init__(
+        self, encoder: nn.Module | None, cfg: BestRQConfig, input_dim: int, encoder_dim: int | None = None
+    ) -> None:
         super().__init__()
         if not isinstance(cfg, BestRQConfig):
             raise TypeError(f"BestRQModel needs a BestRQConfig, got {type(cfg).__name__}")
+        if (encoder is None) == (encoder_dim is None):
+            raise ValueError("BestRQModel takes an encoder, or encoder=None and its encoder_dim (the objective alone)")
         self.cfg = cfg
+        # encoder=None: the objective alone (quantizer, masking, heads) for a model that owns the encoder
+        # and passes it to ``masked_prediction`` (MOST, usmkit/ssl/most.py); its state has no encoder.*.
         self.encoder = encoder
         self.quantizer = RandomProjectionQuantizer(input_dim, cfg)
-        self.heads = nn.Linear(encoder.output_dim, cfg.num_codebooks * cfg.codebook_size)
+        dim = encoder.output_dim if encoder is not None else encoder_dim
+        self.heads = nn.Linear(dim, cfg.num_codebooks * cfg.codebook_size)
         self._eval_generator: torch.Generator | None = None
 
     def train(self, mode: bool = True) -> BestRQModel:
@@ -182,15 +190,23 @@ class BestRQModel(nn.Module):
         return None
 
     def forward(self, batch: Batch) -> StepOutput:
+        return self.masked_prediction(batch.features, batch.feature_lens, self.encoder)
+
+    def masked_prediction(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        encoder: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    ) -> StepOutput:
+        """The BEST-RQ loss and metrics of ``encoder`` on features (B, T, F) with (B,) valid frames."""
         cfg = self.cfg
         N, K, S = cfg.num_codebooks, cfg.codebook_size, cfg.stack_frames
-        features, lengths = batch.features, batch.feature_lens
         B, T, _ = features.shape
 
         codes, target_lens = self.quantizer.targets(features, lengths)  # (B, T2, N), (B,)
         generator = self._mask_generator(features.device)
         masked_features, mask = self.mask_features(features, lengths, generator)  # (B, T, F), (B, T)
-        enc, enc_lens = self.encoder(masked_features, lengths)  # (B, T', D), (B,)
+        enc, enc_lens = encoder(masked_features, lengths)  # (B, T', D), (B,)
 
         T2 = T // S
         Tc = min(enc.shape[1], T2)  # common prefix of encoder and target frames (static ints)

@@ -1,0 +1,319 @@
+"""The MOST study: does stage 2 (text injection) help stage-3 CTC, above all on words only text has seen?
+
+    PYTHONPATH=. python bench/most_study.py                       # the GPU run (one H100, <= 10 minutes)
+
+Steps, each with its budget on the command line:
+
+1. the embedded corpus (``python -m usmkit.data.synth out=<corpus> size=<size> workers=<workers>``; skipped
+   when already built), its stored features and statistics (once, before any training, so parallel runs
+   only read them);
+2. stage 1, BEST-RQ on the unlabeled pool (``--stage1-steps``);
+3. side by side on the one GPU (separate processes):
+   (a) ``ctc``:      stage 3 CTC from stage 1 (``--stage3-steps``);
+   (b) ``most_ctc``: stage 2 MOST from stage 1 (``--stage2-steps``), then stage 3 CTC from it (``--stage3-steps``);
+   (c) ``ctc_long``: stage 3 CTC from stage 1 for ``--stage2-steps + --stage3-steps`` (the control: as many
+       supervised steps on the paired data as (b), without the text);
+4. greedy-CTC WER of every model (and of the stage-2 model itself) on ``test`` and on ``test_textonly``,
+   whose utterances each hold 1-2 of 100 words that occur in the text-only pool but never in paired speech,
+   and the share of those held-out words each model gets right ("held-out words %").
+
+Budgets compared: (a) and (b) have equal stage-3 budgets; (b) has ``--stage2-steps`` more pre-training, in
+which it also sees the paired data (CTC loss) besides unlabeled audio and text; (c) gives CTC alone those
+steps. Results go to ``bench/results/most_study.json`` (``$OUT/most_study.json`` when ``$OUT`` is set),
+rewritten after each phase; the stage-2 curves (consistency loss, duration error, text and CTC losses) and
+the stage-3 dev-WER curves to ``most_study_curves.png`` beside it. The table is printed last.
+
+CPU dry run of the whole script (tiny corpus, tiny model, a few steps; about 2 minutes on 2 cores)::
+
+    OUT=/tmp/most_dry/out PYTHONPATH=. python bench/most_study.py --size tiny --workers 2 \\
+        --corpus /tmp/most_dry/synth --exp /tmp/most_dry/exp --model tiny --device cpu --num-workers 0 \\
+        --stage1-steps 3 --stage2-steps 4 --stage3-steps 3 --eval-every 2 --text-warmup 2 --align-warmup 1 \\
+        --max-duration 20 --num-codebooks 2 --codebook-size 64 --lr 1e-3 --warmup 2 --extra trainer.log_every=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import REPO, result_path, run_header, write_result
+
+RESULTS = result_path("most_study")
+TEST_SETS = ("test", "test_textonly")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", default="data/synth", help="corpus directory (built here if missing)")
+    ap.add_argument("--size", default="default", help="corpus size preset (usmkit/data/synth/plan.py)")
+    ap.add_argument("--workers", type=int, default=16, help="processes for synthesis and feature extraction")
+    ap.add_argument("--exp", default="exp/most_study", help="where the runs go")
+    ap.add_argument("--model", default="small", help="encoder preset")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--num-workers", type=int, default=3, help="loader workers per run (3 runs side by side)")
+    ap.add_argument("--stage1-steps", type=int, default=800)
+    ap.add_argument("--stage2-steps", type=int, default=600)
+    ap.add_argument("--stage3-steps", type=int, default=800)
+    ap.add_argument("--no-control", action="store_true", help="leave out (c), the longer CTC-only run")
+    ap.add_argument("--eval-every", type=int, default=200, help="dev WER every N steps (picks the best checkpoint)")
+    ap.add_argument("--max-duration", type=float, default=200.0, help="seconds of audio per batch (per stream)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=100, help="learning-rate warm-up steps of every stage")
+    ap.add_argument("--num-codebooks", type=int, default=16, help="BEST-RQ codebooks (stages 1 and 2)")
+    ap.add_argument("--codebook-size", type=int, default=8192)
+    ap.add_argument("--text-layer", default="null", help="task.most.text_layer (null = a third of the blocks)")
+    ap.add_argument("--text-warmup", type=int, default=150, help="task.most.text_warmup_steps")
+    ap.add_argument("--align-warmup", type=int, default=100, help="task.most.align_warmup_steps")
+    ap.add_argument("--extra", nargs="*", default=[], help="more overrides for every training run")
+    ap.add_argument(
+        "--stage2-extra", nargs="*", default=[], help="more overrides for stage 2, e.g. task.most.text_ratio=2"
+    )
+    ap.add_argument("--sequential", action="store_true", help="run (a), (b), (c) one after another")
+    return ap.parse_args()
+
+
+def run(cmd: list[str], log: Path) -> None:
+    """Run ``cmd`` from the repository root, its output into ``log``; a failure shows the log's tail."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with open(log, "a") as f:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text().splitlines()[-40:]
+        raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n" + "\n".join(tail))
+
+
+def train_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "usmkit.train", *overrides, "trainer.progress=false"]
+
+
+def eval_cmd(exp: Path, out: Path, device: str) -> list[str]:
+    return [sys.executable, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{','.join(TEST_SETS)}]",
+            "decode=ctc_greedy", f"output={out}", f"device={device}"]  # fmt: skip
+
+
+def prepare_data(args: argparse.Namespace) -> dict:
+    """Build the corpus, then store every split's features and the statistics once, with all workers."""
+    start = time.perf_counter()
+    corpus = REPO / args.corpus
+    run([sys.executable, "-m", "usmkit.data.synth", f"out={corpus}", f"size={args.size}", f"workers={args.workers}"],
+        REPO / args.exp / "logs" / "corpus.log")  # fmt: skip
+    built = time.perf_counter()
+    from usmkit.data.config import DataConfig
+    from usmkit.data.loader import prepare_cuts
+    from usmkit.data.manifests import load_cuts
+    from usmkit.data.normalize import load_or_compute_stats
+
+    data = DataConfig(manifest_dir=str(corpus))
+    for split in ("train", "unlabeled", "dev", *TEST_SETS):
+        cuts, _ = prepare_cuts(load_cuts(corpus, split), data, split=split, require_text=split != "unlabeled",
+                               num_jobs=args.workers)  # fmt: skip
+        if split == "train":
+            load_or_compute_stats(cuts, data)
+    return {
+        "corpus_minutes": round((built - start) / 60, 2),
+        "features_minutes": round((time.perf_counter() - built) / 60, 2),
+    }
+
+
+def read_eval(path: Path) -> dict:
+    sets = json.loads(path.read_text())["sets"]
+    return {name: {"wer": s["wer"], "cer": s["cer"], "utterances": s["utterances"]} for name, s in sets.items()}
+
+
+def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
+    """On ``test_textonly``: of the held-out words in the references (those only the text-only pool has),
+    the share the greedy hypothesis holds too (per utterance, counts clipped as in BLEU)."""
+    from collections import Counter
+    from dataclasses import replace
+
+    from usmkit.data.loader import make_loader, prepare_cuts
+    from usmkit.data.manifests import load_cuts
+    from usmkit.inference import transcribe_batches
+    from usmkit.runs import load_trained
+    from usmkit.streaming.features import checkpoint_feature_stats
+    from usmkit.trainer import resolve_device
+
+    words = set(json.loads((corpus / "corpus.json").read_text())["heldout_words"])
+    module, cfg, tokenizer, path = load_trained(str(ckpt), resolve_device(device))
+    data = replace(cfg.data, num_workers=0)
+    cuts, _ = prepare_cuts(load_cuts(corpus, "test_textonly"), data, split="test_textonly", require_text=True)
+    loader = make_loader(cuts, data, tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data), train=False)
+    records, _ = transcribe_batches(module, loader, tokenizer)
+    found = total = 0
+    for r in records:
+        ref = Counter(w for w in r["ref"].split() if w in words)
+        hyp = Counter(r["hyp"].split())
+        found += sum(min(n, hyp[w]) for w, n in ref.items())
+        total += sum(ref.values())
+    return {"heldout_word_recall": found / max(total, 1), "heldout_words_in_refs": total}
+
+
+def curve(exp: Path, prefix: str, keys: tuple[str, ...]) -> list[dict]:
+    """Every logged row of ``metrics.jsonl`` that has a ``prefix`` key, with ``keys`` (those present)."""
+    rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {"step": r["step"], **{k: round(r[k], 4) for k in keys if k in r}}
+        for r in rows
+        if any(k.startswith(prefix) for k in r)
+    ]
+
+
+STAGE2_KEYS = ("train/loss_consistency", "train/dur_abs_log_err", "train/loss_duration", "train/loss_text",
+               "train/loss_ctc", "train/loss_bestrq", "train/align_ok_frac", "train/dur_mean_frames")  # fmt: skip
+
+
+def plot(results: dict, exps: dict[str, Path], png: Path) -> Path:
+    """Stage 2's consistency loss, duration error, text and CTC losses; the stage-3 runs' dev WER."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["stage2"]["curve"]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    panels = (
+        ("train/loss_consistency", "consistency loss (MSE)"),
+        ("train/dur_abs_log_err", "duration error |log pred - log aligned|"),
+        ("train/loss_text", "text-only reconstruction"),
+    )
+    for ax, (key, title) in zip(axes, panels, strict=False):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker=".", label=key.removeprefix("train/"))
+        ax.set(xlabel="stage-2 step", title=title)
+        ax.grid(alpha=0.3)
+    ctc = [(r["step"], r["train/loss_ctc"]) for r in rows if "train/loss_ctc" in r]
+    if ctc:
+        axes[2].plot(*zip(*ctc, strict=True), marker=".", label="loss_ctc (paired)")
+        axes[2].set(title="CTC losses: text-only reconstruction, paired")
+        axes[2].legend()
+    for name, exp in exps.items():
+        dev = [(r["step"], 100 * r["dev/dev_wer"]) for r in curve(exp, "dev/", ("dev/dev_wer",)) if "dev/dev_wer" in r]
+        if dev:
+            axes[3].plot(*zip(*dev, strict=True), marker="o", label=name)
+    axes[3].set(xlabel="stage-3 step", ylabel="dev WER (%)", title="stage 3: dev WER (greedy CTC)")
+    axes[3].grid(alpha=0.3)
+    axes[3].legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def main() -> None:
+    args = parse_args()
+    exp = REPO / args.exp
+    logs = exp / "logs"
+    results: dict = run_header(settings=vars(args), phases={}, stage1={}, stage2={}, runs={})
+
+    def save() -> None:
+        write_result(RESULTS, results)
+
+    start = time.perf_counter()
+    results["phases"] |= prepare_data(args)
+    save()
+
+    common = [f"model={args.model}", f"data.manifest_dir={args.corpus}", f"data.max_duration={args.max_duration}",
+              f"data.num_workers={args.num_workers}", f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}",
+              f"trainer.device={args.device}", *args.extra]  # fmt: skip
+    bestrq = [f"task.bestrq.num_codebooks={args.num_codebooks}", f"task.bestrq.codebook_size={args.codebook_size}"]
+
+    def steps(n: int) -> list[str]:
+        every = min(args.eval_every, n) if args.eval_every else 0
+        return [f"trainer.max_steps={n}", f"trainer.eval_every={every}", f"trainer.save_every={every or n}"]
+
+    stage1 = exp / "stage1"
+    t = time.perf_counter()
+    run(train_cmd("recipe=stage1", *common, *bestrq, f"trainer.max_steps={args.stage1_steps}", "trainer.eval_every=0",
+                  f"trainer.save_every={args.stage1_steps}", f"trainer.exp_dir={stage1}"), logs / "stage1.log")  # fmt: skip
+    results["phases"]["stage1_minutes"] = round((time.perf_counter() - t) / 60, 2)
+    rows = curve(stage1, "train/", ("train/loss", "train/acc_mean", "train/pred_perplexity_mean"))
+    results["stage1"] = {"steps": args.stage1_steps, "final": rows[-1] if rows else None}
+    save()
+
+    stage2 = exp / "stage2"
+    jobs: dict[str, list[tuple[list[str], Path]]] = {
+        "ctc": [(train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), f"init_from={stage1}",
+                           f"trainer.exp_dir={exp / 'ctc'}"), logs / "ctc.log")],
+        "most_ctc": [
+            (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), f"init_from={stage1}",
+                       f"task.most.text_layer={args.text_layer}", f"task.most.text_warmup_steps={args.text_warmup}",
+                       f"task.most.align_warmup_steps={args.align_warmup}", *args.stage2_extra,
+                       f"trainer.exp_dir={stage2}"), logs / "stage2.log"),
+            (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / "stage2_eval.log"),
+            (train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), f"init_from={stage2}",
+                       f"trainer.exp_dir={exp / 'most_ctc'}"), logs / "most_ctc.log"),
+        ],
+    }  # fmt: skip
+    if not args.no_control:
+        long = args.stage2_steps + args.stage3_steps
+        jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *steps(long), f"init_from={stage1}",
+                                       f"trainer.exp_dir={exp / 'ctc_long'}"), logs / "ctc_long.log")]  # fmt: skip
+    for name in jobs:
+        jobs[name].append((eval_cmd(exp / name, exp / name / "eval.json", args.device), logs / f"{name}_eval.log"))
+
+    def one(name: str) -> None:
+        t0 = time.perf_counter()
+        for cmd, log in jobs[name]:
+            run(cmd, log)
+        results["runs"][name] = {
+            "minutes": round((time.perf_counter() - t0) / 60, 2),
+            "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
+            "commands": [shlex.join(cmd[2:]) for cmd, _ in jobs[name]],
+            "sets": read_eval(exp / name / "eval.json"),
+        }
+        results["runs"][name]["sets"]["test_textonly"] |= heldout_recall(exp / name, REPO / args.corpus, args.device)
+        if name == "most_ctc":
+            results["stage2"] = {
+                "steps": args.stage2_steps,
+                "sets": read_eval(stage2 / "eval.json"),  # the stage-2 model itself, through its CTC head
+                "curve": curve(stage2, "train/", STAGE2_KEYS),
+            }
+            results["stage2"]["sets"]["test_textonly"] |= heldout_recall(stage2, REPO / args.corpus, args.device)
+        save()
+
+    t = time.perf_counter()
+    if args.sequential:
+        for name in jobs:
+            one(name)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(jobs)) as pool:  # threads only wait on their subprocesses
+            for future in [pool.submit(one, name) for name in jobs]:
+                future.result()
+    results["phases"]["parallel_minutes"] = round((time.perf_counter() - t) / 60, 2)
+    results["phases"]["total_minutes"] = round((time.perf_counter() - start) / 60, 2)
+    results["budgets"] = {
+        "ctc": f"stage 1 {args.stage1_steps} + stage 3 {args.stage3_steps} steps",
+        "most_ctc": f"stage 1 {args.stage1_steps} + stage 2 {args.stage2_steps} (unlabeled + paired + text) "
+        f"+ stage 3 {args.stage3_steps} steps",
+        "ctc_long": f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps",
+    }
+    png = plot(results, {n: exp / n for n in jobs}, RESULTS.with_name("most_study_curves.png"))
+    results["figure"] = png.name
+    save()
+
+    print(f"\nwrote {RESULTS} and {png}")
+    print(
+        f"\n{'model':22s} " + " ".join(f"{s + ' WER %':>18s} {'CER %':>7s}" for s in TEST_SETS) + "  held-out words %"
+    )
+    table = {"stage 2 (MOST) alone": results["stage2"].get("sets", {})}
+    table |= {name: r["sets"] for name, r in results["runs"].items()}
+    for name, sets in table.items():
+        cells = " ".join(f"{100 * sets[s]['wer']:18.2f} {100 * sets[s]['cer']:7.2f}" for s in TEST_SETS if s in sets)
+        recall = sets.get("test_textonly", {}).get("heldout_word_recall")
+        print(f"{name:22s} {cells}" + (f"  {100 * recall:16.1f}" if recall is not None else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""MOST's model: durations (alignment, upsampling), the consistency loss, switching losses off, the warm-ups,
+overfitting a tiny batch of each stream, heads from stage 1, decoding, and the config's checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchaudio.functional as taf
+
+from usmkit.config import ConfigError, TaskConfig, from_dict
+from usmkit.data.batch import Batch
+from usmkit.data.mixer import MostBatch
+from usmkit.data.text_only import TextBatch
+from usmkit.models.config import ConformerConfig
+from usmkit.models.conformer import ConformerEncoder
+from usmkit.ssl.alignment import forced_durations, frames_needed, token_durations
+from usmkit.ssl.bestrq import BestRQConfig
+from usmkit.ssl.duration import durations_from_log, log_duration_errors, upsample
+from usmkit.ssl.most import MostModel
+from usmkit.ssl.most_config import LOSSES, MostConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FEAT, V = 16, 12
+BESTRQ = BestRQConfig(num_codebooks=2, codebook_size=32, mask_prob=0.05)
+
+
+def _model(seed: int = 0, **most) -> MostModel:
+    torch.manual_seed(seed)
+    enc = ConformerEncoder(
+        ConformerConfig(
+            input_dim=FEAT, d_model=32, num_layers=3, num_heads=2, subsampling_channels=8, dropout=0.0, chunk_size=None
+        )
+    )
+    cfg = MostConfig(**({"text_layer": 1, "text_warmup_steps": 0} | most))
+    return MostModel(enc, V, cfg, BESTRQ, input_dim=FEAT)
+
+
+def _tokens(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    lens = torch.tensor([len(r) for r in rows])
+    tokens = torch.full((len(rows), int(lens.max())), -1)
+    for i, r in enumerate(rows):
+        tokens[i, : len(r)] = torch.tensor(r)
+    return tokens, lens
+
+
+def _audio(B: int, T: int, seed: int, lengths: list[int], rows: list[list[int]] | None = None) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor(lengths)
+    feats = torch.randn(B, T, FEAT, generator=g) * (torch.arange(T) < lens[:, None])[:, :, None]
+    tokens, token_lens = (
+        _tokens(rows) if rows else (torch.zeros(B, 0, dtype=torch.int64), torch.zeros(B, dtype=torch.int64))
+    )
+    return Batch(feats, lens, tokens, token_lens)
+
+
+def _most_batch(step: int = 0) -> MostBatch:
+    unlabeled = _audio(2, 96, seed=1, lengths=[96, 70])
+    paired = _audio(2, 80, seed=2, lengths=[80, 61], rows=[[4, 5, 6, 6, 7], [8, 9, 10]])
+    text = TextBatch(*_tokens([[5, 7, 9, 11], [6, 4, 4, 10, 8, 7]]))
+    return MostBatch(unlabeled, paired, text, step)
+
+
+# ---- durations
+
+
+def test_token_durations_sum_to_the_frames_and_match_torchaudio_merge_tokens():
+    """Each token's duration runs from its start in the path to the next token's start (leading blanks to the
+    first token): checked against torchaudio's own token spans."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        T, U = 30, int(torch.randint(1, 8, (1,), generator=g))
+        log_probs = torch.randn(1, T, V, generator=g).log_softmax(-1)
+        tokens = torch.randint(4, V, (1, U), generator=g)
+        path, scores = taf.forced_align(log_probs, tokens.int(), blank=0)
+        spans = taf.merge_tokens(path[0], scores[0].exp())
+        durations = token_durations(path[0], U)
+        starts = [0] + [s.start for s in spans[1:]]
+        assert durations.tolist() == [b - a for a, b in zip(starts, [*starts[1:], T], strict=True)]
+        assert int(durations.sum()) == T and bool((durations >= 1).all())
+
+
+def test_forced_durations_rows_sum_to_their_lengths_and_short_rows_are_flagged():
+    g = torch.Generator().manual_seed(1)
+    log_probs = torch.randn(3, 12, V, generator=g).log_softmax(-1)
+    tokens, token_lens = _tokens([[4, 5, 5, 6], [7, 7, 7, 7], [8]])
+    lengths = torch.tensor([12, 6, 9])  # row 1 needs 7 frames (4 tokens, 3 repeats)
+    durations, ok = forced_durations(log_probs, lengths, tokens, token_lens)
+    assert frames_needed([7, 7, 7, 7]) == 7
+    assert ok.tolist() == [True, False, True]
+    assert durations.sum(1).tolist() == [12, 0, 9]
+    assert (
+        durations[0].tolist()[:4]
+        == token_durations(taf.forced_align(log_probs[:1], tokens[:1].int(), blank=0)[0][0], 4).tolist()
+    )
+
+
+def test_upsampled_length_is_the_sum_of_durations_and_frames_repeat_their_token():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 4, 5, generator=g)
+    durations = torch.tensor([[2, 1, 3, 1], [1, 4, 0, 0], [5, 0, 0, 0]])
+    frames, lengths, index, offset = upsample(x, durations)
+    assert lengths.tolist() == durations.sum(1).tolist() and frames.shape == (3, 7, 5)
+    for b in range(3):
+        n = int(lengths[b])
+        reference = torch.repeat_interleave(x[b], durations[b], dim=0)  # the plain oracle
+        assert torch.equal(frames[b, :n], reference)
+        assert torch.equal(frames[b, n:], torch.zeros_like(frames[b, n:]))
+    assert offset[0].tolist() == [0, 1, 0, 0, 1, 2, 0] and index[0].tolist() == [0, 0, 1, 2, 2, 2, 3]
+    with pytest.raises(ValueError, match="num_frames"):
+        upsample(x, durations, num_frames=6)
+
+
+def test_predicted_durations_are_whole_clipped_frames_and_the_error_metrics():
+    log_d = torch.tensor([[0.0, 1.1, 9.0], [-3.0, 0.7, 0.7]])
+    assert durations_from_log(log_d, torch.tensor([3, 2]), max_frames=8).tolist() == [[1, 3, 8], [1, 2, 0]]
+    mse, mae = log_duration_errors(torch.log(torch.tensor([[2.0, 4.0]])), torch.tensor([[2, 1]]), torch.ones(1, 2))
+    assert mse.item() == pytest.approx(torch.log(torch.tensor(4.0)).item() ** 2 / 2)
+    assert mae.item() == pytest.approx(torch.log(torch.tensor(4.0)).item() / 2)
+
+
+# ---- the losses
+
+
+def test_consistency_loss_is_zero_when_the_text_encoder_gives_the_speech_encoders_frames(monkeypatch):
+    """Replace the text encoder's frames by the speech encoder's block-k input (garbage in padded frames):
+    the consistency loss is exactly 0; any change at a valid frame makes it positive."""
+    model = _model().eval()
+    seen = {}
+    run_blocks = model.encoder.run_blocks
+
+    def spy(x, lengths, start, stop, *args, **kwargs):
+        out = run_blocks(x, lengths, start, stop, *args, **kwargs)
+        if (start, stop) == (0, model.text_layer):
+            seen["h_k"], seen["lengths"] = out[0].detach(), lengths
+        return out
+
+    def agreeing_frames(states, durations, num_frames=None):
+        h = seen["h_k"].clone()
+        pad = torch.arange(h.shape[1]) >= seen["lengths"][:, None]
+        return h + 5.0 * pad[:, :, None], seen["lengths"]
+
+    monkeypatch.setattr(model.encoder, "run_blocks", spy)
+    monkeypatch.setattr(model.text_encoder, "frames", agreeing_frames)
+    batch = _most_batch().paired
+    assert model(batch).metrics["loss_consistency"].item() == 0.0
+
+    def nudged(states, durations, num_frames=None):
+        h, lengths = agreeing_frames(states, durations, num_frames)
+        return h + 0.1 * (torch.arange(h.shape[1]) == 3)[None, :, None], lengths
+
+    monkeypatch.setattr(model.text_encoder, "frames", nudged)
+    assert model(batch).metrics["loss_consistency"].item() > 0
+
+
+@pytest.mark.parametrize("off", LOSSES)
+def test_a_loss_switched_off_is_not_computed_and_leaves_the_others_unchanged(off):
+    """Weight 0: the term is absent, the total is the others' weighted sum, and every other term is bit-identical
+    (eval mode: no dropout, BEST-RQ draws its masks from its own generator; the text masks come last)."""
+    batch = _most_batch()
+    weights = {"bestrq_weight": 0.5, "text_weight": 2.0}
+    full = _model(**weights).eval()
+    partial = _model(**(weights | {f"{off}_weight": 0.0})).eval()
+    partial.load_state_dict(full.state_dict())
+    torch.manual_seed(3)
+    a = full(batch).metrics
+    torch.manual_seed(3)
+    out = partial(batch)
+    b = out.metrics
+    assert f"loss_{off}" in a and f"loss_{off}" not in b and b[f"weight_{off}"].item() == 0.0
+    others = [name for name in LOSSES if name != off]
+    for name in others:
+        assert torch.equal(a[f"loss_{name}"], b[f"loss_{name}"]), name
+    expected = sum(partial.cfg.weight(n) * b[f"loss_{n}"] for n in others)
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_without_alignment_losses_nothing_is_aligned_and_the_text_encoder_gets_no_gradient(monkeypatch):
+    model = _model(duration_weight=0.0, consistency_weight=0.0, text_weight=0.0)
+    monkeypatch.setattr("usmkit.ssl.most.forced_durations", lambda *a: pytest.fail("aligned without a need"))
+    model(_most_batch()).loss.backward()
+    assert all(p.grad is None for p in model.text_encoder.parameters())
+    assert model.encoder.blocks[0].ff1.up.weight.grad is not None
+
+
+def test_warm_ups_hold_the_text_and_alignment_losses_back_until_their_step():
+    model = _model(text_warmup_steps=5, align_warmup_steps=3).eval()
+    names = {s: {k for k in model(_most_batch(step=s)).metrics if k.startswith("loss_")} for s in (2, 3, 5)}
+    assert names[2] == {"loss_bestrq", "loss_ctc"}
+    assert names[3] == {"loss_bestrq", "loss_ctc", "loss_duration", "loss_consistency"}
+    assert names[5] == {f"loss_{n}" for n in LOSSES}
+    assert model(_most_batch(step=5)).metrics["weight_text"].item() == 1.0
+    assert model(_most_batch(step=2)).metrics["weight_text"].item() == 0.0
+    # A plain paired batch (dev evaluation): the paired losses, every warm-up over.
+    assert {k for k in model(_most_batch().paired).metrics if k.startswith("loss_")} == {
+        "loss_ctc",
+        "loss_duration",
+        "loss_consistency",
+    }
+
+
+def test_a_tiny_batch_of_each_stream_overfits():
+    """Every term falls a lot in a few dozen steps on one fixed batch of each stream (measured in eval mode,
+    before and after, with the same masks)."""
+    model = _model(seed=1)
+    batch = _most_batch()
+    # Unlabeled utterances that each repeat one frame: their codes can be read off the unmasked context.
+    g = torch.Generator().manual_seed(0)
+    batch.unlabeled.features = torch.randn(2, 1, FEAT, generator=g).expand(2, 96, FEAT).contiguous()
+    batch.unlabeled.feature_lens = torch.tensor([96, 96])
+
+    def losses() -> dict[str, float]:
+        model.eval()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            metrics = model(batch).metrics
+        model.train()
+        return {n: metrics[f"loss_{n}"].item() for n in LOSSES}
+
+    before = losses()
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(50):
+        out = model(batch)
+        opt.zero_grad()
+        out.loss.backward()
+        opt.step()
+    after = losses()
+    for name in LOSSES:
+        assert after[name] < 0.5 * before[name], (name, before, after)
+
+
+def test_aligner_checkpoint_supplies_the_alignments(monkeypatch):
+    """With align_from, the frozen aligner's posteriors are aligned, not the model's own."""
+    model = _model(align_from="exp/aligner", ctc_weight=0.0).eval()
+    aligner = _model(seed=5).eval()
+    model._aligner.append(aligner)
+    calls = []
+    monkeypatch.setattr("usmkit.ssl.most.forced_durations", lambda lp, *a: calls.append(lp) or forced_durations(lp, *a))
+    batch = _most_batch().paired
+    model(batch)
+    enc, _ = aligner.encode(batch.features, batch.feature_lens)
+    assert len(calls) == 1 and torch.equal(calls[0], aligner.ctc(enc))
+
+
+# ---- checkpoints and decoding
+
+
+def test_init_heads_from_stage1_loads_the_bestrq_heads_and_quantizer(tmp_path):
+    from safetensors.torch import save_file
+
+    donor = _model(seed=7)
+    stage1 = {f"encoder.{k}": v for k, v in donor.encoder.state_dict().items()}
+    stage1 |= {k: v.clone() for k, v in donor.bestrq.state_dict().items()}  # quantizer.*, heads.*
+    stage1["heads.weight"] = stage1["heads.weight"] + 1.0
+    save_file(stage1, str(tmp_path / "model.safetensors"))
+    model = _model(seed=8)
+    loaded = model.init_heads_from(tmp_path)
+    assert set(loaded) == {f"bestrq.{k}" for k in donor.bestrq.state_dict()}
+    assert torch.equal(model.bestrq.heads.weight, stage1["heads.weight"])
+    assert not torch.equal(model.encoder.blocks[0].ff1.up.weight, donor.encoder.blocks[0].ff1.up.weight)
+
+
+def test_decode_matches_greedy_ctc_over_the_whole_encoder():
+    model = _model().eval()
+    batch = _most_batch().paired
+    enc, lens = model.encoder(batch.features, batch.feature_lens)
+    best = model.ctc(enc).argmax(-1)
+    expected = [torch.unique_consecutive(best[b, : lens[b]]).tolist() for b in range(2)]
+    assert model.decode(batch.features, batch.feature_lens) == [[t for t in e if t != 0] for e in expected]
+    with pytest.raises(ValueError, match="CTC head"):
+        model.decode(batch.features, batch.feature_lens, mode="las_beam")
+
+
+# ---- config
+
+
+def test_config_is_typed_and_checked():
+    task = from_dict(TaskConfig, {"kind": "most", "most": {"text_layer": 2, "text_weight": 0}})
+    assert task.most.text_layer == 2 and task.most.active_streams() == ("unlabeled", "paired")
+    assert MostConfig(bestrq_weight=0, ctc_weight=0).active_streams() == ("paired", "text")
+    assert MostConfig().resolve_text_layer(18) == 6
+    with pytest.raises(ConfigError, match="unknown key"):
+        from_dict(TaskConfig, {"most": {"text_layers": 2}})
+    with pytest.raises(ValueError, match="every loss weight is 0"):
+        MostConfig(**{f"{n}_weight": 0.0 for n in LOSSES})
+    with pytest.raises(ValueError, match="text_ratio"):
+        MostConfig(text_ratio=0)
+    with pytest.raises(ValueError, match="below the encoder's 3 blocks"):
+        _model(text_layer=3)

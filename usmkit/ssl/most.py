@@ -1,0 +1,244 @@
+"""MOST (stage 2): multi-objective supervised pre-training with text injection, after Maestro / USM.
+
+Shapes: B batch, T feature frames, F feature bins, T' encoder frames (40 ms), D model dim, U tokens,
+V vocabulary (0 = blank), k the block where text enters, L the encoder's blocks.
+
+One shared Conformer encoder, split at block k (``ConformerEncoder.front_end`` / ``run_blocks``):
+
+    speech: features -> front end -> blocks 0..k-1 -> h_k (B, T', D) -> blocks k..L-1 -> CTC head
+    text:   tokens -> TextEncoder (embedding, duration model, upsampler) ---^  (replaces h_k)
+
+Where text enters, and why: at the input of block k, a third of the way up by default. The blocks
+below k stay speech-only (the acoustic front: noise, speaker, channel, which text has none of), as in
+Maestro, whose text encoder joins the speech encoder's upper layers; every block from k up is shared,
+so what text-only data teaches them (words the paired speech never says) serves speech as well.
+k = 0 shares every block; a larger k leaves fewer shared blocks to learn from text.
+
+Losses, each ``weight * term``; a weight of 0 skips its term (not computed), and a stream that no
+active loss reads is not even loaded (``MostConfig.active_streams``):
+
+- ``bestrq``: BEST-RQ on the unlabeled audio (``BestRQModel.masked_prediction`` on the whole encoder).
+- ``ctc``: CTC of the paired transcripts on the paired speech.
+- ``duration``: MSE between predicted and aligned log durations of the paired tokens.
+- ``consistency``: MSE between the text encoder's frames (paired tokens upsampled by their aligned
+  durations) and h_k, at every valid frame of the aligned utterances: 0 when the two agree.
+- ``text``: text-only sentences upsampled by their *predicted* durations, frames masked (spans
+  replaced by a learned vector), through blocks k.. and the CTC head: CTC against their own tokens.
+  Starts after ``text_warmup_steps``.
+
+Alignments: ``usmkit.ssl.alignment`` (forced alignment on the CTC posteriors of this model, or of the
+frozen ``align_from`` checkpoint). The module's state has ``encoder.*`` (what stage 3 loads with
+``init_from``), ``ctc.*`` (named as in ``AsrModel``, so ``usmkit.evaluate`` decodes a stage-2
+checkpoint too), ``text_encoder.*``, ``text_mask`` and ``bestrq.*`` (quantizer buffers and heads).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from usmkit.checkpoint import MODEL_FILE, load_tensors
+from usmkit.data.batch import Batch
+from usmkit.data.mixer import MostBatch
+from usmkit.data.text_only import TextBatch
+from usmkit.decoding import Hypothesis, ctc_greedy_hypotheses, ctc_prefix_beam_search_batch
+from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.ctc import CTCHead, ctc_loss
+from usmkit.models.output import StepOutput
+from usmkit.ssl.alignment import forced_durations, load_aligner
+from usmkit.ssl.bestrq import BestRQConfig, BestRQModel
+from usmkit.ssl.duration import durations_from_log, log_duration_errors
+from usmkit.ssl.masking import expand_spans, sample_span_starts, valid_mask
+from usmkit.ssl.most_config import LOSSES, MostConfig
+from usmkit.ssl.text_encoder import TextEncoder
+
+log = logging.getLogger(__name__)
+
+DECODE_MODES: tuple[str, ...] = ("ctc_greedy", "ctc_beam")
+
+
+class MostModel(nn.Module):
+    """The shared encoder, its CTC head, the text encoder and the BEST-RQ objective; ``forward(batch) -> StepOutput``.
+
+    ``forward`` takes a ``MostBatch`` (training) or a plain paired ``Batch`` (dev evaluation: the paired
+    losses with every warm-up over). ``decode`` transcribes with the CTC head, like ``AsrModel``.
+    """
+
+    las = None  # no attention decoder (what usmkit.evaluate asks of a model before decoding)
+
+    def __init__(
+        self, encoder: ConformerEncoder, vocab_size: int, cfg: MostConfig, bestrq: BestRQConfig, input_dim: int
+    ) -> None:
+        super().__init__()
+        if vocab_size < 5:
+            raise ValueError(f"vocab_size={vocab_size} leaves no room for tokens after blank, <unk>, <s>, </s>")
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.text_layer = cfg.resolve_text_layer(len(encoder.blocks))
+        D = encoder.output_dim
+        self.encoder = encoder
+        self.ctc = CTCHead(D, vocab_size)
+        self.text_encoder = TextEncoder(
+            vocab_size, encoder.cfg, cfg.text_token_blocks, cfg.text_frame_blocks, cfg.max_token_frames
+        )
+        self.text_mask = nn.Parameter(torch.zeros(D))  # what masked text frames are replaced by
+        self.bestrq = BestRQModel(None, bestrq, input_dim, encoder_dim=D)
+        self._aligner: list[nn.Module] = []  # the frozen align_from model, loaded at first use; not in the state
+
+    # ---------------------------------------------------------------- helpers
+    def encode(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> enc (B, T', D), enc_lens (B,) (the whole speech encoder)."""
+        return self.encoder(features, lengths)
+
+    def health_check(self, scalars: dict[str, float], step: int, warmup_steps: int) -> str | None:
+        """BEST-RQ's collapse warning (its metrics are logged under ``bestrq_``)."""
+        renamed = {
+            f"train/{k}": scalars[f"train/bestrq_{k}"]
+            for k in ("perplexity_mean", "pred_perplexity_mean")
+            if f"train/bestrq_{k}" in scalars
+        }
+        return self.bestrq.health_check(renamed, step, warmup_steps)
+
+    def _aligner_log_probs(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """CTC log-posteriors (B, T', V) and lengths (B,) of the frozen ``align_from`` model."""
+        if not self._aligner:
+            self._aligner.append(load_aligner(self.cfg.align_from, features.device))
+            log.info("aligning the paired data with %s", self.cfg.align_from)
+        aligner = self._aligner[0]
+        if aligner.training:
+            aligner.eval()
+        with torch.no_grad():
+            enc, enc_lens = aligner.encode(features, lengths)
+            return aligner.ctc(enc), enc_lens
+
+    def init_heads_from(self, ckpt_dir: str | Path) -> list[str]:
+        """Load what fits of another stage's heads from a checkpoint: stage 1's BEST-RQ quantizer and
+        heads (``quantizer.*``, ``heads.*`` -> ``bestrq.*``), a CTC model's head (``ctc.*``). Tensors
+        whose shapes differ (other codebooks, another vocabulary) are left as they are. Returns the
+        keys loaded."""
+        weights = load_tensors(Path(ckpt_dir) / MODEL_FILE)
+        own = self.state_dict()
+        renamed = {}
+        for key, value in weights.items():
+            if key.startswith(("quantizer.", "heads.")):
+                renamed[f"bestrq.{key}"] = value
+            elif key.startswith(("ctc.", "bestrq.", "text_encoder.")) or key == "text_mask":
+                renamed[key] = value
+        fitting = {k: v for k, v in renamed.items() if k in own and own[k].shape == v.shape}
+        self.load_state_dict(fitting, strict=False)
+        return sorted(fitting)
+
+    # ---------------------------------------------------------------- the losses
+    def forward(self, batch: MostBatch | Batch) -> StepOutput:
+        dev = isinstance(batch, Batch)
+        if dev:
+            batch = MostBatch(paired=batch)
+        step = None if dev else batch.step  # None: every warm-up is over
+        cfg = self.cfg
+        terms: dict[str, torch.Tensor] = {}
+        metrics: dict[str, torch.Tensor] = {}
+        if cfg.bestrq_weight > 0 and batch.unlabeled is not None:
+            out = self.bestrq.masked_prediction(batch.unlabeled.features, batch.unlabeled.feature_lens, self.encoder)
+            terms["bestrq"] = out.loss
+            for k in ("acc_mean", "perplexity_mean", "pred_perplexity_mean", "mask_frac"):
+                metrics[f"bestrq_{k}"] = out.metrics[k]
+        if batch.paired is not None:
+            align_on = cfg.needs_alignment and (step is None or step >= cfg.align_warmup_steps)
+            self._paired_losses(batch.paired, align_on, terms, metrics)
+        text_on = step is None or step >= cfg.text_warmup_steps
+        if cfg.text_weight > 0 and batch.text is not None and text_on:
+            terms["text"], metrics["text_mask_frac"] = self._text_loss(batch.text)
+
+        device = next(self.parameters()).device
+        loss = torch.zeros((), device=device)
+        for name in LOSSES:
+            on = name in terms
+            weight = cfg.weight(name) if on else 0.0
+            metrics[f"weight_{name}"] = torch.tensor(weight, device=device)
+            if on:
+                metrics[f"loss_{name}"] = terms[name].detach()
+                loss = loss + weight * terms[name]
+        metrics["loss"] = loss.detach()
+        if self.training and dist.is_available() and dist.is_initialized():
+            # DDP reduces every parameter's gradient each step: the parameters of a term that is off in
+            # this step (warm-up, a missing stream) join the graph with a zero gradient.
+            loss = loss + sum(p.view(-1)[0] for p in self.parameters() if p.requires_grad) * 0.0
+        return StepOutput(loss=loss, metrics=metrics)
+
+    def _paired_losses(
+        self, batch: Batch, align_on: bool, terms: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]
+    ) -> None:
+        """CTC, duration and consistency terms of a paired batch, into ``terms`` / ``metrics``."""
+        cfg, k = self.cfg, self.text_layer
+        own_alignment = align_on and cfg.align_from is None
+        x, lengths = self.encoder.front_end(batch.features, batch.feature_lens)  # (B, T', D), (B,)
+        h_k, _ = self.encoder.run_blocks(x, lengths, 0, k)  # (B, T', D)
+        log_probs = None
+        if cfg.ctc_weight > 0 or own_alignment:
+            enc, _ = self.encoder.run_blocks(h_k, lengths, k, len(self.encoder.blocks))
+            log_probs = self.ctc(enc)  # (B, T', V)
+            if cfg.ctc_weight > 0:
+                terms["ctc"] = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lens)
+        if not align_on:
+            return
+        if own_alignment:
+            durations, ok = forced_durations(log_probs.detach(), lengths, batch.tokens, batch.token_lens)
+        else:
+            align_lp, align_lens = self._aligner_log_probs(batch.features, batch.feature_lens)
+            if not torch.equal(align_lens, lengths):
+                raise ValueError("the align_from model's encoder frames differ from this model's (another front end?)")
+            durations, ok = forced_durations(align_lp, lengths, batch.tokens, batch.token_lens)
+        metrics["align_ok_frac"] = ok.float().mean()
+        token_valid = valid_mask(batch.token_lens, batch.tokens.shape[1]) & ok[:, None]  # (B, U)
+        metrics["dur_mean_frames"] = (durations * token_valid).sum() / token_valid.sum().clamp(min=1)
+
+        states = self.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
+        if cfg.duration_weight > 0:
+            predicted = self.text_encoder.log_durations(states)  # (B, U)
+            mse, abs_err = log_duration_errors(predicted, durations, token_valid.float())
+            terms["duration"] = mse
+            metrics["dur_abs_log_err"] = abs_err.detach()
+        if cfg.consistency_weight > 0:
+            text_frames, _ = self.text_encoder.frames(states, durations, num_frames=h_k.shape[1])  # (B, T', D)
+            target = h_k.detach() if cfg.consistency_detach_speech else h_k
+            frame_valid = (valid_mask(lengths, h_k.shape[1]) & ok[:, None]).float()  # (B, T')
+            sq = (text_frames.float() - target.float()).pow(2).mean(-1)  # (B, T')
+            terms["consistency"] = (sq * frame_valid).sum() / frame_valid.sum().clamp(min=1)
+
+    def _text_loss(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """CTC reconstruction of masked text-only sentences through blocks k..; (loss, masked fraction)."""
+        cfg = self.cfg
+        states = self.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
+        durations = durations_from_log(self.text_encoder.log_durations(states), batch.token_lens, cfg.max_token_frames)
+        frames, lengths = self.text_encoder.frames(states, durations)  # (B, T', D), (B,)
+        valid = valid_mask(lengths, frames.shape[1])  # (B, T')
+        starts = sample_span_starts(valid, cfg.text_mask_prob)
+        masked = expand_spans(starts, cfg.text_mask_span, valid)  # (B, T')
+        frames = torch.where(masked[:, :, None], self.text_mask.to(frames.dtype), frames)
+        enc, _ = self.encoder.run_blocks(frames, lengths, self.text_layer, len(self.encoder.blocks))
+        loss = ctc_loss(self.ctc(enc), lengths, batch.tokens, batch.token_lens)
+        return loss, masked.sum().float() / valid.sum().clamp(min=1).float()
+
+    # ---------------------------------------------------------------- inference
+    @torch.no_grad()
+    def decode_hypotheses(
+        self, features: torch.Tensor, lengths: torch.Tensor, mode: str = "ctc_greedy", beam_size: int = 10, **_
+    ) -> list[Hypothesis]:
+        """Best hypothesis per utterance from the CTC head (``ctc_greedy`` or ``ctc_beam``)."""
+        if mode not in DECODE_MODES:
+            raise ValueError(f"decode mode {mode!r}: a MOST model decodes with its CTC head, one of {DECODE_MODES}")
+        enc, enc_lens = self.encode(features, lengths)
+        log_probs = self.ctc(enc)  # (B, T', V)
+        if mode == "ctc_greedy":
+            return ctc_greedy_hypotheses(log_probs, enc_lens)
+        return [nbest[0] for nbest in ctc_prefix_beam_search_batch(log_probs, enc_lens, beam_size)]
+
+    def decode(
+        self, features: torch.Tensor, lengths: torch.Tensor, mode: str = "ctc_greedy", beam_size: int = 10, **_
+    ) -> list[list[int]]:
+        """Token ids of the best hypothesis per utterance (the caller detokenizes)."""
+        return [list(h.tokens) for h in self.decode_hypotheses(features, lengths, mode, beam_size)]

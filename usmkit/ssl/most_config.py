@@ -1,0 +1,125 @@
+"""Typed configuration of MOST (stage 2: multi-objective supervised pre-training with text injection).
+
+``TaskConfig.most`` holds one ``MostConfig``; the BEST-RQ objective on unlabeled audio reads its
+settings from ``TaskConfig.bestrq`` (the same keys as stage 1, so both stages draw the same targets).
+See ``docs/most.md`` for what each loss does and ``usmkit/conf/recipe/stage2.yaml`` for the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOSSES: tuple[str, ...] = ("bestrq", "ctc", "duration", "consistency", "text")
+STREAMS: tuple[str, ...] = ("unlabeled", "paired", "text")
+
+
+@dataclass(frozen=True)
+class MostConfig:
+    """MOST's knobs.
+
+    Where text enters: ``text_layer`` = k, the shared encoder block whose *input* the text encoder's
+    output replaces (0 = the front end's output, i.e. every block is shared); ``None`` = a third of the
+    blocks (``num_layers // 3``).
+
+    Loss weights (each 0 = that loss is not computed at all, and a stream no loss needs is not loaded):
+    ``bestrq_weight`` (BEST-RQ on unlabeled audio), ``ctc_weight`` (CTC on paired speech),
+    ``duration_weight`` (MSE of predicted against aligned log durations), ``consistency_weight`` (MSE
+    between the text encoder's frames and the speech encoder's block-k input, paired data),
+    ``text_weight`` (CTC reconstruction of masked text-only data through the shared blocks).
+
+    Schedules, in optimizer steps: the text-only loss starts after ``text_warmup_steps`` (its durations
+    come from the duration model, which needs alignments to have learned first); the duration and
+    consistency losses start after ``align_warmup_steps`` (alignments from a CTC head that is still
+    random are noise).
+
+    Alignments: ``align_from`` = a CTC checkpoint (run dir or checkpoint dir, same tokenizer) whose
+    frozen model aligns the paired data; ``None`` = the CTC head of the model being trained.
+
+    Streams (one batch of each active stream per step): a stream's batch holds at most
+    ``<stream>_ratio * data.max_duration`` seconds; a text-only sentence of U tokens counts as
+    ``U * text_seconds_per_token`` seconds (``None`` = measured on the paired training transcripts).
+    ``unlabeled_split`` names the audio-only split; ``text_only`` the text-only file (jsonl or jsonl.gz
+    of ``{"text", "language"}``), ``None`` = ``<data.manifest_dir>/<data.corpus>_text_only.jsonl.gz``.
+    """
+
+    text_layer: int | None = None
+    text_token_blocks: int = 1  # Conformer blocks over the token embeddings (context for the durations)
+    text_frame_blocks: int = 1  # Conformer blocks over the upsampled frames
+    max_token_frames: int = 32  # a predicted duration is clipped to this many encoder frames (1.28 s)
+    bestrq_weight: float = 1.0
+    ctc_weight: float = 1.0
+    duration_weight: float = 1.0
+    consistency_weight: float = 1.0
+    text_weight: float = 1.0
+    text_warmup_steps: int = 500
+    align_warmup_steps: int = 0
+    align_from: str | None = None
+    consistency_detach_speech: bool = True  # the speech side is the target: consistency moves only the text encoder
+    text_mask_prob: float = 0.08  # a text frame starts a masked span with this probability
+    text_mask_span: int = 4  # encoder frames per masked span (0.08 and 4 mask ~28% of the frames)
+    unlabeled_split: str = "unlabeled"
+    text_only: str | None = None
+    unlabeled_ratio: float = 1.0
+    paired_ratio: float = 1.0
+    text_ratio: float = 1.0
+    text_seconds_per_token: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.text_layer is not None and self.text_layer < 0:
+            raise ValueError(
+                f"task.most.text_layer must be >= 0 or null (a third of the blocks), got {self.text_layer}"
+            )
+        for name in ("text_token_blocks", "text_frame_blocks", "text_warmup_steps", "align_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"task.most.{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_token_frames < 1:
+            raise ValueError(f"task.most.max_token_frames must be >= 1, got {self.max_token_frames}")
+        for name in LOSSES:
+            value = getattr(self, f"{name}_weight")
+            if not value >= 0:
+                raise ValueError(f"task.most.{name}_weight must be >= 0 (0 = off), got {value}")
+        if not any(self.weight(name) > 0 for name in LOSSES):
+            raise ValueError("task.most: every loss weight is 0; switch at least one loss on")
+        for name in STREAMS:
+            value = getattr(self, f"{name}_ratio")
+            if not value > 0:
+                raise ValueError(
+                    f"task.most.{name}_ratio must be > 0 (its batch size relative to data.max_duration), got {value}; "
+                    f"to leave the stream out, set the weights of its losses to 0"
+                )
+        if not 0.0 <= self.text_mask_prob <= 1.0:
+            raise ValueError(f"task.most.text_mask_prob must be in [0, 1], got {self.text_mask_prob}")
+        if self.text_mask_span < 1:
+            raise ValueError(f"task.most.text_mask_span must be >= 1 frame, got {self.text_mask_span}")
+        if self.text_seconds_per_token is not None and not self.text_seconds_per_token > 0:
+            raise ValueError(
+                f"task.most.text_seconds_per_token must be > 0 or null (measured), got {self.text_seconds_per_token}"
+            )
+        if not self.unlabeled_split or "/" in self.unlabeled_split:
+            raise ValueError(f"task.most.unlabeled_split must be a split name, got {self.unlabeled_split!r}")
+
+    def weight(self, loss: str) -> float:
+        """The weight of ``loss`` (one of ``LOSSES``)."""
+        return getattr(self, f"{loss}_weight")
+
+    @property
+    def needs_alignment(self) -> bool:
+        return self.duration_weight > 0 or self.consistency_weight > 0
+
+    def active_streams(self) -> tuple[str, ...]:
+        """The streams some loss with a weight > 0 reads, in ``STREAMS`` order."""
+        needed = {
+            "unlabeled": self.bestrq_weight > 0,
+            "paired": self.ctc_weight > 0 or self.needs_alignment,
+            "text": self.text_weight > 0,
+        }
+        return tuple(name for name in STREAMS if needed[name])
+
+    def resolve_text_layer(self, num_layers: int) -> int:
+        """k, checked against the encoder's ``num_layers`` blocks: text replaces the input of block k."""
+        k = num_layers // 3 if self.text_layer is None else self.text_layer
+        if not 0 <= k < num_layers:
+            raise ValueError(
+                f"task.most.text_layer={k} must be below the encoder's {num_layers} blocks (text needs a shared block)"
+            )
+        return k

@@ -1,0 +1,102 @@
+"""MOST's three data streams, built from the run's config: unlabeled audio, paired speech, text-only.
+
+Every step holds one batch of each active stream (``usmkit.data.mixer.StreamMixer``); a stream's
+batch holds at most ``task.most.<stream>_ratio * data.max_duration`` seconds: audio seconds for the
+two audio streams, estimated speech seconds for text (``tokens * text_seconds_per_token``). Unlabeled
+audio is loaded without SpecAugment (BEST-RQ masks it itself, as in stage 1); paired speech with the
+data config's augmentation, as in stage 3.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from itertools import islice
+
+from lhotse import CutSet
+
+from usmkit.config import TrainConfig
+from usmkit.data.dataset import TextEncoder, cut_text
+from usmkit.data.loader import make_loader
+from usmkit.data.manifests import text_only_path
+from usmkit.data.mixer import StreamMixer
+from usmkit.data.normalize import FeatureStats
+from usmkit.data.text_only import TextOnlyLoader, read_text_only, text_items
+
+log = logging.getLogger(__name__)
+
+CUTS_FOR_RATE = 2000  # paired cuts read to measure the seconds of speech per token
+
+
+def seconds_per_token(cuts: CutSet, tokenizer: TextEncoder) -> float:
+    """Seconds of paired speech per token of its transcript (over the first ``CUTS_FOR_RATE`` cuts)."""
+    seconds, tokens = 0.0, 0
+    for cut in islice(cuts, CUTS_FOR_RATE):
+        seconds += cut.duration
+        tokens += len(tokenizer.encode(cut_text(cut)))
+    if tokens == 0:
+        raise ValueError(
+            "the paired training cuts have no transcript tokens to measure task.most.text_seconds_per_token"
+        )
+    return seconds / tokens
+
+
+def build_most_loader(
+    cfg: TrainConfig,
+    paired_cuts: CutSet,
+    prepare_audio_only: Callable[[str], CutSet],
+    tokenizer: TextEncoder,
+    stats: FeatureStats,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> StreamMixer:
+    """The mixer over the streams ``cfg.task.most`` needs.
+
+    ``paired_cuts``: the training split, prepared with transcripts; ``prepare_audio_only(split)``
+    prepares the unlabeled split's cuts (validated without transcripts).
+    """
+    most, data, seed = cfg.task.most, cfg.data, cfg.trainer.seed
+    active = most.active_streams()
+    streams = {}
+    if "unlabeled" in active:
+        unlabeled = replace(
+            data,
+            max_duration=most.unlabeled_ratio * data.max_duration,
+            spec_augment=replace(data.spec_augment, enabled=False),
+        )
+        streams["unlabeled"] = make_loader(
+            prepare_audio_only(most.unlabeled_split),
+            unlabeled,
+            stats=stats,
+            train=True,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+        )
+    if "paired" in active:
+        streams["paired"] = make_loader(
+            paired_cuts,
+            replace(data, max_duration=most.paired_ratio * data.max_duration),
+            tokenizer=tokenizer,
+            stats=stats,
+            train=True,
+            rank=rank,
+            world_size=world_size,
+            seed=seed + 1,
+        )
+    if "text" in active:
+        path = most.text_only or text_only_path(data.manifest_dir, data.corpus)
+        rate = most.text_seconds_per_token or seconds_per_token(paired_cuts, tokenizer)
+        items = text_items(read_text_only(path), tokenizer, rate)
+        if rank == 0:
+            log.info("text-only stream: %d sentences from %s, %.3f s of speech per token", len(items), path, rate)
+        streams["text"] = TextOnlyLoader(
+            items,
+            replace(data, max_duration=most.text_ratio * data.max_duration),
+            rank=rank,
+            world_size=world_size,
+            seed=seed + 2,
+        )
+    return StreamMixer(streams, batches_per_step=cfg.optim.accum_steps)
