@@ -28,8 +28,8 @@ class ConfigError(UsageError, ValueError):
 class ModelSection:
     """Which encoder to build: a named size preset plus the knobs recipes change.
 
-    ``chunk_size`` is in encoder frames (40 ms each); ``None`` = full attention. USM's chunk-wise
-    attention uses 8 s chunks (200 frames) with ``left_chunks=0``.
+    ``chunk_size`` is in encoder frames (40 ms each at ``subsampling_factor=4``, 80 ms at 8); ``None`` =
+    full attention. USM's chunk-wise attention uses 8 s chunks (200 frames) with ``left_chunks=0``.
     """
 
     preset: str = "tiny"
@@ -38,6 +38,7 @@ class ModelSection:
     causal_conv: bool = False
     attention_impl: str = "sdpa"
     dropout: float = 0.1
+    subsampling_factor: int = 4  # feature frames per encoder frame: 4 or 8 (one more stride-2 conv stage)
     overrides: dict[str, Any] | None = None  # any other ConformerConfig field, e.g. {d_model: 192}
 
     def build_config(self, input_dim: int) -> ConformerConfig:
@@ -51,6 +52,7 @@ class ModelSection:
             causal_conv=self.causal_conv,
             attention_impl=self.attention_impl,
             dropout=self.dropout,
+            subsampling_factor=self.subsampling_factor,
             **(self.overrides or {}),
         )
 
