@@ -133,6 +133,13 @@ class TrainerConfig:
     # "blocks" is the default: one graph serves every identical block, so it compiles several times
     # sooner than the unrolled whole model (bench/compile_scope.py).
     compile_scope: Literal["whole", "blocks"] = "blocks"
+    # Several processes (torchrun): "ddp" keeps a whole copy of the model, its gradients and optimizer
+    # state in each; "fsdp" shards all three over them (FSDP2, usmkit/fsdp.py; needs torchrun, also for
+    # one process) with sharded checkpoints. See docs/performance.md for which to use for which preset.
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    # Recompute each block's activations in the backward instead of keeping them (usmkit/activation_checkpoint.py):
+    # about a third more compute per step for a fraction of the activation memory.
+    activation_checkpointing: bool = False
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0
     max_bad_steps: int = 10  # consecutive non-finite losses before training stops
