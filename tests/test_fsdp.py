@@ -100,11 +100,14 @@ def test_two_processes_match_one_process(reference, two_processes):
     ck.load_weights(module, ckpt)
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])  # compiled: ~40 s on 2 cores
-def test_activation_checkpointing_and_compiled_blocks_under_fsdp(reference, tmp_path, compiled):
-    """activation checkpointing, then each block compiled, then sharded: the order the trainer applies."""
+@pytest.mark.parametrize(
+    "scope", [None, pytest.param("blocks", marks=pytest.mark.slow), pytest.param("whole", marks=pytest.mark.slow)]
+)  # compiled: 15-40 s each on 2 cores
+def test_activation_checkpointing_and_compiled_blocks_under_fsdp(reference, tmp_path, scope):
+    """activation checkpointing, then compiled (each block, or the whole step), then sharded: the
+    order the trainer applies."""
     ref_losses, ref_exp = reference
-    options = dict(compile=True, aot_eager=True) if compiled else {}
+    options = dict(compile=True, compile_scope=scope, aot_eager=True) if scope else {}
     result = _spawn(tmp_path, 2, activation_checkpointing=True, **options)
     torch.testing.assert_close(result["losses"], ref_losses, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(_grad_norms(tmp_path / "exp"), _grad_norms(ref_exp), rtol=1e-5, atol=0)

@@ -177,8 +177,13 @@ def _fail(final: Path, ckpt_root: Path, tmp: Path, error: BaseException | None) 
     ) from error
 
 
-def is_sharded_checkpoint(ckpt_dir: Path) -> bool:
-    return (Path(ckpt_dir) / OPTIMIZER_DIR).is_dir()
+def checkpoint_strategy(ckpt_dir: Path) -> str | None:
+    """``"fsdp"`` for a checkpoint of a sharded run, ``"ddp"`` for another, None if its train state is unreadable."""
+    try:
+        meta = json.loads((Path(ckpt_dir) / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return "fsdp" if isinstance(meta, dict) and SHARDED_DIGESTS in meta else "ddp"
 
 
 def load_sharded_checkpoint(ckpt_dir: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from usmkit.data.batch import Batch
 from usmkit.errors import UsageError
 from usmkit.fsdp import clip_grad_norm, gathered, shard_model
 from usmkit.models.output import StepOutput
-from usmkit.sharded_checkpoint import is_sharded_checkpoint, load_sharded_checkpoint, save_sharded_checkpoint
+from usmkit.sharded_checkpoint import checkpoint_strategy, load_sharded_checkpoint, save_sharded_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +373,8 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Load the weights (and a sharded run's optimizer) of checkpoint ``path``; returns its train state."""
-        saved = "fsdp" if is_sharded_checkpoint(path) else "ddp"
-        if saved != self.cfg.strategy:
+        saved = checkpoint_strategy(path)  # None: unreadable, which loading reports as damage
+        if saved is not None and saved != self.cfg.strategy:
             raise CheckpointError(
                 f"{path} was written with trainer.strategy={saved}, this run has trainer.strategy={self.cfg.strategy}: "
                 f"resume with trainer.strategy={saved}, or start a new run from its weights with init_from={path}"
