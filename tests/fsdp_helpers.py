@@ -14,6 +14,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
+from usmkit.checkpoint import CheckpointWriteError
 from usmkit.config import OptimConfig, TaskConfig, TrainerConfig
 from usmkit.data.batch import Batch
 from usmkit.models.las import LASConfig
@@ -122,13 +123,31 @@ def worker(rank: int, world: int, port: int, out: str, scenario: str, options: d
         if options.pop("aot_eager", False):  # compile without inductor's C++ build: minutes on this CPU
             real = torch.compile
             torch.compile = lambda f, **kw: real(f, **{**kw, "backend": "aot_eager"})
+        if options.pop("fail_write_on_rank", None) == rank:  # its disk fills up after its first optimizer shard
+            import errno
+
+            import safetensors.torch
+
+            real_save, calls = safetensors.torch.save, []
+
+            def full(*args, **kwargs):
+                calls.append(1)
+                if len(calls) > 1:
+                    raise OSError(errno.ENOSPC, "No space left on device")
+                return real_save(*args, **kwargs)
+
+            safetensors.torch.save = full  # what DCP's safetensors writer calls, once per checkpoint
         batches = global_batches()
         if scenario == "resume":  # from the step-2 checkpoint of another run, on the global batches from step 3
             loader, steps, resume = ListLoader([rows(b, rank, world) for b in batches[2:3]]), 3, True
         else:
             loader, steps, resume = ListLoader([rows(b, rank, world) for b in batches[:3]]), 3, False
         probe = rows(batches[3], rank, world)
-        losses = train(Path(out) / "exp", loader, steps, resume=resume, probe=probe, strategy="fsdp", **options)
+        try:
+            losses = train(Path(out) / "exp", loader, steps, resume=resume, probe=probe, strategy="fsdp", **options)
+        except CheckpointWriteError as e:
+            (Path(out) / f"error{rank}.txt").write_text(str(e))
+            return
         mean = torch.tensor([loss for _, loss in losses]) / world
         dist.all_reduce(mean)  # rows split evenly: the mean of the processes' means is the global mean
         if rank == 0:

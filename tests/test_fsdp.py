@@ -138,6 +138,19 @@ def test_damaged_optimizer_shard_falls_back_to_the_checkpoint_before(two_process
     assert resumed["steps"] == [3]  # from step 2: the damaged step-3 checkpoint was passed over
 
 
+def test_a_failed_shard_write_stops_every_process_and_keeps_the_last_checkpoint(tmp_path):
+    """Rank 1's disk is full at the second checkpoint (step 3): both processes stop with CheckpointWriteError."""
+    tmp_path.mkdir(exist_ok=True)
+    mp.spawn(fsdp_helpers.worker, args=(2, _port(), str(tmp_path), "train", {"fail_write_on_rank": 1}), nprocs=2)
+    for rank in (0, 1):
+        message = (tmp_path / f"error{rank}.txt").read_text()
+        assert "could not write checkpoint" in message and "step-000003" in message
+    assert "No space left on device" in (tmp_path / "error1.txt").read_text()
+    checkpoints = tmp_path / "exp" / "checkpoints"
+    assert [c.step for c in ck.list_checkpoints(checkpoints)] == [2] and not list(checkpoints.glob(".tmp-*"))
+    ck.load_train_state(checkpoints / "step-000002")  # intact (SHA-256 checked)
+
+
 def test_ddp_checkpoint_is_not_resumed_as_fsdp(reference, tmp_path):
     _, ref_exp = reference
     run = tmp_path / "exp"
@@ -192,6 +205,20 @@ def test_torchrun_fsdp_evaluates_saves_and_the_export_evaluates(synth_corpus, tm
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(out.read_text())["sets"]["test"]["utterances"] > 0
+
+
+def test_torchrun_fsdp_bestrq_at_eight_x(synth_corpus, tmp_path):
+    """BEST-RQ (its softmax heads a unit of their own, masked frames gathered by data-dependent indexing)
+    at 8x subsampling: two sharded steps, rank 0's dev loss on the gathered model, a sharded checkpoint."""
+    exp = tmp_path / "exp"
+    _torchrun(2, tmp_path, "recipe=stage1", f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}",
+              "trainer.strategy=fsdp", "model.subsampling_factor=8", "task.bestrq.num_codebooks=2",
+              "task.bestrq.codebook_size=64", "trainer.max_steps=2", "trainer.eval_every=2", "trainer.save_every=2",
+              "trainer.dev_max_batches=2")  # fmt: skip
+    rows = [json.loads(line) for line in (exp / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train/loss"] > 0 for r in rows if "train/loss" in r) and rows[-1]["dev/dev_loss"] > 0
+    weights = _weights(exp, 2)
+    assert weights["heads.weight"].shape == (2 * 64, 64) and "encoder.subsampling.conv.4.weight" in weights
 
 
 @pytest.mark.slow

@@ -116,7 +116,7 @@ def save_sharded_checkpoint(
     try:
         writer = dcp.HuggingFaceStorageWriter(str(tmp / OPTIMIZER_DIR), save_distributed=True)
         dcp.save({"state": optim_state["state"]}, storage_writer=writer)
-    except Exception as e:  # DCP raises on every process if one failed to write
+    except (Exception, dcp.api.CheckpointException) as e:  # on every process if one failed (a BaseException)
         error = error or e
     if not _all_ok(error is None):
         _fail(final, ckpt_root, tmp, error)
