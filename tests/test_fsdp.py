@@ -207,6 +207,7 @@ def test_torchrun_fsdp_evaluates_saves_and_the_export_evaluates(synth_corpus, tm
     assert json.loads(out.read_text())["sets"]["test"]["utterances"] > 0
 
 
+@pytest.mark.slow  # ~10-15 s; the CTC/LAS runs above cover the mechanism in the default suite
 def test_torchrun_fsdp_bestrq_at_eight_x(synth_corpus, tmp_path):
     """BEST-RQ (its softmax heads a unit of their own, masked frames gathered by data-dependent indexing)
     at 8x subsampling: two sharded steps, rank 0's dev loss on the gathered model, a sharded checkpoint."""
