@@ -7,6 +7,8 @@ Layout of one checkpoint directory (``<exp_dir>/checkpoints/step-000200/``)::
                               everything but the tensors, plus the SHA-256 of both tensor files
     train_state.safetensors   the train state's tensors (optimizer moments, RNG states), by key
     config.yaml               the full resolved config that produced it
+    optimizer/                trainer.strategy=fsdp only: the optimizer state, sharded
+                              (``usmkit.sharded_checkpoint``; train_state.safetensors then has no moments)
 
 Nothing in a checkpoint is pickled, so a checkpoint from elsewhere cannot run code when loaded.
 A checkpoint is written to a temporary sibling directory and renamed into place only once every
@@ -97,10 +99,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return tensors_for_save(module.state_dict())
+
+
+def tensors_for_save(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict as safetensors stores it: on the CPU, contiguous, no two tensors sharing storage."""
     # safetensors refuses tensors that share storage (tied weights); clone makes them independent.
     seen: set[int] = set()
     out = {}
-    for k, v in module.state_dict().items():
+    for k, v in state_dict.items():
         v = v.detach().cpu()
         key = v.untyped_storage().data_ptr()
         out[k] = v.clone() if key in seen else v.contiguous()
@@ -234,8 +241,9 @@ def decode_state(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return dec(tree)
 
 
-def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
-    """The train state of a checkpoint, checked against the recorded SHA-256 of its tensor files.
+def load_train_state(ckpt_dir: Path, verify: bool = True) -> dict[str, Any]:
+    """The train state of a checkpoint, checked against the recorded SHA-256 of its tensor files
+    (``verify=False``: not checked, e.g. on the processes of a sharded run whose rank 0 checked them).
 
     Raises ``CheckpointError`` naming the file that is missing, damaged or does not match."""
     ckpt_dir = Path(ckpt_dir)
@@ -254,7 +262,7 @@ def load_train_state(ckpt_dir: Path) -> dict[str, Any]:
         tree, digests = meta["state"], meta["sha256"]
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointDamaged(f"{state_path} is damaged ({type(e).__name__}: {e})") from None
-    for name, digest in digests.items():
+    for name, digest in digests.items() if verify else ():
         path = ckpt_dir / name
         if not path.is_file():
             raise CheckpointDamaged(f"{path} is missing")
@@ -333,16 +341,31 @@ def load_weights(
     weights = load_tensors(Path(ckpt_dir) / MODEL_FILE)
     if prefix:
         weights = {k: v for k, v in weights.items() if k.startswith(prefix)}
-        if not weights:
-            raise CheckpointError(f"{ckpt_dir} has no weights under '{prefix}'")
-    own = module.state_dict()
+    check_fit(
+        {k: v.shape for k, v in module.state_dict().items()},
+        {k: v.shape for k, v in weights.items()},
+        ckpt_dir,
+        prefix,
+        strict,
+    )
+    module.load_state_dict(weights, strict=False)
+    return list(weights)
+
+
+def check_fit(
+    own: dict[str, torch.Size], stored: dict[str, torch.Size], ckpt_dir: Path, prefix: str = "", strict: bool = True
+) -> None:
+    """``CheckpointError`` listing the keys of ``stored`` (shapes of a checkpoint's weights under
+    ``prefix``) that do not fit ``own`` (the model's), and with ``strict`` the model's keys it lacks."""
+    if prefix and not stored:
+        raise CheckpointError(f"{ckpt_dir} has no weights under '{prefix}'")
     mismatched = [
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in weights.items()
-        if k in own and own[k].shape != v.shape
+        f"{k}: checkpoint {tuple(shape)} vs model {tuple(own[k])}"
+        for k, shape in stored.items()
+        if k in own and own[k] != shape
     ]
-    unexpected = [k for k in weights if k not in own]
-    missing = [k for k in own if k.startswith(prefix) and k not in weights] if strict else []
+    unexpected = [k for k in stored if k not in own]
+    missing = [k for k in own if k.startswith(prefix) and k not in stored] if strict else []
     if mismatched or unexpected or missing:
         lines = [f"checkpoint {ckpt_dir} does not fit this model (was it trained with another model size?)"]
         for title, keys in (("shape mismatch", mismatched), ("unexpected", unexpected), ("missing", missing)):
@@ -350,8 +373,6 @@ def load_weights(
                 shown = keys[:20] + ([f"... and {len(keys) - 20} more"] if len(keys) > 20 else [])
                 lines.append(f"  {title} ({len(keys)}): " + "; ".join(shown))
         raise CheckpointError("\n".join(lines))
-    module.load_state_dict(weights, strict=False)
-    return list(weights)
 
 
 def rng_state() -> dict[str, Any]:

@@ -29,8 +29,8 @@ class ConfigError(UsageError, ValueError):
 class ModelSection:
     """Which encoder to build: a named size preset plus the knobs recipes change.
 
-    ``chunk_size`` is in encoder frames (40 ms each); ``None`` = full attention. USM's chunk-wise
-    attention uses 8 s chunks (200 frames) with ``left_chunks=0``.
+    ``chunk_size`` is in encoder frames (40 ms each at ``subsampling_factor=4``, 80 ms at 8); ``None`` =
+    full attention. USM's chunk-wise attention uses 8 s chunks (200 frames) with ``left_chunks=0``.
     """
 
     preset: str = "tiny"
@@ -39,6 +39,7 @@ class ModelSection:
     causal_conv: bool = False
     attention_impl: str = "sdpa"
     dropout: float = 0.1
+    subsampling_factor: int = 4  # feature frames per encoder frame: 4 or 8 (one more stride-2 conv stage)
     overrides: dict[str, Any] | None = None  # any other ConformerConfig field, e.g. {d_model: 192}
 
     def build_config(self, input_dim: int) -> ConformerConfig:
@@ -52,6 +53,7 @@ class ModelSection:
             causal_conv=self.causal_conv,
             attention_impl=self.attention_impl,
             dropout=self.dropout,
+            subsampling_factor=self.subsampling_factor,
             **(self.overrides or {}),
         )
 
@@ -133,6 +135,13 @@ class TrainerConfig:
     # "blocks" is the default: one graph serves every identical block, so it compiles several times
     # sooner than the unrolled whole model (bench/compile_scope.py).
     compile_scope: Literal["whole", "blocks"] = "blocks"
+    # Several processes (torchrun): "ddp" keeps a whole copy of the model, its gradients and optimizer
+    # state in each; "fsdp" shards all three over them (FSDP2, usmkit/fsdp.py; needs torchrun, also for
+    # one process) with sharded checkpoints. See docs/performance.md for which to use for which preset.
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    # Recompute each block's activations in the backward instead of keeping them (usmkit/activation_checkpoint.py):
+    # about a third more compute per step for a fraction of the activation memory.
+    activation_checkpointing: bool = False
     device: str = "auto"  # auto = cuda if available, else cpu
     seed: int = 0
     max_bad_steps: int = 10  # consecutive non-finite losses before training stops

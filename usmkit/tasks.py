@@ -2,7 +2,7 @@
 
 This is where configuration meets model classes: one explicit branch per task kind in ``build_task``;
 ``train_spec`` tells the trainer, which knows no model internals, the parameter groups, the blocks to
-compile and the batch axes that vary.
+compile, checkpoint and shard, and the batch axes that vary.
 """
 
 from __future__ import annotations
@@ -42,18 +42,43 @@ def build_task(task: TaskConfig, encoder_cfg: ConformerConfig, vocab_size: int) 
     raise ValueError(f"unknown task.kind {task.kind!r}; choose ctc, las, bestrq or most")
 
 
+def check_task(task: TaskConfig, encoder_cfg: ConformerConfig) -> None:
+    """ValueError if the task's settings do not fit the encoder's (checked before any data is read)."""
+    if task.kind == "bestrq":
+        from usmkit.ssl.bestrq import BestRQConfig, check_stack_frames
+
+        check_stack_frames(BestRQConfig(**task.bestrq), encoder_cfg.subsampling_factor)
+
+
 def train_spec(module: torch.nn.Module, optim: OptimConfig) -> TrainSpec:
-    """What the trainer needs to know of ``module``: its parameter groups, compile units and dynamic batch axes."""
+    """What the trainer needs to know of ``module``: its parameter groups, the units to compile, checkpoint
+    and shard, and the dynamic batch axes."""
+    units = compile_units(module)
     return TrainSpec(
         param_groups=encoder_param_groups(module, optim),
-        compile_units=compile_units(module),
+        compile_units=units,
         dynamic_axes=batch_dynamic_axes,
+        checkpoint_units=units,
+        shard_units=shard_units(module),
     )
 
 
 def compile_units(module: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
     """Every Conformer block and subsampling front end in ``module``: one compiled graph serves each kind."""
     return tuple(m for m in module.modules() if isinstance(m, COMPILE_UNITS))
+
+
+def shard_units(module: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    """What ``trainer.strategy=fsdp`` shards one by one: every Conformer block, and every head, i.e. each
+    child of the task module that holds parameters and no Conformer block (CTC, LAS decoder, BEST-RQ's
+    softmax heads). The front end and what else remains go with the root."""
+    blocks = tuple(m for m in module.modules() if isinstance(m, ConformerBlock))
+    heads = tuple(
+        child
+        for child in module.children()
+        if any(True for _ in child.parameters()) and not any(isinstance(m, ConformerBlock) for m in child.modules())
+    )
+    return blocks + heads
 
 
 def encoder_param_groups(module: torch.nn.Module, optim: OptimConfig) -> tuple[ParamGroup, ...]:

@@ -2,7 +2,8 @@
 
 Hydra composes ``usmkit/conf/train.yaml`` with the chosen recipe and overrides; the composed config
 is converted to ``TrainConfig`` once, here, and everything below sees only dataclasses.
-Several processes: ``torchrun --nproc-per-node 2 -m usmkit.train recipe=...`` (DDP; gloo on CPU).
+Several processes: ``torchrun --nproc-per-node 2 -m usmkit.train recipe=...`` (DDP; gloo on CPU);
+``trainer.strategy=fsdp`` shards the model over them (torchrun also for one process).
 """
 
 from __future__ import annotations
@@ -30,17 +31,25 @@ from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.errors import UsageError, strip_debug_from_sys_argv, user_errors
 from usmkit.inference import make_dev_eval
-from usmkit.tasks import build_task, train_spec
-from usmkit.trainer import Trainer, resolve_device
+from usmkit.tasks import build_task, check_task, train_spec
+from usmkit.trainer import Trainer, check_options, resolve_device
 
 log = logging.getLogger("usmkit.train")
 
 
-def setup_distributed(device_name: str) -> tuple[int, int, torch.device]:
-    """Init torch.distributed when launched by torchrun; returns (rank, world_size, device)."""
+def launched_distributed(strategy: str) -> bool:
+    """Whether ``setup_distributed`` inits torch.distributed: torchrun started several processes, or one
+    with ``trainer.strategy=fsdp`` (FSDP needs a process group even for one)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world > 1 or (strategy == "fsdp" and "MASTER_ADDR" in os.environ)
+
+
+def setup_distributed(device_name: str, strategy: str = "ddp") -> tuple[int, int, torch.device]:
+    """Init torch.distributed when launched by torchrun (``launched_distributed``); returns (rank,
+    world_size, device)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = resolve_device(device_name)
-    if world > 1 and not dist.is_initialized():
+    if launched_distributed(strategy) and not dist.is_initialized():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
@@ -116,19 +125,23 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
                 "compiled step: up to %d graphs per function, torch's recompile limit %d -> %d", needed, limit, needed
             )
     try:  # the model's settings (preset name, overrides) are checked before any data is read
-        cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
+        encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model: {e}") from e
+    try:  # so are the task's against the model's, and the trainer's options against the machine
+        check_task(cfg.task, encoder_cfg)
+        distributed = launched_distributed(cfg.trainer.strategy)
+        check_options(cfg.trainer, cfg.optim, resolve_device(cfg.trainer.device), distributed)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from e
     if cfg.init_from:
         resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
     if cfg.task.kind == "most":  # MOST: where text enters must be one of the encoder's blocks
         try:
-            cfg.task.most.resolve_text_layer(
-                cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins).num_layers
-            )
+            cfg.task.most.resolve_text_layer(encoder_cfg.num_layers)
         except ValueError as e:
             raise ConfigError(str(e)) from e
-    rank, world, device = setup_distributed(cfg.trainer.device)
+    rank, world, device = setup_distributed(cfg.trainer.device, cfg.trainer.strategy)
     torch.manual_seed(cfg.trainer.seed + rank)
     exp_dir = Path(cfg.trainer.exp_dir)
     if not cfg.resume and latest_checkpoint(exp_dir / "checkpoints") is not None:

@@ -1,11 +1,12 @@
 """The training loop: step, evaluate, checkpoint, resume. It knows nothing of model internals.
 
 The task module maps a ``Batch`` to a ``StepOutput`` (loss + metrics); what else the loop must know
-of the model (parameter groups, the blocks to compile, the batch axes that vary) comes with it as a
-``TrainSpec``, built by the task (``usmkit.tasks.train_spec``). The loop does the rest:
-AdamW with warm-up and decay, gradient accumulation and clipping, bf16 autocast on CUDA, skipping of
-non-finite steps, TensorBoard scalars, a progress bar, periodic dev evaluation, atomic checkpoints
-(keep last N and the best), exact resume and DDP.
+of the model (parameter groups, the blocks to compile, checkpoint or shard, the batch axes that vary)
+comes with it as a ``TrainSpec``, built by the task (``usmkit.tasks.train_spec``). The loop does the
+rest: AdamW with warm-up and decay, gradient accumulation and clipping, bf16 autocast on CUDA, skipping
+of non-finite steps, TensorBoard scalars, a progress bar, periodic dev evaluation, atomic checkpoints
+(keep last N and the best), exact resume, and several processes: DDP, or FSDP2
+(``trainer.strategy=fsdp``, ``usmkit.fsdp``) with sharded checkpoints (``usmkit.sharded_checkpoint``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
+from usmkit.activation_checkpoint import checkpoint_blocks
 from usmkit.checkpoint import (
     STATE_FILE,
     STATE_TENSORS_FILE,
@@ -45,7 +47,9 @@ from usmkit.compile_blocks import compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
 from usmkit.errors import UsageError
+from usmkit.fsdp import clip_grad_norm, gathered, shard_model
 from usmkit.models.output import StepOutput
+from usmkit.sharded_checkpoint import checkpoint_strategy, load_sharded_checkpoint, save_sharded_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +90,16 @@ class TrainSpec:
     ``compile_units``: the modules ``trainer.compile_scope=blocks`` compiles one by one (their
     forwards take tensors batch-first). ``dynamic_axes``: a batch's (tensor, dim) pairs that vary from
     batch to batch, marked dynamic for ``trainer.compile_scope=whole``; None: every axis static.
+    ``checkpoint_units``: the modules whose activations ``trainer.activation_checkpointing`` recomputes
+    in the backward. ``shard_units``: the modules ``trainer.strategy=fsdp`` shards one by one (each
+    gathers its weights when its ``forward`` runs; the rest of the model is gathered for the whole step).
     """
 
     param_groups: tuple[ParamGroup, ...] = ()
     compile_units: tuple[torch.nn.Module, ...] = ()
     dynamic_axes: Callable[[Batch], Sequence[tuple[torch.Tensor, int]]] | None = None
+    checkpoint_units: tuple[torch.nn.Module, ...] = ()
+    shard_units: tuple[torch.nn.Module, ...] = ()
 
 
 @dataclass
@@ -187,6 +196,36 @@ def is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
+def check_options(cfg: TrainerConfig, optim_cfg: OptimConfig, device: torch.device, distributed: bool) -> None:
+    """ValueError naming every combination of trainer options this run cannot serve (the entry point
+    calls it before any data is read; ``Trainer`` again)."""
+    problems = []
+    if device.type == "cuda" and not torch.cuda.is_available():
+        problems.append(f"trainer.device={cfg.device} but this machine has no CUDA device; use trainer.device=cpu")
+    if cfg.strategy == "fsdp" and not distributed:
+        problems.append(
+            "trainer.strategy=fsdp needs torch.distributed: launch with torchrun "
+            "(torchrun --nproc-per-node N -m usmkit.train ..., N=1 for one GPU)"
+        )
+    if cfg.compile_mode == "reduce-overhead":
+        cg = "trainer.compile_mode=reduce-overhead (CUDA graphs)"
+        if not cfg.compile:
+            problems.append(f"{cg} needs trainer.compile=true")
+        if device.type != "cuda":
+            problems.append(f"{cg} needs a CUDA device (this run uses {device})")
+        if optim_cfg.accum_steps != 1:
+            # Untested: whether the next micro-batch's replay leaves the gradients accumulated so far intact.
+            problems.append(f"{cg} needs optim.accum_steps=1 (got {optim_cfg.accum_steps})")
+        if cfg.strategy == "fsdp":
+            # FSDP gathers and frees each unit's weights in hooks around the compiled blocks, outside any graph.
+            problems.append(f"{cg} does not work with trainer.strategy=fsdp; use compile_mode=default")
+        elif distributed:
+            # Untested in the trainer (bench/ddp_scaling.py --cuda-graphs measured it with its own DDP options).
+            problems.append(f"{cg} is not supported with several processes (DDP); use compile_mode=default")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 class Trainer:
     """Runs ``max_steps`` optimizer steps of ``module`` over ``train_loader``.
 
@@ -222,26 +261,38 @@ class Trainer:
         self.config_yaml = config_yaml
         self.exp_dir = Path(cfg.exp_dir)
         self.ckpt_root = self.exp_dir / "checkpoints"
-        groups = param_groups(self.module, spec.param_groups)
-        self.optimizer = make_optimizer(groups, optim_cfg)
-        self.scheduler = make_scheduler(self.optimizer, groups, optim_cfg, cfg.max_steps)
         self.distributed = dist.is_available() and dist.is_initialized()
-        self.step_module: torch.nn.Module = self.module
-        if self.distributed:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            # No BatchNorm anywhere: buffers (e.g. BEST-RQ's frozen codebooks) need no per-step broadcast.
-            self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
-        compile_mode = self._compile_mode()
+        check_options(cfg, optim_cfg, self.device, self.distributed)
+        self.sharded = cfg.strategy == "fsdp"
+        groups = param_groups(self.module, spec.param_groups)
+        # The order torchtitan applies them in: activation checkpointing, compile per block, then shard
+        # (FSDP's gather and free run in hooks around each compiled block).
+        if cfg.activation_checkpointing:
+            n = checkpoint_blocks(spec.checkpoint_units)
+            log.info("recomputing the activations of %d blocks in the backward (trainer.activation_checkpointing)", n)
+        compile_mode = "reduce-overhead" if cfg.compile_mode == "reduce-overhead" else None
         self.cuda_graphs = compile_mode == "reduce-overhead"  # each step then marks a new graph replay
-        if cfg.compile:
+        if cfg.compile and cfg.compile_scope == "blocks":
             # Static shapes step faster than fully dynamic ones (bench/train_throughput.py); the time
             # axis comes in a few padded lengths (data.pad_to_frames), and only the axes the task names
             # dynamic (those the sampler varies) are left dynamic (see _forward_backward).
-            if cfg.compile_scope == "blocks":
-                n = compile_blocks(spec.compile_units, compile_mode)
-                log.info("compiling %d blocks of the model one by one (trainer.compile_scope=blocks)", n)
-            else:  # whole (the config's Literal type is checked where the config is read)
-                self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
+            n = compile_blocks(spec.compile_units, compile_mode)
+            log.info("compiling %d blocks of the model one by one (trainer.compile_scope=blocks)", n)
+        self.step_module: torch.nn.Module = self.module
+        if self.sharded:
+            names = {id(p): name for name, p in self.module.named_parameters()}
+            n = shard_model(self.module, spec.shard_units, self.device, cfg.precision)
+            log.info("sharding %d units and the rest of the model over %d processes (FSDP2)", n, dist.get_world_size())
+            now = dict(self.module.named_parameters())  # the shards: new parameters under the same names
+            groups = tuple(replace(g, params=tuple(now[names[id(p)]] for p in g.params)) for g in groups)
+        elif self.distributed:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            # No BatchNorm anywhere: buffers (e.g. BEST-RQ's frozen codebooks) need no per-step broadcast.
+            self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
+        if cfg.compile and cfg.compile_scope == "whole":  # (the config's Literal type is checked where it is read)
+            self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
+        self.optimizer = make_optimizer(groups, optim_cfg)
+        self.scheduler = make_scheduler(self.optimizer, groups, optim_cfg, cfg.max_steps)
         self.step = 0
         self.epoch = 0
         self.best: dict | None = None
@@ -249,37 +300,23 @@ class Trainer:
         self.health_warned = False  # a module's health_check warns once per run
         self.bad_steps_in_row = 0
 
-    def _compile_mode(self) -> str | None:
-        """torch.compile's mode for ``cfg.compile_mode``; refuses combinations CUDA graphs cannot serve here."""
-        if self.cfg.compile_mode != "reduce-overhead":
-            return None
-        problems = []
-        if not self.cfg.compile:
-            problems.append("it needs trainer.compile=true")
-        if self.device.type != "cuda":
-            problems.append(f"it needs a CUDA device (this run uses {self.device})")
-        if self.optim_cfg.accum_steps != 1:
-            # Untested: whether the next micro-batch's replay leaves the gradients accumulated so far intact.
-            problems.append(f"it needs optim.accum_steps=1 (got {self.optim_cfg.accum_steps})")
-        if self.distributed:
-            # Untested in the trainer (bench/ddp_scaling.py --cuda-graphs measured it with its own DDP options).
-            problems.append("it is not supported with several processes (DDP); use compile_mode=default")
-        if problems:
-            raise ValueError("trainer.compile_mode=reduce-overhead (CUDA graphs): " + "; ".join(problems))
-        return "reduce-overhead"
-
     # ---------------------------------------------------------------- state
     def train_state(self) -> dict[str, Any]:
-        return {
+        """What resume restores besides the weights (a sharded run saves its optimizer state apart)."""
+        state = {
             "step": self.step,
             "epoch": self.epoch,
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "loader": self.train_loader.state_dict(),
             "rng": rng_state(),
             "best": self.best,
             "bad_steps_total": self.bad_steps_total,
+            "strategy": self.cfg.strategy,
+            "world_size": dist.get_world_size() if self.distributed else 1,
         }
+        if not self.sharded:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
 
     def resume(self) -> bool:
         """Continue from the newest complete checkpoint in ``exp_dir``; False if there is none.
@@ -303,8 +340,7 @@ class Trainer:
             return False
         for ckpt in reversed(candidates):
             try:
-                state = load_train_state(ckpt.path)  # checks both tensor files' SHA-256 first
-                load_weights(self.module, ckpt.path)
+                state = self._load_checkpoint(ckpt.path)
                 break
             except CheckpointDamaged as e:
                 log.warning("%s; falling back to the previous checkpoint", e)
@@ -314,9 +350,20 @@ class Trainer:
                 "above); start a new run (resume=false) with another trainer.exp_dir"
             )
         last = ckpt
-        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.train_loader.load_state_dict(state["loader"])
+        world = dist.get_world_size() if self.distributed else 1
+        if state.get("world_size", world) == world:
+            self.train_loader.load_state_dict(state["loader"])
+        else:  # the sampler's position is per process: it cannot carry over to another number of them
+            log.warning(
+                "%s was written by %d processes, this run has %d: the data order cannot continue where it "
+                "stopped, so epoch %d starts over",
+                last.path,
+                state["world_size"],
+                world,
+                state["epoch"],
+            )
+            self.train_loader.set_epoch(state["epoch"])
         set_rng_state(state["rng"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.best = state.get("best") or read_best(self.ckpt_root)
@@ -324,17 +371,40 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d)", last.path, self.step, self.epoch)
         return True
 
+    def _load_checkpoint(self, path: Path) -> dict[str, Any]:
+        """Load the weights (and a sharded run's optimizer) of checkpoint ``path``; returns its train state."""
+        saved = checkpoint_strategy(path)  # None: unreadable, which loading reports as damage
+        if saved is not None and saved != self.cfg.strategy:
+            raise CheckpointError(
+                f"{path} was written with trainer.strategy={saved}, this run has trainer.strategy={self.cfg.strategy}: "
+                f"resume with trainer.strategy={saved}, or start a new run from its weights with init_from={path}"
+            )
+        if self.sharded:  # every process: checks, weights and optimizer state at this run's sharding
+            return load_sharded_checkpoint(path, self.module, self.optimizer)
+        state = load_train_state(path)  # checks both tensor files' SHA-256 first
+        load_weights(self.module, path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        return state
+
     def save(self) -> Path | None:
-        if not is_main_process():
+        """Write a checkpoint of this step (rank 0; with FSDP every process writes its part); its path, or
+        None on the processes that write nothing."""
+        if not (self.sharded or is_main_process()):
             return None
         last = latest_checkpoint(self.ckpt_root)
         if last is not None and last.step == self.step:  # e.g. the best was just saved at this step
             return last.path
         # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
         # saving would lose every step after the last checkpoint, which stays intact.
-        path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
-        keep = {self.ckpt_root / self.best["path"]} if self.best else set()
-        prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
+        if self.sharded:
+            path = save_sharded_checkpoint(
+                self.ckpt_root, self.step, self.module, self.optimizer, self.train_state(), self.config_yaml
+            )
+        else:
+            path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
+        if is_main_process():
+            keep = {self.ckpt_root / self.best["path"]} if self.best else set()
+            prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
         return path
 
     # ---------------------------------------------------------------- loop
@@ -391,7 +461,7 @@ class Trainer:
         progress = _progress(cfg, self.step) if (main and cfg.progress) else None
         batches = self._batches()
         losses: list[tuple[int, float]] = []
-        window_frames, window_start = 0, time.perf_counter()
+        window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
         last_loss = float("nan")
         self.module.train()
         try:
@@ -400,14 +470,21 @@ class Trainer:
                 loss_sum = torch.zeros((), device=self.device)
                 metric_sums: dict[str, torch.Tensor] = {}
                 for micro in range(self.optim_cfg.accum_steps):
-                    out, frames = self._forward_backward(next(batches), sync=micro == self.optim_cfg.accum_steps - 1)
+                    # The step ends in a device sync (loss.item()), so the device idles while the host waits here.
+                    wait_start = time.perf_counter()
+                    batch = next(batches)
+                    window_wait += time.perf_counter() - wait_start
+                    out, frames = self._forward_backward(batch, sync=micro == self.optim_cfg.accum_steps - 1)
                     loss_sum += out.loss.detach().float()
                     window_frames += frames
                     for k, v in out.metrics.items():
                         metric_sums[k] = metric_sums.get(k, 0) + v.detach().float()
                 loss = loss_sum / self.optim_cfg.accum_steps
                 clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
+                if self.sharded:  # the norm over every process's gradient shards
+                    grad_norm = clip_grad_norm(self.module.parameters(), clip)
+                else:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
                 if not self._all_finite(loss, grad_norm):
                     self.bad_steps_total += 1
                     self.bad_steps_in_row += 1
@@ -435,14 +512,18 @@ class Trainer:
                 if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
                     elapsed = time.perf_counter() - window_start
                     fps = window_frames / max(elapsed, 1e-9)
-                    window_frames, window_start = 0, time.perf_counter()
+                    wait = window_wait / max(elapsed, 1e-9)
+                    window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
                     scalars = {
                         "train/loss": last_loss,
                         "train/lr": self.scheduler.get_last_lr()[0],
                         "train/grad_norm": float(grad_norm),
                         "train/frames_per_s": fps,
+                        "train/loader_wait": wait,  # share of the window's wall time spent waiting for batches
                         "train/bad_steps": float(self.bad_steps_total),
                     }
+                    if self.device.type == "cuda":  # the allocator's counter: no device sync
+                        scalars["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                     scalars |= {f"train/{k}": float(v) / self.optim_cfg.accum_steps for k, v in metric_sums.items()}
                     self._log(writer, metrics_log, scalars)
                     self._health_check(scalars)
@@ -487,27 +568,38 @@ class Trainer:
     def _evaluate(self, writer, metrics_log) -> None:
         if self.dev_eval is None:
             return
-        if is_main_process():
-            self.module.eval()
-            with torch.no_grad(), autocast_context(self.device, self.cfg.precision):
-                results = self.dev_eval(self.module)
-            self.module.train()
-            self._log(writer, metrics_log, {f"dev/{k}": v for k, v in results.items()})
-            log.info("step %d dev: %s", self.step, ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
-            value = results.get(self.cfg.best_metric)
-            if value is not None and (self.best is None or value < self.best["value"]):
-                previous = self.best  # set first, so the checkpoint's train state records itself as the best
-                self.best = {
-                    "path": f"step-{self.step:06d}",
-                    "metric": self.cfg.best_metric,
-                    "value": value,
-                    "step": self.step,
-                }
-                path = self.save()
-                if path is None:
-                    self.best = previous
-                else:
-                    write_best(self.ckpt_root, path, self.cfg.best_metric, value, self.step)
+        best = None
+        # Rank 0 evaluates alone; a sharded model is first gathered whole on every process for it.
+        with gathered(self.module) if self.sharded else contextlib.nullcontext():
+            if is_main_process():
+                self.module.eval()
+                with torch.no_grad(), autocast_context(self.device, self.cfg.precision):
+                    results = self.dev_eval(self.module)
+                self.module.train()
+                self._log(writer, metrics_log, {f"dev/{k}": v for k, v in results.items()})
+                log.info("step %d dev: %s", self.step, ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
+                value = results.get(self.cfg.best_metric)
+                if value is not None and (self.best is None or value < self.best["value"]):
+                    best = {
+                        "path": f"step-{self.step:06d}",
+                        "metric": self.cfg.best_metric,
+                        "value": value,
+                        "step": self.step,
+                    }
+        if self.sharded:  # every process writes its part of the best checkpoint
+            shared = [best]
+            dist.broadcast_object_list(shared, src=0)
+            best = shared[0]
+        if best is not None:
+            previous, self.best = (
+                self.best,
+                best,
+            )  # set first, so the checkpoint's train state records itself as the best
+            path = self.save()
+            if path is None:
+                self.best = previous
+            elif is_main_process():
+                write_best(self.ckpt_root, path, best["metric"], best["value"], best["step"])
         if self.distributed:
             dist.barrier()
 

@@ -25,6 +25,7 @@ import json
 import shutil
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -32,7 +33,6 @@ import numpy as np
 import torch
 
 from usmkit.errors import UsageError, debug_enabled  # UsageError: bad command line, checkpoint or input (exit 2)
-from usmkit.models.subsampling import SUBSAMPLING_FACTOR
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
 from usmkit.streaming.decoder import DecoderConfig, EndpointConfig, Segment
 from usmkit.streaming.features import StreamingFbank
@@ -293,6 +293,8 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
         model = quantize_linear_int8(model)
     feature_cfg = cfg.data.features
     enc_cfg = model.encoder.cfg
+    frame_s = model.encoder.subsampling_factor * feature_cfg.frame_shift_ms / 1000.0  # one encoder frame
+    decoder_cfg = replace(decoder_cfg, endpoint=replace(decoder_cfg.endpoint, frame_s=frame_s))
     streaming = not args.no_streaming
     if streaming:
         C, K = _streaming_mask(args, model, ckpt, err)
@@ -300,7 +302,7 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
         C = enc_cfg.chunk_size if args.chunk_size is None else args.chunk_size
         K = enc_cfg.left_chunks if args.left_chunks is None else args.left_chunks
     # Blocks of one chunk of audio, so that each block completes about one encoder chunk.
-    block_s = (C or 4) * SUBSAMPLING_FACTOR * feature_cfg.frame_shift_ms / 1000.0
+    block_s = (C or 4) * frame_s
     source = _open_source(args, feature_cfg.sample_rate, block_s)
     fbank = StreamingFbank(feature_cfg, stats)
     printer = Printer(out, partials=not args.no_partials)

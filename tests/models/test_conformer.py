@@ -49,6 +49,58 @@ def test_subsampling_lengths_formula_matches_the_convolutions():
     assert output_lengths(torch.arange(0, 12)).tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2]
 
 
+@pytest.mark.parametrize("factor", [4, 8])
+def test_output_lengths_match_running_the_conv_stack_on_every_length(factor):
+    """Every valid length 1..200 inside a padded batch: the formula gives the frames whose inputs are valid,
+    counted by running the convolutions on that many frames alone (shorter than the receptive field: 0)."""
+    sub = Conv2dSubsampling(F_BINS, channels=4, d_model=8, factor=factor).eval()
+    lengths = torch.arange(1, 201)
+    for T in lengths.tolist():
+        frames = sub(torch.zeros(1, T, F_BINS), torch.tensor([T]))[0].shape[1] if T >= sub.receptive_field else 0
+        assert int(output_lengths(torch.tensor([T]), factor)) == frames == max(0, conv_out_size(T, factor)), T
+    assert torch.equal(sub.output_lengths(lengths), output_lengths(lengths, factor))
+    # Padding never reaches a valid output frame: each row's valid outputs equal the row run alone.
+    x = torch.randn(3, 200, F_BINS, generator=torch.Generator().manual_seed(0))
+    batch_lengths = torch.tensor([200, 123, 2 * factor - 1])
+    padded = x * (torch.arange(200)[None, :, None] < batch_lengths[:, None, None]) + 7.0 * (
+        torch.arange(200)[None, :, None] >= batch_lengths[:, None, None]
+    )  # garbage after each row's valid frames
+    y, out_lens = sub(padded, batch_lengths)
+    for row, T in enumerate(batch_lengths.tolist()):
+        alone, _ = sub(x[row : row + 1, :T], torch.tensor([T]))
+        n = int(out_lens[row])
+        assert n == alone.shape[1] >= 1
+        torch.testing.assert_close(y[row, :n], alone[0], rtol=1e-5, atol=1e-6)
+
+
+def test_eight_x_subsampling_is_one_more_stage_of_the_same_kind():
+    four, eight = (Conv2dSubsampling(80, channels=8, d_model=16, factor=f) for f in (4, 8))
+    assert [n for n, _ in four.named_parameters()] == ["conv.0.weight", "conv.0.bias", "conv.2.weight", "conv.2.bias",
+                                                       "proj.weight", "proj.bias"]  # fmt: skip
+    assert {n for n, _ in eight.named_parameters()} - {n for n, _ in four.named_parameters()} == {
+        "conv.4.weight",
+        "conv.4.bias",
+    }
+    assert (eight.receptive_field, four.receptive_field) == (15, 7)
+    assert eight.proj.in_features == 8 * 9 and four.proj.in_features == 8 * 19  # 80 bins -> 39 -> 19 -> 9
+    with pytest.raises(ValueError, match=r"subsampling_factor must be one of \(4, 8\)"):
+        Conv2dSubsampling(80, channels=8, d_model=16, factor=6)
+    with pytest.raises(ValueError, match="at least 15 feature frames for 8x"):
+        eight(torch.zeros(1, 14, 80), torch.tensor([14]))
+    with pytest.raises(ValueError, match="input_dim=14 is too small for 8x subsampling.*>= 15"):
+        ConformerConfig(input_dim=14, d_model=32, num_layers=1, num_heads=2, subsampling_factor=8)
+
+
+def test_encoder_with_eight_x_subsampling():
+    enc = _encoder(subsampling_factor=8, chunk_size=3)
+    lengths = torch.tensor([57, 40, 15])
+    y, out_lens = enc(_features(3, 57), lengths)
+    assert enc.subsampling_factor == 8
+    assert y.shape == (3, conv_out_size(57, 8), 32) == (3, 6, 32)
+    assert out_lens.tolist() == enc.output_lengths(lengths).tolist() == output_lengths(lengths, 8).tolist() == [6, 4, 1]
+    assert (y.masked_select(lengths_to_padding_mask(out_lens, y.shape[1])[..., None]) == 0).all()
+
+
 def test_subsampling_rejects_bad_features():
     sub = Conv2dSubsampling(F_BINS, channels=4, d_model=8)
     with pytest.raises(ValueError, match="at least 7"):

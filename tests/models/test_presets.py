@@ -54,3 +54,12 @@ def test_overrides_and_name_lookup():
         presets.small(hidden=3)
     with pytest.raises(ValueError, match="divisible"):
         presets.base(num_heads=7)
+
+
+@pytest.mark.parametrize("name", ["large", "usm600m", "usm2b"])
+def test_eight_x_presets_add_one_conv_stage_and_shrink_the_projection(name):
+    """256 channels: + 9 * 256 * 256 + 256 for the third stage, - 256 * (19 - 9) * d_model in the projection."""
+    four, eight = presets.preset(name), presets.preset(name, subsampling_factor=8)
+    assert (four.subsampling_factor, eight.subsampling_factor) == (4, 8)
+    third_stage = 9 * 256 * 256 + 256
+    assert _count(eight) - _count(four) == third_stage - 256 * (19 - 9) * eight.d_model

@@ -7,18 +7,18 @@ from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
 from usmkit.models.stream_step import (
-    FEATURE_CONTEXT,
     NotStreamableError,
     StreamingEncoder,
     check_streamable,
     init_state,
     stream_step,
 )
-from usmkit.models.subsampling import output_lengths
+from usmkit.models.subsampling import feature_context, output_lengths
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: chunks of a few frames run best on one
 
 F_BINS = 16
+FEATURE_CONTEXT = feature_context(4)  # the default encoder's: 3 feature frames read by two chunks
 
 
 def _encoder(**overrides) -> ConformerEncoder:
@@ -57,14 +57,37 @@ def _stream(streamer: StreamingEncoder, feats: torch.Tensor, seed: int) -> torch
     "chunk_size,left_chunks,conv_kernel",
     [(1, 3, 5), (2, 1, 5), (3, 0, 3), (4, 2, 5), (5, 4, 4), (8, 1, 5)],
 )
-@pytest.mark.parametrize("T", [7, 33, 101])  # 101: not 3 + a multiple of 4 x chunk for any chunk here
-def test_chunk_by_chunk_equals_full_forward(chunk_size, left_chunks, conv_kernel, T):
-    enc = _encoder(chunk_size=chunk_size, left_chunks=left_chunks, conv_kernel=conv_kernel)
+@pytest.mark.parametrize("extra", [0, 26, 94])  # T = receptive field + extra: 7, 33, 101 at 4x; 15, 41, 109 at 8x
+@pytest.mark.parametrize("factor", [4, 8])
+def test_chunk_by_chunk_equals_full_forward(chunk_size, left_chunks, conv_kernel, extra, factor):
+    enc = _encoder(chunk_size=chunk_size, left_chunks=left_chunks, conv_kernel=conv_kernel, subsampling_factor=factor)
+    T = enc.subsampling.receptive_field + extra  # 101, 109: not s - 1 + a multiple of s x chunk for any chunk here
     feats = _features(2, T)
     full, lens = enc(feats, torch.tensor([T, T]))
     streamed = _stream(StreamingEncoder(enc), feats, seed=T)
-    assert streamed.shape == full.shape == (2, int(output_lengths(torch.tensor(T))), 32)
+    assert streamed.shape == full.shape == (2, int(output_lengths(torch.tensor(T), factor)), 32)
     torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+
+
+def test_eight_x_stream_geometry():
+    """At 8x a step consumes 8 C feature frames and carries 7 (the 15-frame receptive field less the stride)."""
+    enc = _encoder(chunk_size=3, left_chunks=2, subsampling_factor=8)
+    feats = _features(2, 7 + 24 * 4)
+    state = init_state(enc, feats[:, :7])
+    assert (state.chunk_input_frames, state.feature_context, state.feat_ctx.shape) == (24, 7, (2, 7, F_BINS))
+    outs = []
+    for i in range(4):
+        out, out_lens, state = stream_step(enc, feats[:, 7 + 24 * i : 7 + 24 * (i + 1)], state)
+        assert out_lens.tolist() == [3, 3]
+        outs.append(out)
+    full, _ = enc(feats, torch.tensor([103, 103]))
+    torch.testing.assert_close(torch.cat(outs, dim=1), full, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"first \(B, 7, 16\)"):
+        init_state(enc, feats[:, :3])
+    with pytest.raises(ValueError, match="8 x chunk_size = 24"):
+        stream_step(enc, feats[:, :12], init_state(enc, feats[:, :7]))
+    with pytest.raises(ValueError, match="state is of a 4x stream, the encoder subsamples 8x"):
+        stream_step(enc, feats[:, :12], init_state(_encoder(chunk_size=3, left_chunks=2), feats[:, :3]))
 
 
 def test_tiny_preset_streaming_config_matches_full_forward():

@@ -42,6 +42,14 @@ def test_traced_stream_equals_eager_stream(chunk_size, left_chunks, T):
     assert len(traced._step._graphs) == 1
 
 
+def test_traced_eight_x_stream_equals_eager_stream():
+    enc = _encoder(chunk_size=2, left_chunks=2, subsampling_factor=8)
+    feats = torch.randn(2, 97, F_BINS, generator=torch.Generator().manual_seed(0))
+    eager = _stream(StreamingEncoder(enc, step="eager"), feats)
+    assert eager.shape[1] == 11  # 97 frames at 8x, the last chunk short
+    torch.testing.assert_close(_stream(StreamingEncoder(enc, step="jit"), feats), eager, atol=1e-5, rtol=1e-5)
+
+
 def test_traced_step_state_and_short_chunk_match_stream_step():
     enc = _encoder()
     step = TracedStreamStep(enc)

@@ -315,3 +315,27 @@ def test_health_check_flags_collapsed_heads_after_warmup_only():
     healthy = {"train/pred_perplexity_mean": 27.0, "train/perplexity_mean": 320.0}
     assert model.health_check(healthy, step=500, warmup_steps=50) is None
     assert model.health_check({"train/loss": 1.0}, step=500, warmup_steps=50) is None
+
+
+def test_stack_frames_follow_the_encoders_subsampling():
+    """One target per encoder frame: 8 stacked feature frames at 8x; a mismatch is refused by name."""
+    from omegaconf import OmegaConf
+
+    from usmkit.models.conformer import ConformerEncoder
+    from usmkit.models.presets import tiny
+
+    cfg = _compose_train(["recipe=stage1", "model.subsampling_factor=8"])
+    bestrq = BestRQConfig(**OmegaConf.to_container(cfg.task.bestrq, resolve=True))
+    assert bestrq.stack_frames == 8
+    enc_cfg = tiny(input_dim=FEAT, subsampling_factor=8, chunk_size=4, num_layers=1)
+    torch.manual_seed(0)
+    model = BestRQModel(ConformerEncoder(enc_cfg), BestRQConfig(**SMALL, stack_frames=8), FEAT)
+    batch = _batch(T=120, lengths=[120, 97, 60])
+    out = model(batch)
+    assert torch.isfinite(out.loss) and out.loss > 0
+    codes, target_lens = model.quantizer.targets(batch.features, batch.feature_lens)
+    assert codes.shape[1] == 15 and target_lens.tolist() == [15, 12, 7]  # T // 8 targets
+    with pytest.raises(
+        ValueError, match=r"task.bestrq.stack_frames=4 does not match model.subsampling_factor=8.*stack_frames=8"
+    ):
+        BestRQModel(ConformerEncoder(enc_cfg), BestRQConfig(**SMALL), FEAT)

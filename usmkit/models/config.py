@@ -9,14 +9,15 @@ from dataclasses import dataclass
 
 from usmkit.kernels.chunk_attention.api import IMPLS
 from usmkit.masks import check_chunk_args
+from usmkit.models.subsampling import check_factor, conv_out_size, receptive_field
 
 
 @dataclass(frozen=True, kw_only=True)
 class ConformerConfig:
     """Hyper-parameters of ``ConformerEncoder``.
 
-    ``chunk_size`` counts encoder frames (after 4x subsampling, 40 ms each at a 10 ms hop);
-    ``None`` is full attention. ``left_chunks``: -1 all left context, 0 USM's disjoint chunks,
+    ``chunk_size`` counts encoder frames (after the ``subsampling_factor``: 40 ms each at 4x and a 10 ms
+    hop, 80 ms at 8x); ``None`` is full attention. ``left_chunks``: -1 all left context, 0 USM's disjoint chunks,
     k > 0 k chunks of history (streaming). ``attention_impl`` is one of
     ``usmkit.kernels.chunk_attention.api.IMPLS``.
     """
@@ -32,7 +33,8 @@ class ConformerConfig:
     chunk_size: int | None = None
     left_chunks: int = 0
     attention_impl: str = "sdpa"
-    subsampling_channels: int | None = None  # conv2d channels of the 4x subsampling; None = d_model
+    subsampling_channels: int | None = None  # conv2d channels of the subsampling; None = d_model
+    subsampling_factor: int = 4  # 4 (two stride-2 conv stages) or 8 (three; FastConformer's rate)
     rotary_base: float = 10000.0
 
     def __post_init__(self) -> None:
@@ -40,10 +42,12 @@ class ConformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ConformerConfig.{name} must be a positive int, got {value!r}")
-        if self.input_dim < 7:
+        check_factor(self.subsampling_factor)
+        if conv_out_size(self.input_dim, self.subsampling_factor) < 1:
+            minimum = receptive_field(self.subsampling_factor)
             raise ValueError(
-                f"ConformerConfig.input_dim={self.input_dim} is too small for two stride-2 kernel-3 convolutions; "
-                "use >= 7 feature bins (80 is usual)"
+                f"ConformerConfig.input_dim={self.input_dim} is too small for {self.subsampling_factor}x subsampling "
+                f"(stride-2 kernel-3 convolutions); use >= {minimum} feature bins (80 is usual)"
             )
         if self.d_model % self.num_heads != 0:
             raise ValueError(f"ConformerConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}")

@@ -1,8 +1,9 @@
 """The chunk-wise-attention Conformer encoder (USM's encoder).
 
-Shapes: B batch, T feature frames (10 ms), F feature bins, T' encoder frames (40 ms), D model dim.
+Shapes: B batch, T feature frames (10 ms), F feature bins, T' encoder frames (40 ms at 4x subsampling,
+80 ms at 8x), D model dim.
 
-features (B, T, F) -> 4x conv2d subsampling -> num_layers x ConformerBlock -> (B, T', D).
+features (B, T, F) -> 4x or 8x conv2d subsampling -> num_layers x ConformerBlock -> (B, T', D).
 Block (pre-norm, macaron): x + 0.5 FF(x); x + MHSA(x); x + Conv(x); x + 0.5 FF(x); LayerNorm. The
 streaming step (``usmkit.models.stream_step``) runs the same block body chunk by chunk.
 Attention sees only what the chunk mask allows (``usmkit.masks``); convolution crosses chunk
@@ -24,7 +25,7 @@ from usmkit.models.config import ConformerConfig
 from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
 from usmkit.models.rotary import RotaryTable
-from usmkit.models.subsampling import SUBSAMPLING_FACTOR, Conv2dSubsampling, output_lengths
+from usmkit.models.subsampling import Conv2dSubsampling
 
 
 class ConformerBlock(nn.Module):
@@ -89,12 +90,12 @@ class ConformerBlock(nn.Module):
 class ConformerEncoder(nn.Module):
     """Chunk-wise-attention Conformer: (B, T, F) features, (B,) lengths -> (B, T', D), (B,) lengths."""
 
-    subsampling_factor = SUBSAMPLING_FACTOR
-
     def __init__(self, cfg: ConformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.subsampling = Conv2dSubsampling(cfg.input_dim, cfg.conv_channels, cfg.d_model, cfg.dropout)
+        self.subsampling = Conv2dSubsampling(
+            cfg.input_dim, cfg.conv_channels, cfg.d_model, cfg.dropout, factor=cfg.subsampling_factor
+        )
         self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.num_layers))
         self.reset_parameters()
 
@@ -109,10 +110,14 @@ class ConformerEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.cfg.d_model
 
-    @staticmethod
-    def output_lengths(lengths: torch.Tensor) -> torch.Tensor:
+    @property
+    def subsampling_factor(self) -> int:
+        """Feature frames per encoder frame (4 or 8)."""
+        return self.cfg.subsampling_factor
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Encoder frames for ``lengths`` feature frames, (B,) -> (B,)."""
-        return output_lengths(lengths)
+        return self.subsampling.output_lengths(lengths)
 
     def forward(
         self,

@@ -1,20 +1,20 @@
 """Chunk-by-chunk inference of the Conformer encoder with a fixed-shape state.
 
-Shapes: B batch, T feature frames (10 ms), F feature bins, C chunk size (encoder frames, 40 ms),
-K left chunks, L layers, H heads, Dh head dim, D model dim, Kc conv kernel.
+Shapes: B batch, T feature frames (10 ms), F feature bins, s subsampling factor (4 or 8), C chunk size
+(encoder frames, 10 s ms), K left chunks, L layers, H heads, Dh head dim, D model dim, Kc conv kernel.
 
-One ``stream_step`` turns the next ``4 C`` feature frames into the next ``C`` encoder frames, exactly
+One ``stream_step`` turns the next ``s C`` feature frames into the next ``C`` encoder frames, exactly
 the frames ``ConformerEncoder.forward`` computes for those positions under the same chunk mask
 (``chunk_size=C``, ``left_chunks=K``) with causal convolution. Each layer runs the block's own body
 (``ConformerBlock.before_attention`` / ``after_attention``); only the attention differs, over the
 cached keys and values. What it carries between chunks is ``EncoderStreamState``, tensors of
 constant shape only:
 
-- ``feat_ctx`` (B, 3, F): the subsampling reads input frames ``4t .. 4t + 6`` for output ``t``, so
-  the last 3 feature frames of one chunk are read again by the next. The stream therefore starts with
-  ``init_state(encoder, first_frames)`` holding the first 3 frames; each step then consumes 4 C new
-  ones. Encoder output lags the feature input by these 3 frames (30 ms); ``StreamingEncoder.flush``
-  encodes the tail.
+- ``feat_ctx`` (B, s - 1, F): the subsampling reads input frames ``s t .. s t + 2 s - 2`` for output
+  ``t`` (``4t .. 4t + 6`` at 4x), so the last s - 1 feature frames of one chunk (3, or 7 at 8x) are
+  read again by the next. The stream therefore starts with ``init_state(encoder, first_frames)``
+  holding the first s - 1 frames; each step then consumes s C new ones. Encoder output lags the
+  feature input by these frames (30 ms, 70 ms at 8x); ``StreamingEncoder.flush`` encodes the tail.
 - ``kv`` (L, 2, B, H, K C, Dh): rotated keys and values of the K previous chunks per layer, rolled by
   ``cat([kv[..., C:, :], new], dim=-2)`` (same size every step), and ``cached`` (number of valid
   frames in it, < K C only during the first K chunks).
@@ -38,9 +38,7 @@ import torch.nn.functional as F
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.rotary import RotaryTable
-from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR, output_lengths
-
-FEATURE_CONTEXT = RECEPTIVE_FIELD - SUBSAMPLING_FACTOR  # 3 feature frames read by two consecutive chunks
+from usmkit.models.subsampling import feature_context, output_lengths
 
 
 class NotStreamableError(ValueError):
@@ -86,10 +84,11 @@ class EncoderStreamState:
     kv: torch.Tensor  # (L, 2, B, H, K * C, Dh) rotated keys (0) and values (1) of the K previous chunks
     cached: torch.Tensor  # () long: valid frames at the end of kv's time axis, 0 .. K * C
     conv_tail: torch.Tensor  # (L, B, Kc - 1, D) last inputs of each layer's causal depthwise convolution
-    feat_ctx: torch.Tensor  # (B, 3, F) the last 3 feature frames consumed, read again by the next chunk
+    feat_ctx: torch.Tensor  # (B, s - 1, F) the last s - 1 feature frames consumed, read again by the next chunk
     offset: torch.Tensor  # () long: absolute encoder frame index of the next chunk's first frame
     chunk_size: int
     left_chunks: int
+    subsampling_factor: int  # s: feature frames per encoder frame (the encoder's)
 
     @property
     def batch_size(self) -> int:
@@ -97,8 +96,13 @@ class EncoderStreamState:
 
     @property
     def chunk_input_frames(self) -> int:
-        """Feature frames one ``stream_step`` consumes: 4 C."""
-        return SUBSAMPLING_FACTOR * self.chunk_size
+        """Feature frames one ``stream_step`` consumes: s C."""
+        return self.subsampling_factor * self.chunk_size
+
+    @property
+    def feature_context(self) -> int:
+        """Feature frames carried from one chunk to the next: s - 1."""
+        return feature_context(self.subsampling_factor)
 
 
 def init_state(
@@ -107,15 +111,16 @@ def init_state(
     chunk_size: int | None = None,
     left_chunks: int | None = None,
 ) -> EncoderStreamState:
-    """The state before the first chunk: empty caches and the stream's first 3 feature frames (B, 3, F).
+    """The state before the first chunk: empty caches and the stream's first s - 1 feature frames (B, s - 1, F).
 
     ``chunk_size`` / ``left_chunks`` default to the encoder config's (see ``check_streamable``).
     """
     cfg = encoder.cfg
     C, K = check_streamable(cfg, chunk_size, left_chunks)
-    if first_frames.dim() != 3 or first_frames.shape[1:] != (FEATURE_CONTEXT, cfg.input_dim):
+    context = feature_context(cfg.subsampling_factor)
+    if first_frames.dim() != 3 or first_frames.shape[1:] != (context, cfg.input_dim):
         raise ValueError(
-            f"first_frames must be the stream's first (B, {FEATURE_CONTEXT}, {cfg.input_dim}) feature frames, "
+            f"first_frames must be the stream's first (B, {context}, {cfg.input_dim}) feature frames, "
             f"got {tuple(first_frames.shape)}"
         )
     B, device, dtype = first_frames.shape[0], first_frames.device, first_frames.dtype
@@ -128,15 +133,16 @@ def init_state(
         offset=torch.zeros((), dtype=torch.long, device=device),
         chunk_size=C,
         left_chunks=K,
+        subsampling_factor=cfg.subsampling_factor,
     )
 
 
 def chunk_lengths(chunk: torch.Tensor, state: EncoderStreamState, lengths: torch.Tensor | None) -> torch.Tensor:
-    """Check that chunk (B, 4 C, F) fits ``state``; the chunk's valid frames (B,), all 4 C when ``lengths`` is None."""
+    """Check that chunk (B, s C, F) fits ``state``; the chunk's valid frames (B,), all s C when ``lengths`` is None."""
     B, Tc, Fb = chunk.shape
     if Tc != state.chunk_input_frames or (B, Fb) != (state.batch_size, state.feat_ctx.shape[2]):
         raise ValueError(
-            f"chunk must be (B={state.batch_size}, 4 x chunk_size = {state.chunk_input_frames}, "
+            f"chunk must be (B={state.batch_size}, {state.subsampling_factor} x chunk_size = {state.chunk_input_frames}, "
             f"F={state.feat_ctx.shape[2]}) feature frames, got {tuple(chunk.shape)}"
         )
     if lengths is None:
@@ -151,18 +157,21 @@ def stream_step(
     state: EncoderStreamState,
     lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, EncoderStreamState]:
-    """Encode the next chunk: chunk (B, 4 C, F) feature frames -> (out (B, C, D), out_lens (B,), new state).
+    """Encode the next chunk: chunk (B, s C, F) feature frames -> (out (B, C, D), out_lens (B,), new state).
 
-    ``lengths`` (B,): valid feature frames of the chunk (default all 4 C). A chunk with fewer is the
+    ``lengths`` (B,): valid feature frames of the chunk (default all s C). A chunk with fewer is the
     last one of its stream (its frames after the valid ones are padding): ``out_lens`` then counts the
     valid output frames, the rest of ``out`` is 0. Call ``encoder.eval()`` first.
     """
-    C, K = state.chunk_size, state.left_chunks
+    C, K, s = state.chunk_size, state.left_chunks, state.subsampling_factor
+    if s != encoder.subsampling_factor:
+        raise ValueError(f"the state is of a {s}x stream, the encoder subsamples {encoder.subsampling_factor}x")
     B = chunk.shape[0]
     lengths = chunk_lengths(chunk, state, lengths)
-    frames = torch.cat([state.feat_ctx, chunk], dim=1)  # (B, 3 + 4C, F)
-    x, _ = encoder.subsampling(frames, lengths + FEATURE_CONTEXT)  # (B, C, D)
-    out_lens = output_lengths(lengths + FEATURE_CONTEXT)  # (B,) <= C
+    context = state.feature_context
+    frames = torch.cat([state.feat_ctx, chunk], dim=1)  # (B, s - 1 + s C, F)
+    x, _ = encoder.subsampling(frames, lengths + context)  # (B, C, D)
+    out_lens = output_lengths(lengths + context, s)  # (B,) <= C
     valid = torch.arange(C, device=x.device)[None, :] < out_lens[:, None]  # (B, C)
     positions = state.offset + torch.arange(C, device=x.device)  # (C,) absolute frame indices
     rotary = RotaryTable.build(positions, encoder.cfg.head_dim, encoder.cfg.rotary_base)  # once for all layers
@@ -189,10 +198,11 @@ def stream_step(
         kv=torch.stack(new_kv),  # (L, 2, B, H, K C, Dh)
         cached=(state.cached + C).clamp(max=K * C),
         conv_tail=torch.stack(new_tails),  # (L, B, Kc - 1, D)
-        feat_ctx=frames[:, frames.shape[1] - FEATURE_CONTEXT :],  # (B, 3, F)
+        feat_ctx=frames[:, frames.shape[1] - context :],  # (B, s - 1, F)
         offset=state.offset + C,
         chunk_size=C,
         left_chunks=K,
+        subsampling_factor=s,
     )
     return x.masked_fill(~valid[:, :, None], 0.0), out_lens, new_state
 
@@ -200,7 +210,7 @@ def stream_step(
 class StreamingEncoder:
     """Feature frames in, in pieces of any size; encoder frames out, a whole chunk at a time.
 
-    Buffers at most ``4 C + 2`` feature frames between calls. ``flush()`` encodes what is left at the
+    Buffers at most ``s C + s - 2`` feature frames between calls. ``flush()`` encodes what is left at the
     end of the stream, so the frames of ``accept`` + ``flush`` are those of the full forward.
     ``step`` picks how each chunk runs: ``"eager"`` calls ``stream_step``; ``"jit"`` runs it traced
     and frozen (``usmkit.models.traced_step``: same output, no Python overhead per op, a few seconds
@@ -225,6 +235,7 @@ class StreamingEncoder:
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
+        self.feature_context = feature_context(encoder.subsampling_factor)  # s - 1 frames read by two chunks
         if step == "eager":
             self._step = stream_step
         elif step == "jit":
@@ -244,11 +255,11 @@ class StreamingEncoder:
         F_in = self.encoder.cfg.input_dim
         state = init_state(
             self.encoder,
-            param.new_zeros(batch_size, FEATURE_CONTEXT, F_in),
+            param.new_zeros(batch_size, self.feature_context, F_in),
             self.chunk_size,
             self.left_chunks,
         )
-        chunk = param.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, 4C, F)
+        chunk = param.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, s C, F)
         lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=param.device)
         with torch.no_grad():
             self._step(self.encoder, chunk, state, lengths)
@@ -269,11 +280,12 @@ class StreamingEncoder:
             raise ValueError(f"features must be (B, t, {self.encoder.cfg.input_dim}), got {tuple(features.shape)}")
         pending = features if self._pending is None else torch.cat([self._pending, features], dim=1)  # (B, t', F)
         if self.state is None:
-            if pending.shape[1] < FEATURE_CONTEXT:
+            if pending.shape[1] < self.feature_context:
                 self._pending = pending
                 return self._empty(features)
-            self.state = init_state(self.encoder, pending[:, :FEATURE_CONTEXT], self.chunk_size, self.left_chunks)
-            pending = pending[:, FEATURE_CONTEXT:]
+            context = self.feature_context
+            self.state = init_state(self.encoder, pending[:, :context], self.chunk_size, self.left_chunks)
+            pending = pending[:, context:]
         n = self.state.chunk_input_frames
         full = torch.full((pending.shape[0],), n, dtype=torch.long, device=pending.device)  # (B,)
         outs = []
@@ -294,13 +306,13 @@ class StreamingEncoder:
         if pending is None:
             return torch.zeros(0, 0, self.encoder.cfg.d_model)
         self._pending = pending[:, :0]
-        if self.state is None:  # fewer than 3 frames in all: nothing to encode (the full forward needs 7)
+        if self.state is None:  # fewer than s - 1 frames in all: nothing to encode (the full forward needs 2 s - 1)
             return self._empty(pending)
         rest = pending.shape[1]
-        if int(output_lengths(torch.tensor(rest + FEATURE_CONTEXT))) == 0:
+        if int(self.encoder.output_lengths(torch.tensor(rest + self.feature_context))) == 0:
             return self._empty(pending)
         n = self.state.chunk_input_frames
-        chunk = F.pad(pending, (0, 0, 0, n - rest))  # (B, 4C, F): zero frames after the valid ones
+        chunk = F.pad(pending, (0, 0, 0, n - rest))  # (B, s C, F): zero frames after the valid ones
         lengths = torch.full((pending.shape[0],), rest, dtype=torch.long, device=pending.device)
         with torch.no_grad():
             out, out_lens, self.state = self._step(self.encoder, chunk, self.state, lengths)

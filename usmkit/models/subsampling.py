@@ -1,10 +1,17 @@
-"""4x time reduction in front of the Conformer: two stride-2 conv2d layers, ReLU, then a linear projection.
+"""Time reduction in front of the Conformer: stride-2 conv2d stages with ReLU, then a linear projection.
 
-Shapes: B batch, T feature frames (10 ms), F feature bins, C conv channels, T' = encoder frames (40 ms),
-D model dim.
+Shapes: B batch, T feature frames (10 ms), F feature bins, C conv channels, s subsampling factor,
+T' = encoder frames (10 s ms: 40 ms at 4x, 80 ms at 8x), D model dim.
 
-No padding in either convolution, so an output frame ``t`` reads input frames ``4t .. 4t + 6`` only and
-the valid outputs of a row (``t < output_lengths(lengths)``) never read its padding.
+``factor=4`` has two kernel-3 stride-2 stages (the Conformer paper's front end); ``factor=8`` one more
+of the same kind (FastConformer's 8x rate, NeMo; NeMo makes its stages depthwise-separable, ours stay
+full 3x3 convolutions: at 256 channels the third stage runs on a grid of T/8 x F/8 positions and
+costs ``9 C^2 F/8`` multiply-adds per 80 ms frame, about 5M at F = 80, a quarter of one ``large``
+block's ~25M per 40 ms frame, while every block behind it runs on half the frames).
+
+No padding in any convolution, so with s = 2^k stages' stride an output frame ``t`` reads input frames
+``s t .. s t + 2 s - 2`` only (receptive field ``2 s - 1``: 7 at 4x, 15 at 8x) and the valid outputs of
+a row (``t < output_lengths(lengths, s)``) never read its padding.
 """
 
 from __future__ import annotations
@@ -14,40 +21,70 @@ from torch import nn
 
 from usmkit.models.dropout import Dropout
 
-SUBSAMPLING_FACTOR = 4
-RECEPTIVE_FIELD = 7  # input frames read by one output frame: 4t .. 4t + 6
+FACTORS = (4, 8)  # supported subsampling factors: 2 or 3 stride-2 stages
 
 
-def conv_out_size(size: int) -> int:
-    """Size after the two kernel-3 stride-2 unpadded convolutions: ``((n - 1) // 2 - 1) // 2``."""
-    return ((size - 1) // 2 - 1) // 2
+def check_factor(factor: int) -> int:
+    """The number of stride-2 stages of ``factor``; ValueError unless it is one of ``FACTORS``."""
+    if factor not in FACTORS or isinstance(factor, bool):
+        raise ValueError(f"subsampling_factor must be one of {FACTORS} (stride-2 conv stages: 2 or 3), got {factor!r}")
+    return factor.bit_length() - 1
 
 
-def output_lengths(lengths: torch.Tensor) -> torch.Tensor:
+def receptive_field(factor: int = 4) -> int:
+    """Input frames one output frame reads: ``2 factor - 1`` (7 at 4x, 15 at 8x)."""
+    check_factor(factor)
+    return 2 * factor - 1
+
+
+def feature_context(factor: int = 4) -> int:
+    """Input frames read by two consecutive output chunks: ``receptive_field - factor`` (3 at 4x, 7 at 8x)."""
+    return receptive_field(factor) - factor
+
+
+def conv_out_size(size: int, factor: int = 4) -> int:
+    """Size after the unpadded kernel-3 stride-2 stages: ``(n - 1) // 2`` per stage.
+
+    >>> conv_out_size(80), conv_out_size(80, 8)
+    (19, 9)
+    """
+    for _ in range(check_factor(factor)):
+        size = (size - 1) // 2
+    return size
+
+
+def output_lengths(lengths: torch.Tensor, factor: int = 4) -> torch.Tensor:
     """Valid encoder frames for ``lengths`` valid feature frames; (B,) -> (B,), never negative.
 
     >>> output_lengths(torch.tensor([0, 6, 7, 10, 11, 100])).tolist()
     [0, 0, 1, 1, 2, 24]
+    >>> output_lengths(torch.tensor([14, 15, 22, 23, 100]), factor=8).tolist()
+    [0, 1, 1, 2, 12]
     """
-    once = torch.div(lengths - 1, 2, rounding_mode="floor")
-    twice = torch.div(once - 1, 2, rounding_mode="floor")
-    return twice.clamp(min=0)
+    for _ in range(check_factor(factor)):
+        lengths = torch.div(lengths - 1, 2, rounding_mode="floor")
+    return lengths.clamp(min=0)
 
 
 class Conv2dSubsampling(nn.Module):
-    """(B, T, F) features -> (B, T', D) frames at a quarter of the frame rate."""
+    """(B, T, F) features -> (B, T', D) frames at 1 / ``factor`` of the frame rate."""
 
-    def __init__(self, input_dim: int, channels: int, d_model: int, dropout: float = 0.0) -> None:
+    def __init__(self, input_dim: int, channels: int, d_model: int, dropout: float = 0.0, factor: int = 4) -> None:
         super().__init__()
+        stages = check_factor(factor)
         self.input_dim = input_dim
-        self.conv = nn.Sequential(
-            nn.Conv2d(1, channels, kernel_size=3, stride=2),
-            nn.ReLU(),
-            nn.Conv2d(channels, channels, kernel_size=3, stride=2),
-            nn.ReLU(),
-        )
-        self.proj = nn.Linear(channels * conv_out_size(input_dim), d_model)
+        self.factor = factor
+        self.receptive_field = receptive_field(factor)
+        layers: list[nn.Module] = []
+        for i in range(stages):  # conv.0, conv.2 (, conv.4): the weights' names do not depend on the factor
+            layers += [nn.Conv2d(1 if i == 0 else channels, channels, kernel_size=3, stride=2), nn.ReLU()]
+        self.conv = nn.Sequential(*layers)
+        self.proj = nn.Linear(channels * conv_out_size(input_dim, factor), d_model)
         self.dropout = Dropout(dropout)
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Valid output frames for ``lengths`` valid input frames, (B,) -> (B,)."""
+        return output_lengths(lengths, self.factor)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """features (B, T, F), lengths (B,) -> frames (B, T', D), output lengths (B,)."""
@@ -57,12 +94,12 @@ class Conv2dSubsampling(nn.Module):
                 "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
             )
         B, T, F = features.shape
-        if T < RECEPTIVE_FIELD:
+        if T < self.receptive_field:
             raise ValueError(
-                f"need at least {RECEPTIVE_FIELD} feature frames for 4x conv subsampling, got {T}; "
-                "pad the batch or drop utterances shorter than 70 ms"
+                f"need at least {self.receptive_field} feature frames for {self.factor}x conv subsampling, got {T}; "
+                f"pad the batch or drop utterances shorter than {10 * self.receptive_field} ms"
             )
         x = self.conv(features.unsqueeze(1))  # (B, C, T', F')
         C, T2, F2 = x.shape[1:]
         x = x.transpose(1, 2).reshape(B, T2, C * F2)  # (B, T', C * F')
-        return self.dropout(self.proj(x)), output_lengths(lengths)  # (B, T', D), (B,)
+        return self.dropout(self.proj(x)), self.output_lengths(lengths)  # (B, T', D), (B,)

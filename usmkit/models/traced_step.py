@@ -38,7 +38,7 @@ class _StepModule(nn.Module):
 
     def forward(
         self,
-        chunk: torch.Tensor,  # (B, 4 C, F)
+        chunk: torch.Tensor,  # (B, s C, F)
         lengths: torch.Tensor,  # (B,)
         kv: torch.Tensor,
         cached: torch.Tensor,
@@ -46,7 +46,8 @@ class _StepModule(nn.Module):
         feat_ctx: torch.Tensor,
         offset: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        state = EncoderStreamState(kv, cached, conv_tail, feat_ctx, offset, self.chunk_size, self.left_chunks)
+        s = self.encoder.subsampling_factor
+        state = EncoderStreamState(kv, cached, conv_tail, feat_ctx, offset, self.chunk_size, self.left_chunks, s)
         out, out_lens, new = stream_step(self.encoder, chunk, state, lengths)
         return out, out_lens, new.kv, new.cached, new.conv_tail, new.feat_ctx, new.offset
 
@@ -90,7 +91,7 @@ class TracedStreamStep:
         state: EncoderStreamState,
         lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, EncoderStreamState]:
-        """Same contract as ``stream_step``: chunk (B, 4 C, F) -> (out (B, C, D), out_lens (B,), new state)."""
+        """Same contract as ``stream_step``: chunk (B, s C, F) -> (out (B, C, D), out_lens (B,), new state)."""
         if encoder is not self.encoder:
             raise ValueError("this traced step belongs to another encoder; build a TracedStreamStep per encoder")
         lengths = chunk_lengths(chunk, state, lengths)  # the graph has no shape checks of its own: traced away
@@ -99,5 +100,7 @@ class TracedStreamStep:
             out, out_lens, kv, cached, conv_tail, feat_ctx, offset = graph(
                 chunk, lengths, state.kv, state.cached, state.conv_tail, state.feat_ctx, state.offset
             )
-        new_state = EncoderStreamState(kv, cached, conv_tail, feat_ctx, offset, state.chunk_size, state.left_chunks)
+        new_state = EncoderStreamState(
+            kv, cached, conv_tail, feat_ctx, offset, state.chunk_size, state.left_chunks, state.subsampling_factor
+        )
         return out, out_lens, new_state

@@ -1,8 +1,8 @@
 """BEST-RQ self-supervised pre-training (stage 1): predict frozen random-projection codes of masked audio.
 
-Shapes: B batch, T feature frames (10 ms), F feature bins, S stacked frames (4), T2 = T // S target
-frames, T' encoder frames (40 ms, ~T / 4), D encoder dim, N codebooks, K codebook size,
-M masked encoder frames in the batch.
+Shapes: B batch, T feature frames (10 ms), F feature bins, S stacked frames (the encoder's subsampling
+factor: 4, or 8), T2 = T // S target frames, T' encoder frames (~T / S), D encoder dim, N codebooks,
+K codebook size, M masked encoder frames in the batch.
 
 One step (``BestRQModel.forward``):
 
@@ -43,7 +43,9 @@ class BestRQConfig:
     """BEST-RQ hyper-parameters; defaults are the BEST-RQ / USM paper's (``min_one_span`` is ours).
 
     ``frame_shift_ms`` must be the feature hop (the recipe ties it to ``data.features.frame_shift_ms``);
-    a span covers ``round(mask_span_ms / frame_shift_ms)`` frames. ``seed`` seeds the quantizer's own
+    a span covers ``round(mask_span_ms / frame_shift_ms)`` frames. ``stack_frames`` must be the
+    encoder's subsampling factor, one target per encoder frame (the recipe ties it to
+    ``model.subsampling_factor``; ``check_stack_frames``). ``seed`` seeds the quantizer's own
     generator (and the fixed masks used in eval mode), so targets never depend on the global RNG.
     """
 
@@ -88,6 +90,16 @@ class BestRQConfig:
     def span_frames(self) -> int:
         """Frames masked from each span start (400 ms / 10 ms = 40)."""
         return max(1, round(self.mask_span_ms / self.frame_shift_ms))
+
+
+def check_stack_frames(cfg: BestRQConfig, subsampling_factor: int) -> None:
+    """ValueError unless a target stacks as many feature frames as one encoder frame reads (4 or 8)."""
+    if cfg.stack_frames != subsampling_factor:
+        raise ValueError(
+            f"task.bestrq.stack_frames={cfg.stack_frames} does not match model.subsampling_factor="
+            f"{subsampling_factor}: BEST-RQ predicts one target per encoder frame, so set "
+            f"task.bestrq.stack_frames={subsampling_factor}"
+        )
 
 
 def code_perplexity(codes: torch.Tensor, weights: torch.Tensor, codebook_size: int) -> torch.Tensor:
@@ -138,6 +150,9 @@ class BestRQModel(nn.Module):
             raise TypeError(f"BestRQModel needs a BestRQConfig, got {type(cfg).__name__}")
         if (encoder is None) == (encoder_dim is None):
             raise ValueError("BestRQModel takes an encoder, or encoder=None and its encoder_dim (the objective alone)")
+        factor = getattr(encoder, "subsampling_factor", None)  # ConformerEncoder's; None: not known
+        if factor is not None:
+            check_stack_frames(cfg, factor)
         self.cfg = cfg
         # encoder=None: the objective alone (quantizer, masking, heads) for a model that owns the encoder
         # and passes it to ``masked_prediction`` (MOST, usmkit/ssl/most.py); its state has no encoder.*.

@@ -26,7 +26,6 @@ from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.models.asr import AsrModel
 from usmkit.models.stream_step import NotStreamableError, StreamingEncoder, check_streamable
-from usmkit.models.subsampling import RECEPTIVE_FIELD, SUBSAMPLING_FACTOR
 from usmkit.runs import load_trained
 from usmkit.streaming.audio import LevelMeter
 from usmkit.streaming.decoder import DecoderConfig, Segment, StreamingDecoder
@@ -185,7 +184,7 @@ class StreamingTranscriber:
         self.device = next(model.parameters()).device
         self.fbank = fbank
         self.encoder = StreamingEncoder(model.encoder, chunk_size, left_chunks, step=step)
-        self.frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank), silence_db)
+        self.frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db)
         self.stats = RunStats()
         start = time.perf_counter()
         self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk
@@ -239,13 +238,13 @@ def transcribe_whole(
     """Non-streaming: encode all samples (N,) at once under the given mask, then segment and decode them
     with the same decoder (endpoints, rescoring) as the stream."""
     start = time.perf_counter()
-    frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank), silence_db)
+    frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db)
     frames.audio(samples)
     frames.audio_end()
     device = next(model.parameters()).device
     feats = torch.cat([fbank.accept(samples), fbank.flush()])[None].to(device)  # (1, T, F)
     segments: list[Segment] = []
-    if feats.shape[1] >= RECEPTIVE_FIELD:
+    if feats.shape[1] >= model.encoder.subsampling.receptive_field:
         with torch.no_grad():
             lengths = torch.tensor([feats.shape[1]], device=device)
             enc, _ = model.encoder(feats, lengths, chunk_size=chunk_size, left_chunks=left_chunks)  # (1, T', D)
@@ -254,6 +253,6 @@ def transcribe_whole(
     return segments, stats, frames.meter
 
 
-def encoder_frame_samples(fbank: StreamingFbank) -> int:
-    """Audio samples per encoder frame: 640 = 40 ms at 16 kHz."""
-    return SUBSAMPLING_FACTOR * fbank.shift
+def encoder_frame_samples(fbank: StreamingFbank, model) -> int:
+    """Audio samples per encoder frame of ``model``: 640 = 40 ms at 16 kHz and 4x subsampling."""
+    return model.encoder.subsampling_factor * fbank.shift

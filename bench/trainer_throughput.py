@@ -1,0 +1,318 @@
+"""The trainer at USM sizes on one GPU: hours of audio per GPU-hour, loader wait, GPU busy, peak memory, MFU.
+
+    PYTHONPATH=. python bench/trainer_throughput.py [--variants base,large,usm600m,usm2b_ac]
+        [--compare-subsampling] [--manifest-dir data/synth] [--budget-scale 1.0] [--num-workers 10] [--json OUT]
+    PYTHONPATH=. python bench/trainer_throughput.py --dry-run    # CPU, model=tiny: checks the plumbing
+
+Each variant is the actual training command, ``python -m usmkit.train recipe=stage3_ctc model=SIZE
+data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the embedded corpus's
+bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
+workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
+Each runs in its own process group with an empty inductor cache, and is killed after its time budget
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp]``:
+
+- ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
+- ``_ac``: ``trainer.activation_checkpointing=true``;
+- ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``.
+
+``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list.
+
+Measured from the trainer's own ``metrics.jsonl`` (one row per ``trainer.log_every`` steps), in steady
+state: the windows of the second half of the run, when the padded lengths have been compiled.
+
+- ``audio_h_per_gpu_h``: seconds of valid audio trained per wall second (``train/frames_per_s`` x the
+  10 ms hop), the median over the steady windows; equally hours of audio per GPU-hour.
+- ``loader_wait``: the share of wall time the loop blocked in ``next(loader)`` (``train/loader_wait``).
+  The step ends in a device sync (``loss.item()``), so the GPU idles meanwhile.
+- ``gpu_busy``: ``nvidia-smi``'s ``utilization.gpu`` (time with a kernel running), sampled every 200 ms
+  over the steady windows.
+- ``peak_mem_gib``: ``torch.cuda.max_memory_allocated`` (``train/max_mem_gib``).
+- ``mfu``: model FLOPs per audio second (forward + backward of the encoder and CTC head, counted by
+  ``torch.utils.flop_counter`` on fake tensors for a 2.56 s utterance, plus the chunk attention, which
+  the counter leaves out; activation checkpointing's recomputation is not counted) x audio seconds per
+  second / the bf16 matmul peak measured at the start (``bench/train_throughput.py``'s 8192^3 matmuls).
+  ``ceiling_audio_h_per_gpu_h`` is the audio rate at 100% of that peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import result_path, run_header, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# size -> (time budget s, data.max_duration s of audio per batch, trainer.log_every). A budget covers
+# start-up (model init, loader), compiling each padded length (~60-70 s for base on an H200,
+# bench/results/trainer_compile.json) and ~30 s of steady state; the default list takes ~7.5 min.
+SIZES = {
+    "tiny": (60, 60, 2),
+    "base": (95, 400, 5),
+    "large": (105, 300, 5),
+    "usm600m": (115, 300, 5),
+    "usm2b": (135, 200, 5),
+}
+DEFAULT_VARIANTS = "base,large,usm600m,usm2b_ac"
+HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=10)
+PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
+
+
+def parse_variant(name: str) -> tuple[str, int, bool, bool]:
+    """``SIZE[_s8][_ac][_fsdp]`` -> (size, subsampling factor, activation checkpointing, fsdp)."""
+    size, *flags = name.split("_")
+    unknown = set(flags) - {"s8", "ac", "fsdp"}
+    if size not in SIZES or unknown:
+        raise SystemExit(f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp] with SIZE in {sorted(SIZES)}")
+    return size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags
+
+
+def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
+    """Training FLOPs (forward + backward) per second of audio, for one ``PROBE_FRAMES`` utterance."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from usmkit.models.conformer import ConformerEncoder
+    from usmkit.models.ctc import CTCHead
+    from usmkit.models.presets import preset
+
+    cfg = preset(size, dropout=0.0, subsampling_factor=factor, chunk_size=800 // factor)
+    with FakeTensorMode():  # shapes only: no memory, no arithmetic
+        encoder, head = ConformerEncoder(cfg), CTCHead(cfg.d_model, vocab)
+        counter = FlopCounterMode(display=False)
+        with counter:
+            enc, _ = encoder(torch.randn(1, PROBE_FRAMES, cfg.input_dim), torch.tensor([PROBE_FRAMES]))
+            head(enc).sum().backward()
+    frames = enc.shape[1]  # all in one chunk (chunk_size is 8 s): every query attends to every key
+    attention = 3 * 4 * frames * frames * cfg.d_model * cfg.num_layers  # QK^T and AV, forward + 2x backward
+    return (counter.get_total_flops() + attention) / (PROBE_FRAMES * HOP_S)
+
+
+def measure_peak() -> float:
+    """The bf16 matmul peak (FLOP/s), in a process of its own so this one never holds GPU memory."""
+    code = "import sys; sys.path.insert(0, 'bench'); import torch; from train_throughput import measure_peak; "
+    code += "print(measure_peak(torch.device('cuda')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+class GpuSampler:
+    """``nvidia-smi``'s utilization.gpu every 200 ms, each sample stamped with ``time.time()`` on arrival."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200", "-i", "0"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+        except OSError:
+            self.proc = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.samples.append((time.time(), float(line.strip())))
+            except ValueError:
+                pass
+
+    def mean(self, start: float, end: float) -> float | None:
+        values = [u for t, u in self.samples if start <= t <= end]
+        return round(statistics.mean(values) / 100, 3) if values else None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+
+
+def ensure_corpus(args) -> None:
+    """Build the corpus when its manifests are missing, then store its features with a 0-step tiny run."""
+    manifest = Path(args.manifest_dir) / "synth_cuts_train.jsonl.gz"
+    if not manifest.is_file():
+        size = "tiny" if args.dry_run else "default"
+        cmd = [sys.executable, "-m", "usmkit.data.synth", f"out={args.manifest_dir}", f"size={size}",
+               f"workers={args.synth_workers}"]  # fmt: skip
+        print("building the corpus:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
+    with tempfile.TemporaryDirectory(prefix="trainer_throughput_prep_") as tmp:
+        cmd = [sys.executable, "-m", "usmkit.train", "recipe=stage3_ctc", "model=tiny", "trainer.device=cpu",
+               f"data.manifest_dir={args.manifest_dir}", "trainer.max_steps=0", "trainer.eval_every=0",
+               "trainer.progress=false", f"trainer.exp_dir={tmp}/exp"]  # fmt: skip
+        subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, capture_output=True)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return os.environ | {"PYTHONPATH": path, **extra}
+
+
+def command(name: str, args, exp: Path) -> list[str]:
+    size, factor, ac, fsdp = parse_variant(name)
+    _, max_duration, log_every = SIZES[size]
+    overrides = [
+        "recipe=stage3_ctc", f"model={size}", f"data.manifest_dir={args.manifest_dir}",
+        f"data.max_duration={args.max_duration or max_duration}", f"data.num_workers={args.num_workers}",
+        "data.pad_to_frames=256", "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
+        "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false", f"trainer.exp_dir={exp}",
+    ]  # fmt: skip
+    if args.dry_run:  # compiling on a CPU takes minutes (bench/compile_scope.py); fp32 as CPU runs train
+        overrides += ["trainer.device=cpu", "trainer.precision=fp32", "trainer.compile=false"]
+    else:
+        overrides += ["trainer.precision=bf16", "trainer.compile=true"]
+    if factor == 8:
+        overrides += ["model.subsampling_factor=8", "model.chunk_size=100"]
+    if ac:
+        overrides.append("trainer.activation_checkpointing=true")
+    if fsdp:
+        overrides.append("trainer.strategy=fsdp")
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
+    else:
+        launcher = [sys.executable, "-m"]
+    return [*launcher, "usmkit.train", *overrides]
+
+
+def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None) -> dict:
+    size, factor, ac, fsdp = parse_variant(name)
+    budget = SIZES[size][0] * args.budget_scale
+    exp = work / name
+    metrics = exp / "metrics.jsonl"
+    log_path = work / f"{name}.log"
+    cmd = command(name, args, exp)
+    env = _env(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor_{name}"))
+    if args.dry_run:  # the CPU trains: one thread, as CPU runs train (on a GPU the host's threads init the model)
+        env["OMP_NUM_THREADS"] = "1"
+    seen: list[tuple[dict, float]] = []  # (metrics row, time.time() when it appeared)
+
+    def poll() -> None:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        for line in lines[len(seen) :]:
+            if line.endswith("}"):
+                seen.append((json.loads(line), time.time()))
+
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
+        while proc.poll() is None and time.time() - t0 < budget:
+            poll()
+            time.sleep(0.2)
+        poll()
+        finished = proc.poll() is not None
+        if not finished:
+            os.killpg(proc.pid, signal.SIGKILL)  # the trainer, its loader workers (and torchrun's worker)
+            proc.wait()
+    result: dict = {"command": "python " + shlex.join(cmd[1:]), "budget_s": round(budget)}
+    if finished and proc.returncode != 0:
+        tail = log_path.read_text()[-1500:]
+        oom = "OutOfMemoryError" in tail or "out of memory" in tail
+        return result | {"error": ("CUDA out of memory: " if oom else "") + f"exit {proc.returncode}: {tail[-600:]}"}
+    rows = [(r, t) for r, t in seen if "train/frames_per_s" in r]
+    result["first_log_s"] = round(rows[0][1] - t0, 1) if rows else None
+    result["steps"] = rows[-1][0]["step"] if rows else 0
+    steady = rows[len(rows) // 2 :] if len(rows) >= 4 else []
+    if len(steady) < 2:
+        return result | {"error": f"only {len(rows)} windows logged in {budget:.0f} s: raise --budget-scale"}
+    fps = [r["train/frames_per_s"] for r, _ in steady]
+    audio = statistics.median(fps) * HOP_S  # seconds of audio per second
+    result |= {
+        "windows": len(steady),
+        "audio_h_per_gpu_h": round(audio),
+        "audio_h_per_gpu_h_range": [round(min(fps) * HOP_S), round(max(fps) * HOP_S)],
+        "loader_wait": round(statistics.median(r["train/loader_wait"] for r, _ in steady), 4),
+        "loader_wait_max": round(max(r["train/loader_wait"] for r, _ in steady), 4),
+        "last_loss": round(steady[-1][0]["train/loss"], 3),
+    }
+    mem = [r["train/max_mem_gib"] for r, _ in rows if "train/max_mem_gib" in r]
+    if mem:
+        result["peak_mem_gib"] = round(max(mem), 1)
+    if gpu is not None:
+        result["gpu_busy"] = gpu.mean(rows[len(rows) // 2 - 1][1], steady[-1][1])  # from the window before
+    flops = flops_per_audio_second(size, factor)
+    result["gflop_per_audio_s"] = round(flops / 1e9, 1)
+    if peak:
+        result["mfu"] = round(flops * audio / peak, 3)
+        result["ceiling_audio_h_per_gpu_h"] = round(peak / flops)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--variants", default=None, help=f"comma-separated SIZE[_s8][_ac][_fsdp] (default {DEFAULT_VARIANTS})"
+    )
+    ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
+    ap.add_argument("--manifest-dir", default="data/synth")
+    ap.add_argument("--synth-workers", type=int, default=16)
+    ap.add_argument("--num-workers", type=int, default=10, help="data.num_workers of every variant")
+    ap.add_argument("--max-duration", type=float, default=0, help="data.max_duration (0: the size's default)")
+    ap.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every size's time budget")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, model=tiny (and tiny_fsdp), no compile")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.dry_run:
+        variants = (args.variants or "tiny,tiny_fsdp").split(",")
+        args.num_workers = min(args.num_workers, 1)
+    else:
+        variants = (args.variants or ("large,large_s8" if args.compare_subsampling else DEFAULT_VARIANTS)).split(",")
+    for v in variants:
+        parse_variant(v)
+    json_path = Path(
+        args.json or result_path("trainer_throughput", "subsampling" if args.compare_subsampling else None)
+    )
+    t0 = time.time()
+    ensure_corpus(args)
+    prep_s = round(time.time() - t0, 1)
+    peak = None if args.dry_run else measure_peak()
+    result = run_header(
+        measured_bf16_matmul_tflops=round(peak / 1e12, 1) if peak else None,
+        corpus_and_features_s=prep_s,
+        manifest_dir=args.manifest_dir,
+        num_workers=args.num_workers,
+        variants={},
+    )
+    gpu = None if args.dry_run else GpuSampler()
+    try:
+        with tempfile.TemporaryDirectory(prefix="trainer_throughput_") as tmp:
+            for name in variants:
+                r = run_variant(name, args, Path(tmp), peak, gpu)
+                result["variants"][name] = r
+                print(f"{name:14s} {json.dumps(r)}", flush=True)
+                write_result(json_path, result)
+    finally:
+        if gpu is not None:
+            gpu.stop()
+    result["total_s"] = round(time.time() - t0, 1)
+    write_result(json_path, result)
+    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s}"
+    print("\n" + head)
+    for name, r in result["variants"].items():
+        if "error" in r:
+            print(f"{name:14s} {r['error'][:100]}")
+            continue
+
+        def cell(key, fmt, r=r):
+            return format(r[key], fmt) if r.get(key) is not None else "-"
+
+        print(
+            f"{name:14s} {cell('audio_h_per_gpu_h', 'd'):>13s} {cell('loader_wait', '.1%'):>11s} "
+            f"{cell('gpu_busy', '.0%'):>8s} {cell('peak_mem_gib', '.1f'):>8s} {cell('mfu', '.1%'):>6s} "
+            f"{cell('ceiling_audio_h_per_gpu_h', 'd'):>8s} {cell('first_log_s', '.0f'):>9s}"
+        )
+    print(f"total {result['total_s']:.0f} s (corpus and features {prep_s:.0f} s); JSON: {json_path}")
+
+
+if __name__ == "__main__":
+    main()
