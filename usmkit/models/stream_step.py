@@ -372,7 +372,9 @@ class StreamingEncoder:
     # ------------------------------------------------------------------ running (own step)
     def _check_own_step(self) -> None:
         if self._step is None:
-            raise RuntimeError("this StreamingEncoder has no step (step=None): run its chunks with next_chunk / advance")
+            raise RuntimeError(
+                "this StreamingEncoder has no step (step=None): run its chunks with next_chunk / advance"
+            )
 
     def accept(self, features: torch.Tensor) -> torch.Tensor:
         """features (B, t, F), t >= 0 -> the encoder frames (B, n C, D) that became computable (n >= 0)."""
