@@ -7,7 +7,7 @@
 
 const TARGET_RATE = 16000;
 const $ = (id) => document.getElementById(id);
-const state = { phase: "idle", finals: [], partial: "", error: null, inputRate: null, samplesSent: 0 };
+const state = { phase: "idle", finals: [], partial: "", partials: 0, error: null, inputRate: null, samplesSent: 0 };
 window.usmkit = state;
 
 let ws = null;
@@ -80,6 +80,7 @@ function onMessage(event) {
   if (message.type === "server_ready") serverReady.resolve();
   else if (message.type === "partial_result") {
     state.partial = JSON.parse(message.nbest)[0].sentence;
+    state.partials++;
   } else if (message.type === "final_result") {
     const best = JSON.parse(message.nbest)[0];
     if (best.sentence) state.finals.push(best);
@@ -145,6 +146,7 @@ async function start() {
   state.partial = "";
   state.error = null;
   state.samplesSent = 0;
+  state.partials = 0;
   $("finals").replaceChildren();
   render();
   setPhase("connecting");
