@@ -1,7 +1,7 @@
 """Load on ``usmkit-serve``: how many real-time streams one server keeps up with.
 
     PYTHONPATH=. python bench/serve_load.py [--audio /work/shared/data/kathleen/data] [--variants int8,fp32]
-    PYTHONPATH=. python bench/serve_load.py --device cuda --variants fp32 --threads 0 --max-clients 512   (a GPU)
+    PYTHONPATH=. python bench/serve_load.py --device cuda --variants fp32 --threads 0 --audio synthetic --max-clients 512
 
 For each variant it starts ``python -m usmkit.serve`` in another process on the loopback interface
 and, for N = 1, 2, 4, 8, 16, 24, 32, 48, ... clients, streams N real recordings at once at real
@@ -57,8 +57,27 @@ BLOCK_MS = 100
 SEARCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
+def synthetic(count: int = 40) -> tuple[list[np.ndarray], list[str]]:
+    """Speech-like recordings of 2-4 s (harmonics of a wandering pitch under a syllable-rate envelope),
+    for machines without recordings: with random weights the speed does not depend on the audio."""
+    rng = np.random.default_rng(0)
+    audio = []
+    for _ in range(count):
+        t = np.arange(int(rng.uniform(2, 4) * SR)) / SR
+        f0 = rng.uniform(100, 220) + 30 * np.sin(2 * np.pi * rng.uniform(0.5, 2) * t)
+        phase = 2 * np.pi * np.cumsum(f0) / SR
+        voiced = sum(np.sin(k * phase) / k for k in range(1, 12))
+        envelope = 0.55 + 0.45 * np.sin(2 * np.pi * rng.uniform(3, 5) * t)
+        audio.append((0.08 * envelope * voiced + 0.002 * rng.standard_normal(t.size)).astype(np.float32))
+    return audio, []
+
+
 def recordings(audio_dir: Path, limit: int = 400) -> tuple[list[np.ndarray], list[str]]:
     """Up to ``limit`` 16 kHz recordings (and their transcripts, where a .txt sits beside them)."""
+    if str(audio_dir) == "synthetic":
+        return synthetic()
+    if not audio_dir.is_dir():
+        raise SystemExit(f"--audio {audio_dir}: no such directory (or pass --audio synthetic)")
     files = sorted(p for p in audio_dir.iterdir() if p.suffix in (".flac", ".wav"))[:limit]
     if not files:
         raise SystemExit(f"no .flac or .wav recordings in {audio_dir}")
@@ -181,7 +200,7 @@ def start_server(checkpoint: Path, flags: list[str], log: Path) -> tuple[subproc
         stdout=subprocess.PIPE,
         stderr=log.open("w"),
         text=True,
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])},
     )
     line = proc.stdout.readline()
     if "listening on ws://" not in line:
@@ -220,7 +239,12 @@ def measure(url: str, audio, n: int, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--audio", type=Path, default=Path("/work/shared/data/kathleen/data"))
+    ap.add_argument(
+        "--audio",
+        type=Path,
+        default=Path("/work/shared/data/kathleen/data"),
+        help="a directory of 16 kHz .flac/.wav recordings, or 'synthetic' (speech-like signals)",
+    )
     ap.add_argument("--checkpoint", type=Path, help="a trained streaming checkpoint (default: small, random weights)")
     ap.add_argument("--size", default="small")
     ap.add_argument("--variants", default="int8,fp32", help="int8 (CPU only), fp32")
