@@ -170,8 +170,9 @@ def test_a_vanished_client_frees_its_stream(server, wavs):
     while server.call(lambda: len(server.server.connections)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.call(lambda: (len(server.server.connections), server.server.batcher.streams)) == (0, 0)
-    time.sleep(0.2)  # a round that had the stream in hand ends
-    server.call(gc.collect)
+    deadline = time.monotonic() + 10  # a round that had the stream in hand ends first
+    while server.call(gc.collect) is not None and streams[0]() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert streams[0]() is None  # its features, encoder state and decoder are gone
     assert best_finals(stream(server.url, pcm_bytes(wavs["b"]))[0])  # and the server goes on
 
