@@ -57,9 +57,9 @@ class TracedStreamStep:
     The graph is traced on the first call for each (B, C, K, device, dtype, per-row state or not) and
     kept; the encoder must stay in eval mode and unchanged afterwards (freezing copies its weights
     into the graph). ``any_batch=True`` leaves B out of the key: one graph serves every batch size
-    (the tracer records the batch dimension as the input's size, not as a constant), as a server
-    whose batches change size from one step to the next needs; ``tests/models/test_traced_step.py``
-    holds such a graph to the eager step at other batch sizes.
+    (the traced graph reads the batch size from its inputs), as a server whose batches change size
+    from one step to the next needs; ``tests/models/test_stream_step.py`` holds such a graph to the
+    eager step over batches of changing size.
     """
 
     def __init__(self, encoder: ConformerEncoder, any_batch: bool = False) -> None:
