@@ -11,9 +11,12 @@ from usmkit.models.stream_step import (
     StreamingEncoder,
     check_streamable,
     init_state,
+    split_state,
+    stack_states,
     stream_step,
 )
 from usmkit.models.subsampling import feature_context, output_lengths
+from usmkit.models.traced_step import TracedStreamStep
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: chunks of a few frames run best on one
 
@@ -133,6 +136,67 @@ def test_rows_ending_in_different_chunks_match_the_padded_batch():
     streamed = torch.cat(outs, dim=1)
     for b, n in enumerate(full_lens.tolist()):
         torch.testing.assert_close(streamed[b, :n], full[b, :n], atol=1e-5, rtol=1e-5)
+
+
+def _run_batched(enc, feats: list[torch.Tensor], joins: list[int], step) -> tuple[list[torch.Tensor], list[int]]:
+    """Streams of feats[i] (T_i, F) as a server runs them: stream i joins at round joins[i]; each round,
+    every joined stream that is not done gives one chunk (its last one padded) to one batched step over
+    their stacked states. Returns each stream's output (T_i', D) and the batch size of each round."""
+    streams = [StreamingEncoder(enc, step=None) for _ in feats]
+    for s, f in zip(streams, feats, strict=True):
+        s.queue(f[None])
+    outs: list[list[torch.Tensor]] = [[] for _ in feats]
+    done, sizes, r = [False] * len(feats), [], 0
+    while not all(done):
+        rows = []
+        for i, s in enumerate(streams):
+            if done[i] or r < joins[i]:
+                continue
+            taken = s.next_chunk() if s.chunks_ready else s.last_chunk()
+            done[i] = taken is None or bool(taken[1][0] < s.state.chunk_input_frames)
+            if taken is not None:
+                rows.append((i, *taken))
+        if rows:
+            state = stack_states([streams[i].state for i, _, _ in rows])
+            chunk = torch.cat([c for _, c, _ in rows])  # (B, 4C, F)
+            out, out_lens, new = step(enc, chunk, state, torch.cat([n for _, _, n in rows]))
+            for (i, _, _), o, n, st in zip(rows, out, out_lens.tolist(), split_state(new), strict=True):
+                outs[i].append(streams[i].advance(o[None], st, n))
+            sizes.append(len(rows))
+        r += 1
+    return [torch.cat(o, dim=1)[0] for o in outs], sizes
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_batched_streams_at_different_positions_equal_each_stream_alone(traced):
+    """Streams that started at different times (other rotary offsets and cache fills, one ending while
+    the others go on) run as one step over their stacked states: each gets what it gets alone. Traced
+    with ``any_batch``, one graph serves every batch size."""
+    enc = _encoder(chunk_size=3, left_chunks=2)
+    feats = [_features(1, T, seed=T)[0] for T in (70, 31, 101, 50)]
+    step = TracedStreamStep(enc, any_batch=True) if traced else stream_step
+    batched, sizes = _run_batched(enc, feats, joins=[0, 1, 1, 2], step=step)
+    assert max(sizes) == 4 and len(set(sizes)) > 2  # batches of changing size
+    for f, out in zip(feats, batched, strict=True):
+        alone = StreamingEncoder(enc)
+        expected = torch.cat([alone.accept(f[None]), alone.flush()], dim=1)[0]  # (T', D)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    if traced:
+        assert len(step._graphs) == 1
+
+
+def test_stacked_state_splits_back_into_its_rows():
+    enc = _encoder()
+    states = [init_state(enc, _features(1, FEATURE_CONTEXT, seed=i)) for i in range(3)]
+    _, _, states[1] = stream_step(enc, _features(1, 16), states[1])
+    stacked = stack_states(states)
+    assert stacked.batch_size == 3 and stacked.offset.tolist() == [0, 4, 0] and stacked.cached.tolist() == [0, 4, 0]
+    for row, state in zip(split_state(stacked), states, strict=True):
+        for name in ("kv", "conv_tail", "feat_ctx"):
+            assert torch.equal(getattr(row, name), getattr(state, name))
+        assert int(row.offset) == int(state.offset) and int(row.cached) == int(state.cached)
+    with pytest.raises(ValueError, match="share chunk_size and left_chunks"):
+        stack_states([states[0], init_state(enc, _features(1, FEATURE_CONTEXT), chunk_size=2)])
 
 
 def test_unbounded_history_is_refused_unless_capped_explicitly():

@@ -128,6 +128,28 @@ def test_rescoring_ranks_the_nbest_with_the_attention_decoder():
         StreamingDecoder(Pieces(), cfg, las=las).accept(lp[:3])
 
 
+def test_beam_segments_carry_the_other_hypotheses_and_partials_the_nbest():
+    """With ``ctc_beam`` a segment keeps the beam's other readings (each with its own words and times),
+    and the open segment's n-best texts are there for partial results; greedy has only the best."""
+    lp = torch.full((31, V), -8.0)
+    ids = _two_utterances()
+    lp[torch.arange(31), torch.tensor(ids)] = -0.7
+    lp[torch.arange(31), torch.tensor([8 if i else 0 for i in ids])] = -0.8  # "on" nearly as likely as each word
+    lp = lp.log_softmax(-1)
+    decoder = StreamingDecoder(Pieces(), DecoderConfig(mode="ctc_beam", beam_size=4))
+    decoder.accept(lp[:4])
+    partials = decoder.partial_nbest(3)
+    assert len(partials) == 3 and partials[0] == decoder.partial and len(set(partials)) == 3
+    first = (decoder.accept(lp[4:]) + decoder.finish())[0]
+    expected = PrefixBeamState(beam_size=4).advance(lp[:24]).nbest()
+    assert [first.tokens] + [a.tokens for a in first.alternatives] == [h.tokens for h in expected if h.tokens]
+    for alt in first.alternatives:
+        assert alt.words and first.start <= alt.start < alt.end <= 24 * 0.04 and not alt.alternatives
+    greedy = StreamingDecoder(Pieces(), DecoderConfig())
+    assert greedy.accept(lp) and greedy.partial_nbest(5) == [greedy.partial]
+    assert all(s.alternatives == () for s in feed(StreamingDecoder(Pieces(), DecoderConfig()), lp, 5))
+
+
 def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="ctc_beam"):
         DecoderConfig(mode="ctc_greedy", rescore=True)

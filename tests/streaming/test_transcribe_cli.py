@@ -59,9 +59,19 @@ def speech_silence_speech() -> np.ndarray:
 
 
 def make_checkpoint(
-    root: Path, *, kind: str = "ctc", causal: bool = True, chunk: int | None = 4, left: int = 2
+    root: Path,
+    *,
+    kind: str = "ctc",
+    causal: bool = True,
+    chunk: int | None = 4,
+    left: int = 2,
+    one_word: bool = True,
 ) -> Path:
-    """Experiment dir ``root`` with checkpoints/step-000001, config, tokenizer and feature stats."""
+    """Experiment dir ``root`` with checkpoints/step-000001, config, tokenizer and feature stats.
+
+    ``one_word``: the CTC head prefers one word-initial token everywhere (see the module docstring);
+    False keeps its random weights, so the (garbage) text depends on the audio.
+    """
     tokenizer = Tokenizer.train(TEXTS, root / "tokenizer", vocab_size=minimum_vocab_size(TEXTS) + 8)
     cfg = TrainConfig(
         task=TaskConfig(kind=kind, ctc_weight=0.3 if kind == "las" else 1.0, las=LASConfig(num_layers=1)),
@@ -75,10 +85,11 @@ def make_checkpoint(
         cfg.task, cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), tokenizer.vocab_size
     )
     word = next(i for i in tokenizer.encode("cat") if tokenizer.decode([i]).strip())  # a piece with letters
-    with torch.no_grad():
-        module.ctc.proj.weight.zero_()
-        module.ctc.proj.bias.zero_()
-        module.ctc.proj.bias[word] = 5.0
+    if one_word:
+        with torch.no_grad():
+            module.ctc.proj.weight.zero_()
+            module.ctc.proj.bias.zero_()
+            module.ctc.proj.bias[word] = 5.0
     save_checkpoint(root / "checkpoints", 1, module, {}, yaml.safe_dump(to_dict(cfg)))
     feats = torch.as_tensor(fbank_extractor(cfg.data.features).extract(speechlike(2.0), SR))  # (T, 80)
     FeatureStats(mean=feats.mean(0), std=feats.std(0).clamp_min(1e-5)).save(root / STATS_FILE, cfg.data.features)

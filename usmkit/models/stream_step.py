@@ -22,6 +22,11 @@ constant shape only:
   (time before channels, as ``ConvolutionModule.depthwise`` takes its context).
 - ``offset``: absolute index of the chunk's first encoder frame, for the rotary positions.
 
+``cached`` and ``offset`` are scalars for a batch of streams that started together, or (B,) vectors,
+one per row, for a batch of independent streams at different positions (``stack_states`` builds one
+from per-stream states, ``split_state`` gives them back after the step): a server runs the chunks of
+all its ready streams as one step.
+
 Requirements (``check_streamable``): ``causal_conv=True``, a finite ``chunk_size`` and
 ``left_chunks >= 0``. ``left_chunks=-1`` (unbounded history) is refused unless the caller passes an
 explicit cap, which is then an approximation of the trained model.
@@ -82,10 +87,10 @@ class EncoderStreamState:
     """What ``stream_step`` carries from one chunk to the next; every tensor keeps its shape for the whole stream."""
 
     kv: torch.Tensor  # (L, 2, B, H, K * C, Dh) rotated keys (0) and values (1) of the K previous chunks
-    cached: torch.Tensor  # () long: valid frames at the end of kv's time axis, 0 .. K * C
+    cached: torch.Tensor  # () or (B,) long: valid frames at the end of kv's time axis, 0 .. K * C
     conv_tail: torch.Tensor  # (L, B, Kc - 1, D) last inputs of each layer's causal depthwise convolution
     feat_ctx: torch.Tensor  # (B, s - 1, F) the last s - 1 feature frames consumed, read again by the next chunk
-    offset: torch.Tensor  # () long: absolute encoder frame index of the next chunk's first frame
+    offset: torch.Tensor  # () or (B,) long: absolute encoder frame index of the next chunk's first frame
     chunk_size: int
     left_chunks: int
     subsampling_factor: int  # s: feature frames per encoder frame (the encoder's)
@@ -173,11 +178,11 @@ def stream_step(
     x, _ = encoder.subsampling(frames, lengths + context)  # (B, C, D)
     out_lens = output_lengths(lengths + context, s)  # (B,) <= C
     valid = torch.arange(C, device=x.device)[None, :] < out_lens[:, None]  # (B, C)
-    positions = state.offset + torch.arange(C, device=x.device)  # (C,) absolute frame indices
+    positions = state.offset[..., None] + torch.arange(C, device=x.device)  # (C,) or (B, C) absolute frame indices
     rotary = RotaryTable.build(positions, encoder.cfg.head_dim, encoder.cfg.rotary_base)  # once for all layers
     # Keys: K C cached frames (the last `cached` of them valid), then this chunk's valid frames.
-    cache_valid = torch.arange(K * C, device=x.device) >= K * C - state.cached  # (K C,)
-    key_valid = torch.cat([cache_valid[None, :].expand(B, -1), valid], dim=1)  # (B, K C + C)
+    cache_valid = torch.arange(K * C, device=x.device) >= K * C - state.cached[..., None]  # (K C,) or (B, K C)
+    key_valid = torch.cat([cache_valid.expand(B, K * C), valid], dim=1)  # (B, K C + C)
     # A row without any valid key (a finished row of a batch) attends to all: finite garbage, discarded.
     key_valid = key_valid | ~key_valid.any(dim=1, keepdim=True)
     attn_mask = key_valid[:, None, None, :]  # (B, 1, 1, K C + C)
@@ -207,6 +212,49 @@ def stream_step(
     return x.masked_fill(~valid[:, :, None], 0.0), out_lens, new_state
 
 
+def stack_states(states: list[EncoderStreamState]) -> EncoderStreamState:
+    """One state for the rows of ``states`` in order (each of batch size 1 or more), with per-row
+    ``cached`` and ``offset`` (B,), so that streams at different positions run as one ``stream_step``."""
+    if not states:
+        raise ValueError("stack_states needs at least one state")
+    C, K = states[0].chunk_size, states[0].left_chunks
+    if any((s.chunk_size, s.left_chunks) != (C, K) for s in states):
+        masks = sorted({(s.chunk_size, s.left_chunks) for s in states})
+        raise ValueError(f"states of one batch must share chunk_size and left_chunks, got {masks}")
+
+    def rows(s: EncoderStreamState, t: torch.Tensor) -> torch.Tensor:
+        return t.expand(s.batch_size) if t.dim() == 0 else t  # (B_i,)
+
+    return EncoderStreamState(
+        kv=torch.cat([s.kv for s in states], dim=2),  # (L, 2, B, H, K C, Dh)
+        cached=torch.cat([rows(s, s.cached) for s in states]),  # (B,)
+        conv_tail=torch.cat([s.conv_tail for s in states], dim=1),  # (L, B, Kc - 1, D)
+        feat_ctx=torch.cat([s.feat_ctx for s in states]),  # (B, 3, F)
+        offset=torch.cat([rows(s, s.offset) for s in states]),  # (B,)
+        chunk_size=C,
+        left_chunks=K,
+    )
+
+
+def split_state(state: EncoderStreamState) -> list[EncoderStreamState]:
+    """The rows of a batched state, each a state of batch size 1 (``cached`` / ``offset`` of shape (1,))."""
+    B = state.batch_size
+    cached = state.cached.expand(B) if state.cached.dim() == 0 else state.cached  # (B,)
+    offset = state.offset.expand(B) if state.offset.dim() == 0 else state.offset  # (B,)
+    return [
+        EncoderStreamState(
+            kv=state.kv[:, :, b : b + 1],  # (L, 2, 1, H, K C, Dh)
+            cached=cached[b : b + 1],
+            conv_tail=state.conv_tail[:, b : b + 1],  # (L, 1, Kc - 1, D)
+            feat_ctx=state.feat_ctx[b : b + 1],  # (1, 3, F)
+            offset=offset[b : b + 1],
+            chunk_size=state.chunk_size,
+            left_chunks=state.left_chunks,
+        )
+        for b in range(B)
+    ]
+
+
 class StreamingEncoder:
     """Feature frames in, in pieces of any size; encoder frames out, a whole chunk at a time.
 
@@ -215,7 +263,8 @@ class StreamingEncoder:
     ``step`` picks how each chunk runs: ``"eager"`` calls ``stream_step``; ``"jit"`` runs it traced
     and frozen (``usmkit.models.traced_step``: same output, no Python overhead per op, a few seconds
     to trace on the first chunk); ``"compile"`` wraps it in ``torch.compile`` (static shapes; minutes
-    to compile on a CPU).
+    to compile on a CPU); ``None``: no step of its own, the caller runs each chunk (``next_chunk`` ->
+    a step of its choice -> ``advance``), as a server that batches the chunks of many streams does.
 
     >>> enc = ConformerEncoder(ConformerConfig(d_model=32, num_layers=1, num_heads=2, causal_conv=True,
     ...                                        chunk_size=2, left_chunks=1, dropout=0.0)).eval()
@@ -231,7 +280,7 @@ class StreamingEncoder:
         encoder: ConformerEncoder,
         chunk_size: int | None = None,
         left_chunks: int | None = None,
-        step: Literal["eager", "jit", "compile"] = "eager",
+        step: Literal["eager", "jit", "compile"] | None = "eager",
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
@@ -244,13 +293,17 @@ class StreamingEncoder:
             self._step = TracedStreamStep(encoder)
         elif step == "compile":
             self._step = torch.compile(stream_step, dynamic=False)
+        elif step is None:
+            self._step = None
         else:
-            raise ValueError(f"step must be 'eager', 'jit' or 'compile', got {step!r}")
+            raise ValueError(f"step must be 'eager', 'jit', 'compile' or None, got {step!r}")
         self.reset()
 
     def warm_up(self, batch_size: int = 1) -> None:
         """Run one step on zeros, outside any stream, so that tracing or compiling (``step="jit"`` /
         ``"compile"``) happens now rather than inside the first chunk of a stream."""
+        if self._step is None:
+            return
         param = next(self.encoder.parameters())
         F_in = self.encoder.cfg.input_dim
         state = init_state(
@@ -274,49 +327,89 @@ class StreamingEncoder:
     def _empty(self, like: torch.Tensor) -> torch.Tensor:
         return like.new_zeros(like.shape[0], 0, self.encoder.cfg.d_model)
 
-    def accept(self, features: torch.Tensor) -> torch.Tensor:
-        """features (B, t, F), t >= 0 -> the encoder frames (B, n C, D) that became computable (n >= 0)."""
+    # ------------------------------------------------------------------ buffering (any step)
+    def queue(self, features: torch.Tensor) -> None:
+        """Buffer features (B, t, F), t >= 0; the stream's first s - 1 frames start its state."""
         if features.dim() != 3 or features.shape[2] != self.encoder.cfg.input_dim:
             raise ValueError(f"features must be (B, t, {self.encoder.cfg.input_dim}), got {tuple(features.shape)}")
         pending = features if self._pending is None else torch.cat([self._pending, features], dim=1)  # (B, t', F)
-        if self.state is None:
-            if pending.shape[1] < self.feature_context:
-                self._pending = pending
-                return self._empty(features)
+        if self.state is None and pending.shape[1] >= self.feature_context:
             context = self.feature_context
             self.state = init_state(self.encoder, pending[:, :context], self.chunk_size, self.left_chunks)
             pending = pending[:, context:]
-        n = self.state.chunk_input_frames
-        full = torch.full((pending.shape[0],), n, dtype=torch.long, device=pending.device)  # (B,)
-        outs = []
-        while pending.shape[1] >= n:
-            with torch.no_grad():
-                out, _, self.state = self._step(self.encoder, pending[:, :n], self.state, full)
-            outs.append(out)
-            pending = pending[:, n:]
         self._pending = pending
-        self.chunks += len(outs)
-        out = torch.cat(outs, dim=1) if outs else self._empty(features)
+
+    @property
+    def chunks_ready(self) -> int:
+        """Whole chunks in the buffer, ready to encode."""
+        if self.state is None or self._pending is None:
+            return 0
+        return self._pending.shape[1] // self.state.chunk_input_frames
+
+    def next_chunk(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Take the next whole chunk (B, s C, F) and its lengths (B,) from the buffer. Run it with
+        ``self.state`` and give the step's output to ``advance``."""
+        if not self.chunks_ready:
+            raise RuntimeError("no whole chunk is buffered: check chunks_ready first")
+        n = self.state.chunk_input_frames
+        chunk, self._pending = self._pending[:, :n], self._pending[:, n:]
+        return chunk, torch.full((chunk.shape[0],), n, dtype=torch.long, device=chunk.device)
+
+    def last_chunk(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """At the end of the stream, after the whole chunks: the buffered tail zero-padded to one chunk
+        (B, s C, F) and its valid lengths (B,), or None when it makes no encoder frame. Empties the buffer."""
+        if self.chunks_ready:
+            raise RuntimeError("encode the whole chunks (chunks_ready) before the last one")
+        pending = self._pending
+        if pending is None or self.state is None:  # fewer than s - 1 frames in all (the full forward needs 2 s - 1)
+            self._pending = None if pending is None else pending[:, :0]
+            return None
+        self._pending = pending[:, :0]
+        rest = pending.shape[1]
+        if int(self.encoder.output_lengths(torch.tensor(rest + self.feature_context))) == 0:
+            return None
+        chunk = F.pad(pending, (0, 0, 0, self.state.chunk_input_frames - rest))  # (B, s C, F): zeros after the valid
+        return chunk, torch.full((pending.shape[0],), rest, dtype=torch.long, device=pending.device)
+
+    def advance(self, out: torch.Tensor, state: EncoderStreamState, frames: int | None = None) -> torch.Tensor:
+        """Take the step's result for the chunk from ``next_chunk`` / ``last_chunk``: out (B, C, D) and the
+        new state; ``frames``: its valid output frames (the last chunk's ``out_lens``; None = all C).
+        Returns out's valid frames (B, n, D)."""
+        self.state = state
+        self.chunks += 1
+        out = out if frames is None else out[:, :frames]  # (B, n, D)
         self.frames_out += out.shape[1]
         return out
 
+    # ------------------------------------------------------------------ running (own step)
+    def _check_own_step(self) -> None:
+        if self._step is None:
+            raise RuntimeError(
+                "this StreamingEncoder has no step (step=None): run its chunks with next_chunk / advance"
+            )
+
+    def accept(self, features: torch.Tensor) -> torch.Tensor:
+        """features (B, t, F), t >= 0 -> the encoder frames (B, n C, D) that became computable (n >= 0)."""
+        self._check_own_step()
+        self.queue(features)
+        outs = []
+        while self.chunks_ready:
+            chunk, lengths = self.next_chunk()
+            with torch.no_grad():
+                out, _, state = self._step(self.encoder, chunk, self.state, lengths)
+            outs.append(self.advance(out, state))
+        return torch.cat(outs, dim=1) if outs else self._empty(features)
+
     def flush(self) -> torch.Tensor:
         """The last encoder frames (B, r, D), r < C, from the buffered tail; ``reset()`` before a new stream."""
+        self._check_own_step()
         pending = self._pending
         if pending is None:
             return torch.zeros(0, 0, self.encoder.cfg.d_model)
-        self._pending = pending[:, :0]
-        if self.state is None:  # fewer than s - 1 frames in all: nothing to encode (the full forward needs 2 s - 1)
+        taken = self.last_chunk()
+        if taken is None:
             return self._empty(pending)
-        rest = pending.shape[1]
-        if int(self.encoder.output_lengths(torch.tensor(rest + self.feature_context))) == 0:
-            return self._empty(pending)
-        n = self.state.chunk_input_frames
-        chunk = F.pad(pending, (0, 0, 0, n - rest))  # (B, s C, F): zero frames after the valid ones
-        lengths = torch.full((pending.shape[0],), rest, dtype=torch.long, device=pending.device)
+        chunk, lengths = taken
         with torch.no_grad():
-            out, out_lens, self.state = self._step(self.encoder, chunk, self.state, lengths)
-        self.chunks += 1
-        out = out[:, : int(out_lens.max())]  # (B, r, D)
-        self.frames_out += out.shape[1]
-        return out
+            out, out_lens, state = self._step(self.encoder, chunk, self.state, lengths)
+        return self.advance(out, state, int(out_lens.max()))

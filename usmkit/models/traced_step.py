@@ -55,18 +55,24 @@ class _StepModule(nn.Module):
 class TracedStreamStep:
     """A drop-in for ``stream_step(encoder, chunk, state, lengths)`` that runs a traced, frozen graph.
 
-    The graph is traced on the first call for each (B, C, K, device, dtype) and kept; the encoder
-    must stay in eval mode and unchanged afterwards (freezing copies its weights into the graph).
+    The graph is traced on the first call for each (B, C, K, device, dtype, per-row state or not) and
+    kept; the encoder must stay in eval mode and unchanged afterwards (freezing copies its weights
+    into the graph). ``any_batch=True`` leaves B out of the key: one graph serves every batch size
+    (the traced graph reads the batch size from its inputs), as a server whose batches change size
+    from one step to the next needs; ``tests/models/test_stream_step.py`` holds such a graph to the
+    eager step over batches of changing size.
     """
 
-    def __init__(self, encoder: ConformerEncoder) -> None:
+    def __init__(self, encoder: ConformerEncoder, any_batch: bool = False) -> None:
         if encoder.training:
             raise ValueError("trace the streaming step of an encoder in eval mode: call encoder.eval() first")
         self.encoder = encoder
+        self.any_batch = any_batch
         self._graphs: dict[tuple, torch.jit.ScriptModule] = {}
 
     def _graph(self, chunk: torch.Tensor, state: EncoderStreamState, lengths: torch.Tensor) -> torch.jit.ScriptModule:
-        key = (chunk.shape[0], state.chunk_size, state.left_chunks, chunk.device, chunk.dtype)
+        batch = None if self.any_batch else chunk.shape[0]
+        key = (batch, state.chunk_size, state.left_chunks, chunk.device, chunk.dtype, state.offset.dim())
         if key not in self._graphs:
             module = _StepModule(self.encoder, state.chunk_size, state.left_chunks).eval()
             example = (chunk, lengths, state.kv, state.cached, state.conv_tail, state.feat_ctx, state.offset)

@@ -96,6 +96,7 @@ class Segment:
     words: tuple[Word, ...]
     score: float
     rescored: bool = False
+    alternatives: tuple[Segment, ...] = ()  # the beam's other hypotheses of the same audio, best first (ctc_beam)
 
     def as_dict(self) -> dict:
         return {
@@ -237,6 +238,10 @@ class StreamingDecoder:
         """Text of the open segment's best hypothesis."""
         return self.tokenizer.decode(list(self._best().tokens))
 
+    def partial_nbest(self, n: int) -> list[str]:
+        """Texts of the open segment's ``n`` best hypotheses (one with greedy search), best first."""
+        return [self.tokenizer.decode(list(h.tokens)) for h in self._search.nbest(n)]
+
     def finish(self) -> list[Segment]:
         """End of stream: finalize the open segment (if it has any text)."""
         return self._finalize()
@@ -248,8 +253,8 @@ class StreamingDecoder:
     def _finalize(self) -> list[Segment]:
         """Close the open segment, start a new one; returns the segment unless it is empty or all silence."""
         hyp, rescored = self._best(), False
+        nbest = self._search.nbest()
         if hyp.tokens and self._speech and self.las is not None:
-            nbest = self._search.nbest()
             enc = torch.cat(self._enc)[None]  # (1, T, D)
             lens = torch.tensor([enc.shape[1]], device=enc.device)
             hyp = attention_rescore(self.las, enc, lens, nbest, ctc_weight=self.cfg.rescore_ctc_weight)
@@ -258,10 +263,11 @@ class StreamingDecoder:
         self._start_segment()
         if not hyp.tokens or not speech:
             return []
-        segment = self._segment(hyp, seg_start, rescored)
+        others = tuple(self._segment(h, seg_start, False) for h in nbest if h.tokens and h.tokens != hyp.tokens)
+        segment = self._segment(hyp, seg_start, rescored, others)
         return [segment] if segment.text.strip() else []  # e.g. only a lone word-boundary piece
 
-    def _segment(self, hyp: Hypothesis, seg_start: int, rescored: bool) -> Segment:
+    def _segment(self, hyp: Hypothesis, seg_start: int, rescored: bool, others: tuple[Segment, ...] = ()) -> Segment:
         frame_s = self.cfg.endpoint.frame_s
         times = [seg_start + t for t in hyp.timestamps] or [seg_start] * len(hyp.tokens)
         words: list[Word] = []
@@ -283,6 +289,7 @@ class StreamingDecoder:
             words=tuple(w for w in words if w.text),
             score=hyp.score,
             rescored=rescored,
+            alternatives=others,
         )
 
     def _word(self, ids: list[int], frames: list[int]) -> Word:

@@ -168,6 +168,10 @@ class StreamingTranscriber:
 
     ``model``: an ``AsrModel`` with a CTC head (and a LAS decoder for rescoring), in eval mode.
     ``chunk_size`` / ``left_chunks``: None = the model's (see ``usmkit.models.stream_step.check_streamable``).
+    ``step``: how the encoder runs a chunk (``StreamingEncoder``); ``None`` for a caller that runs the
+    chunks of many streams itself (``usmkit.serve``): it calls ``feed`` / ``feed_end``, takes the chunks
+    from ``encoder`` (``next_chunk`` / ``last_chunk`` -> step -> ``advance``) and decodes their frames
+    with ``frames.decode`` / ``frames.finish``, which is what ``accept`` / ``finish`` do in one go.
     """
 
     def __init__(
@@ -179,7 +183,7 @@ class StreamingTranscriber:
         chunk_size: int | None = None,
         left_chunks: int | None = None,
         silence_db: float = -50.0,
-        step: str = "eager",
+        step: str | None = "eager",
     ) -> None:
         self.device = next(model.parameters()).device
         self.fbank = fbank
@@ -187,7 +191,7 @@ class StreamingTranscriber:
         self.frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db)
         self.stats = RunStats()
         start = time.perf_counter()
-        self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk
+        self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk (none without a step)
         self.stats.setup_s = time.perf_counter() - start
 
     @property
@@ -198,16 +202,24 @@ class StreamingTranscriber:
     def meter(self) -> LevelMeter:
         return self.frames.meter
 
+    def feed(self, samples: np.ndarray) -> torch.Tensor:
+        """The next samples (N,) -> their feature frames (1, t, F) on the model's device (levels noted for the endpointer)."""
+        self.frames.audio(samples)
+        self.stats.audio_s += samples.size / self.fbank.cfg.sample_rate
+        return self.fbank.accept(samples)[None].to(self.device)
+
+    def feed_end(self) -> torch.Tensor:
+        """End of the audio -> the last feature frames (1, t, F)."""
+        self.frames.audio_end()
+        return self.fbank.flush()[None].to(self.device)
+
     def accept(self, samples: np.ndarray) -> list[Segment]:
         """The next samples (N,) -> the segments finalized by them."""
         start = time.perf_counter()
         chunks_before = self.encoder.chunks
-        self.frames.audio(samples)
-        feats = self.fbank.accept(samples)  # (t, F)
-        enc = self.encoder.accept(feats[None].to(self.device))  # (1, n C, D)
+        enc = self.encoder.accept(self.feed(samples))  # (1, n C, D)
         segments = self.frames.decode(enc[0])
         elapsed = time.perf_counter() - start
-        self.stats.audio_s += samples.size / self.fbank.cfg.sample_rate
         self.stats.compute_s += elapsed
         k = self.encoder.chunks - chunks_before
         if k:
@@ -217,8 +229,7 @@ class StreamingTranscriber:
     def finish(self) -> list[Segment]:
         """End of the audio: the feature and encoder tails, then the open segment."""
         start = time.perf_counter()
-        self.frames.audio_end()
-        feats = self.fbank.flush()[None].to(self.device)  # (1, t, F)
+        feats = self.feed_end()  # (1, t, F)
         enc = torch.cat([self.encoder.accept(feats), self.encoder.flush()], dim=1)  # (1, n, D)
         segments = self.frames.decode(enc[0]) + self.frames.finish()
         self.stats.compute_s += time.perf_counter() - start

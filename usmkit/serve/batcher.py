@@ -1,0 +1,174 @@
+"""Rounds of batched encoder steps: the chunks of every stream that has one run as one ``stream_step``.
+
+The event loop never runs the model. ``Batcher.run`` (a task on the loop) waits until some stream
+has news (audio, the end), hands each such stream what it queued, and runs a *round* in one worker
+thread: features of the new audio; one chunk from every stream that has a chunk ready, their states
+stacked along the batch axis (``usmkit.models.stream_step.stack_states``) into batches of at most
+``max_batch`` rows, one step per batch, each row's output and state given back to its stream,
+which decodes it; then the end of streams whose audio ended. The events go back to each stream's
+sink on the loop. Audio keeps arriving while a round runs, and what is ready when it ends forms the
+next round, so batches grow with the load. A stream with more chunks buffered (a client sending
+faster than real time) gives one per round, so no stream waits behind another's backlog.
+
+A failure inside one stream (its features, its decoding) ends that stream with an ``Error`` event;
+a failed step fails the streams of that batch. The server goes on with the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from usmkit.serve.session import Event, Recognizer, ServerStream
+
+log = logging.getLogger("usmkit.serve")
+
+
+@dataclass(frozen=True)
+class Error:
+    """The stream failed on the server; ``message`` says what happened."""
+
+    message: str
+
+
+Sink = Callable[[list[Event | Error]], None]
+
+
+@dataclass
+class BatchStats:
+    """Counters of the rounds so far (served at ``/stats``)."""
+
+    rounds: int = 0
+    steps: int = 0  # batched encoder steps
+    chunks: int = 0  # stream chunks encoded (rows of the steps)
+    max_batch: int = 0
+    busy_s: float = 0.0  # time the worker spent in rounds
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "steps": self.steps,
+            "chunks": self.chunks,
+            "mean_batch": round(self.chunks / self.steps, 2) if self.steps else 0.0,
+            "max_batch": self.max_batch,
+            "busy_s": round(self.busy_s, 3),
+        }
+
+
+class Batcher:
+    """Runs the streams' chunks in batched rounds on one worker thread; ``run`` is its task on the event loop."""
+
+    def __init__(self, recognizer: Recognizer, max_batch: int = 32) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.recognizer = recognizer
+        self.max_batch = max_batch
+        self.stats = BatchStats()
+        self._sinks: dict[ServerStream, Sink] = {}
+        self._dirty: dict[ServerStream, None] = {}  # an ordered set: streams with news, in arrival order
+        self._wake = asyncio.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="usmkit-serve-model")
+
+    @property
+    def streams(self) -> int:
+        """Streams attached now."""
+        return len(self._sinks)
+
+    # ------------------------------------------------------------------ event loop side
+    def add(self, stream: ServerStream, sink: Sink) -> None:
+        self._sinks[stream] = sink
+
+    def remove(self, stream: ServerStream) -> None:
+        """Forget a stream (its client left or it ended); a round running now drops its events."""
+        self._sinks.pop(stream, None)
+        self._dirty.pop(stream, None)
+
+    def notify(self, stream: ServerStream) -> None:
+        """The stream has news (audio or its end) for the next round."""
+        if stream in self._sinks:
+            self._dirty[stream] = None
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Rounds for as long as the server runs (cancel the task to stop)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._next_round()  # its own frame: no stream outlives its round in a local variable here
+
+    async def _next_round(self) -> None:
+        work = [(stream, stream.collect()) for stream in self._dirty if stream in self._sinks]
+        self._dirty.clear()
+        if not work:
+            return
+        results = await asyncio.get_running_loop().run_in_executor(self._pool, self._round, work)
+        for stream, events in results:
+            sink = self._sinks.get(stream)
+            if sink is None:  # the client left during the round: its events go nowhere
+                continue
+            if events:
+                sink(events)
+            if stream.has_work:
+                self.notify(stream)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------------ worker side
+    def _round(self, work: list[tuple[ServerStream, object]]) -> list[tuple[ServerStream, list[Event | Error]]]:
+        start = time.perf_counter()
+        events: dict[ServerStream, list[Event | Error]] = {stream: [] for stream, _ in work}
+        with torch.no_grad():
+            rows = []  # (stream, (chunk (1, 4C, F), lengths (1,)))
+            for stream, inbox in work:
+                try:
+                    stream.take(inbox)
+                    taken = stream.next_chunk()
+                except Exception as e:  # noqa: BLE001 - one stream's failure must not take the others down
+                    self._fail(stream, events, e)
+                    continue
+                if taken is not None:
+                    rows.append((stream, taken))
+            for i in range(0, len(rows), self.max_batch):
+                self._step(rows[i : i + self.max_batch], events)
+            for stream, _ in work:
+                if stream.failed:
+                    continue
+                try:
+                    events[stream] += stream.wrap_up()
+                except Exception as e:  # noqa: BLE001
+                    self._fail(stream, events, e)
+        self.stats.rounds += 1
+        self.stats.busy_s += time.perf_counter() - start
+        return list(events.items())
+
+    def _step(self, rows: list, events: dict[ServerStream, list[Event | Error]]) -> None:
+        """One batched encoder step over rows [(stream, (chunk, lengths))], then each row's decoding."""
+        try:
+            out, frames, states = self.recognizer.run(
+                [chunk for _, (chunk, _) in rows], [lengths for _, (_, lengths) in rows], [s.state for s, _ in rows]
+            )  # out (B, C, D)
+        except Exception as e:  # noqa: BLE001 - the streams of this batch fail; the server goes on
+            for stream, _ in rows:
+                self._fail(stream, events, e, what="the encoder step")
+            return
+        self.stats.steps += 1
+        self.stats.chunks += len(rows)
+        self.stats.max_batch = max(self.stats.max_batch, len(rows))
+        for b, (stream, _) in enumerate(rows):
+            try:
+                events[stream] += stream.encoded(out[b : b + 1], frames[b], states[b])
+            except Exception as e:  # noqa: BLE001
+                self._fail(stream, events, e)
+
+    @staticmethod
+    def _fail(stream: ServerStream, events: dict, e: Exception, what: str = "recognition") -> None:
+        log.error("%s failed for a stream: %s: %s", what, type(e).__name__, e, exc_info=e)
+        stream.failed = True
+        events[stream].append(Error(f"{what} failed on the server: {type(e).__name__}: {e}"))
