@@ -29,6 +29,7 @@ explicit cap, which is then an approximation of the trained model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -205,7 +206,8 @@ class StreamingEncoder:
     ``step`` picks how each chunk runs: ``"eager"`` calls ``stream_step``; ``"jit"`` runs it traced
     and frozen (``usmkit.models.traced_step``: same output, no Python overhead per op, a few seconds
     to trace on the first chunk); ``"compile"`` wraps it in ``torch.compile`` (static shapes; minutes
-    to compile on a CPU).
+    to compile on a CPU); or an engine with ``stream_step``'s signature, e.g. an exported model
+    (``usmkit.export.engine``).
 
     >>> enc = ConformerEncoder(ConformerConfig(d_model=32, num_layers=1, num_heads=2, causal_conv=True,
     ...                                        chunk_size=2, left_chunks=1, dropout=0.0)).eval()
@@ -221,7 +223,7 @@ class StreamingEncoder:
         encoder: ConformerEncoder,
         chunk_size: int | None = None,
         left_chunks: int | None = None,
-        step: Literal["eager", "jit", "compile"] = "eager",
+        step: Literal["eager", "jit", "compile"] | Callable = "eager",
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
@@ -233,6 +235,8 @@ class StreamingEncoder:
             self._step = TracedStreamStep(encoder)
         elif step == "compile":
             self._step = torch.compile(stream_step, dynamic=False)
+        elif callable(step):  # an engine: step(encoder, chunk, state, lengths) -> (out, out_lens, state)
+            self._step = step
         else:
             raise ValueError(f"step must be 'eager', 'jit' or 'compile', got {step!r}")
         self.reset()
@@ -240,16 +244,17 @@ class StreamingEncoder:
     def warm_up(self, batch_size: int = 1) -> None:
         """Run one step on zeros, outside any stream, so that tracing or compiling (``step="jit"`` /
         ``"compile"``) happens now rather than inside the first chunk of a stream."""
-        param = next(self.encoder.parameters())
+        param = next(self.encoder.parameters(), None)  # None: an engine's encoder holds no weights (CPU)
+        like = param if param is not None else torch.zeros(())
         F_in = self.encoder.cfg.input_dim
         state = init_state(
             self.encoder,
-            param.new_zeros(batch_size, FEATURE_CONTEXT, F_in),
+            like.new_zeros(batch_size, FEATURE_CONTEXT, F_in),
             self.chunk_size,
             self.left_chunks,
         )
-        chunk = param.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, 4C, F)
-        lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=param.device)
+        chunk = like.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, 4C, F)
+        lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=like.device)
         with torch.no_grad():
             self._step(self.encoder, chunk, state, lengths)
 

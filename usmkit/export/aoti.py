@@ -1,0 +1,29 @@
+"""AOTInductor packages of the export graphs: ``torch.export`` then ``aoti_compile_and_package``.
+
+A ``.pt2`` package holds the graph compiled ahead of time by inductor into a shared library (C++ for
+the CPU, built with the machine's C++ compiler) and its weights; ``torch._inductor.aoti_load_package``
+loads it in any process with the same torch, without Python model code or the checkpoint. The
+package is compiled for the CPU it is made on (its vector instructions): make it on the kind of
+machine it will run on. Compiling takes from tens of seconds (``tiny``) to minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def export_aoti(graph: nn.Module, example: tuple[torch.Tensor, ...], path: Path, dynamic_shapes: dict) -> None:
+    """Compile ``graph`` traced on ``example`` (dynamic axes ``dynamic_shapes``) into the package ``path``."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notes of torch.export internals
+        program = torch.export.export(graph, example, dynamic_shapes=dynamic_shapes)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+
+
+def load_aoti(path: Path):
+    """The compiled graph of package ``path``: called with the graph's inputs, returns its outputs (a list)."""
+    return torch._inductor.aoti_load_package(str(path))
