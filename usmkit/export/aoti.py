@@ -9,6 +9,7 @@ machine it will run on. Compiling takes from tens of seconds (``tiny``) to minut
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -18,12 +19,30 @@ from torch import nn
 
 def export_aoti(graph: nn.Module, example: tuple[torch.Tensor, ...], path: Path, dynamic_shapes: dict) -> None:
     """Compile ``graph`` traced on ``example`` (dynamic axes ``dynamic_shapes``) into the package ``path``."""
+    cpp = logging.getLogger("torch.utils.cpp_extension")  # warns that no CUDA runtime is found: irrelevant here
+    level = cpp.level
+    cpp.setLevel(logging.ERROR)
+    try:
+        _compile(graph, example, path, dynamic_shapes)
+    finally:
+        cpp.setLevel(level)
+
+
+def _compile(graph: nn.Module, example: tuple[torch.Tensor, ...], path: Path, dynamic_shapes: dict) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation notes of torch.export internals
-        program = torch.export.export(graph, example, dynamic_shapes=dynamic_shapes)
+        # Guards the shape solver cannot prove over the whole dynamic range (e.g. that a time axis is not
+        # 1) become assertions checked at run time instead of refusing the export.
+        program = torch.export.export(
+            graph, example, dynamic_shapes=dynamic_shapes, prefer_deferred_runtime_asserts_over_guards=True
+        )
         torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
 
 def load_aoti(path: Path):
-    """The compiled graph of package ``path``: called with the graph's inputs, returns its outputs (a list)."""
+    """The compiled graph of package ``path``: called with the graph's inputs, returns its outputs (a list).
+
+    Pass contiguous tensors: the compiled code indexes its inputs as dense row-major arrays and does not
+    check their strides (a slice such as ``features[:, :3]`` of a batch of several rows reads wrong rows).
+    """
     return torch._inductor.aoti_load_package(str(path))

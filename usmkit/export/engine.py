@@ -83,8 +83,9 @@ class AotiStreamStep:
     ) -> tuple[torch.Tensor, torch.Tensor, EncoderStreamState]:
         _check_chunking(state, self.manifest)
         lengths = chunk_lengths(chunk, state, lengths)
+        inputs = [t.contiguous() for t in (chunk, lengths, *flatten_state(state))]  # the package reads dense rows
         with torch.no_grad():
-            enc, _, out_lens, *new = self.runner(chunk, lengths, *flatten_state(state))
+            enc, _, out_lens, *new = self.runner(*inputs)
         return enc, out_lens, unflatten_state(new, state.chunk_size, state.left_chunks)
 
 

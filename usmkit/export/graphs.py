@@ -16,7 +16,7 @@ fields, in declaration order; ``chunk_size`` and ``left_chunks`` are constants o
 ``OfflineGraph`` is the encoder's full forward under the trained chunk mask and the CTC head::
 
     inputs   features (B, T, F) float32, lengths (B,) int64
-    outputs  log_probs (B, T', V) float32, out_lens (B,) int64, T' = (T - 3) // 4
+    outputs  log_probs (B, T', V) float32, out_lens (B,) int64, T' = (T - 3) // 4, T >= 11
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ from torch import nn
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead
 from usmkit.models.stream_step import FEATURE_CONTEXT, EncoderStreamState, init_state, stream_step
-from usmkit.models.subsampling import RECEPTIVE_FIELD
 
 STATE_NAMES: tuple[str, ...] = ("kv", "cached", "conv_tail", "feat_ctx", "offset")
 STEP_INPUTS: tuple[str, ...] = ("chunk", "lengths", *STATE_NAMES)
 STEP_OUTPUTS: tuple[str, ...] = ("enc", "log_probs", "out_lens", *(f"new_{n}" for n in STATE_NAMES))
 OFFLINE_INPUTS: tuple[str, ...] = ("features", "lengths")
 OFFLINE_OUTPUTS: tuple[str, ...] = ("log_probs", "out_lens")
+# The offline graph takes at least 11 feature frames (2 encoder frames; 7 make one): torch.export
+# specializes a time axis of size 1 (broadcasting), so the dynamic axis starts above it.
+MIN_OFFLINE_FRAMES = 11
 EXAMPLE_BATCH = 2  # traced with B = 2: an example of size 1 would fix the batch at 1 (torch.export specializes it)
 
 
@@ -106,5 +108,5 @@ class OfflineGraph(nn.Module):
 
     def dynamic_shapes(self) -> dict[str, dict[int, torch.export.Dim]]:
         B = torch.export.Dim("batch", min=1, max=1024)
-        T = torch.export.Dim("frames", min=RECEPTIVE_FIELD, max=1 << 20)
+        T = torch.export.Dim("frames", min=MIN_OFFLINE_FRAMES, max=1 << 20)
         return {"features": {0: B, 1: T}, "lengths": {0: B}}
