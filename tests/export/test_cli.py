@@ -118,3 +118,15 @@ def test_damaged_export_directory_is_named(onnx_export, tmp_path):
     (broken / "export.json").write_text(json.dumps({**record, "version": 99}))
     with pytest.raises(ExportError, match="manifest version 99"):
         read_manifest(broken)
+
+
+def test_damaged_onnx_file_exits_2_naming_it(onnx_export, speech_wav, capsys, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(onnx_export, broken)
+    data = (broken / "stream_step.onnx").read_bytes()
+    (broken / "stream_step.onnx").write_bytes(data[: len(data) // 2])
+    code, _, err, _ = transcribe(capsys, speech_wav, "--engine", "onnx", "--model", broken)
+    assert code == 2 and "onnxruntime cannot load" in err and "broken/stream_step.onnx" in err
+    assert "Traceback" not in err

@@ -53,7 +53,10 @@ class OnnxStreamStep:
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         self.manifest = manifest
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own types for a damaged or foreign file
+            raise ExportError(f"onnxruntime cannot load {path} ({type(e).__name__}: {e}); export again") from e
         names = tuple(i.name for i in self.session.get_inputs())
         if names != STEP_INPUTS:
             raise ExportError(f"{path} takes inputs {names}, not a usmkit streaming step's {STEP_INPUTS}")
@@ -76,7 +79,13 @@ class AotiStreamStep:
         from usmkit.export.aoti import load_aoti
 
         self.manifest = manifest
-        self.runner = load_aoti(path)
+        try:
+            self.runner = load_aoti(path)
+        except Exception as e:  # a damaged package, or one made by another torch
+            raise ExportError(
+                f"cannot load the AOTInductor package {path} ({type(e).__name__}: {e}); export it again with "
+                f"this torch ({torch.__version__}, the package's: {manifest.torch_version})"
+            ) from e
 
     def __call__(
         self, encoder, chunk: torch.Tensor, state: EncoderStreamState, lengths: torch.Tensor | None = None
