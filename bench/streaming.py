@@ -15,7 +15,9 @@ fp32), ``onnx_int8`` (onnxruntime, int8 linear weights: ``quantize=int8``) and `
 AOTInductor package). Only the encoder step differs between them; features, CTC and decoding are the
 same code. The top-level ``rtf`` / latency keys of a setting are the default's (``jit``); every
 variant is under ``variants``. Tracing time (``setup_s``) is start-up, as loading the checkpoint is,
-and not in the RTF; so is exporting (``export_s``, once per model). Writes ``bench/results/streaming.json``.
+and not in the RTF; so is exporting (``export_s``, once per model). Writes ``bench/results/streaming.json``;
+the settings of the previous file that this run did not measure (``--sizes`` / ``--chunks``) are kept
+under ``earlier``, with the command and date that measured them.
 """
 
 from __future__ import annotations
@@ -156,7 +158,29 @@ def main() -> None:
                     for v in variants.values()
                 )
                 print(f"{size:6s} {chunk_ms:5d}ms {cells}", flush=True)
-    print(f"wrote {write_result(result_path('streaming'), results)}")
+    path = result_path("streaming")
+    results["earlier"] = earlier_runs(path, results["models"])
+    print(f"wrote {write_result(path, results)}")
+
+
+def earlier_runs(path: Path, measured: dict) -> list[dict]:
+    """The settings of the previous result file (and of the runs it kept) that this run did not measure,
+    each run with its own command and date: a run of a few settings keeps the others' rows."""
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text())
+    runs = []
+    for run in [{k: v for k, v in old.items() if k != "earlier"}, *old.get("earlier", [])]:
+        models = {
+            size: rows
+            for size, settings in run.get("models", {}).items()
+            if (rows := {c: e for c, e in settings.items() if c not in measured.get(size, {})})
+        }
+        if models:
+            runs.append({k: run[k] for k in ("command", "date", "machine", "device", "torch") if k in run} | {
+                "models": models})  # fmt: skip
+        measured = {size: {**measured.get(size, {}), **models.get(size, {})} for size in {*measured, *models}}
+    return runs
 
 
 if __name__ == "__main__":
