@@ -11,10 +11,24 @@ their inputs, outputs and shapes: enough to run the model without the checkpoint
 ``docs/export.md`` is the user guide.
 """
 
-from usmkit.export.build import export_checkpoint
-from usmkit.export.engine import LoadedExport, load_export
-from usmkit.export.manifest import MANIFEST_FILE, ExportError, ExportManifest, read_manifest
+from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from usmkit.export.build import export_checkpoint
+    from usmkit.export.engine import LoadedExport, load_export
+    from usmkit.export.manifest import MANIFEST_FILE, ExportError, ExportManifest, read_manifest
+
+_WHERE = {
+    "export_checkpoint": "build",
+    "LoadedExport": "engine",
+    "load_export": "engine",
+    "MANIFEST_FILE": "manifest",
+    "ExportError": "manifest",
+    "ExportManifest": "manifest",
+    "read_manifest": "manifest",
+}
 __all__ = [
     "MANIFEST_FILE",
     "ExportError",
@@ -24,3 +38,13 @@ __all__ = [
     "load_export",
     "read_manifest",
 ]
+
+
+def __getattr__(name: str):
+    # Imported on first use, so that ``python -m usmkit.export`` runs ``__main__``'s first import
+    # (usmkit.entrypoint) before torch loads.
+    if name in _WHERE:
+        import importlib
+
+        return getattr(importlib.import_module(f"usmkit.export.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
