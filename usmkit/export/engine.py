@@ -106,10 +106,6 @@ class ExportedEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
 
-    @property
-    def output_dim(self) -> int:
-        return self.cfg.d_model
-
 
 class ExportedModel(nn.Module):
     """What ``StreamingTranscriber`` takes as ``model``, for an exported model: ``encoder`` (config
