@@ -36,7 +36,9 @@ def _compile(graph: nn.Module, example: tuple[torch.Tensor, ...], path: Path, dy
         program = torch.export.export(
             graph, example, dynamic_shapes=dynamic_shapes, prefer_deferred_runtime_asserts_over_guards=True
         )
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        # freezing: the weights are constants of the compiled graph, so inductor folds what depends only on
+        # them and lays out the linear weights for its matmul kernels once, at compile time.
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={"freezing": True})
 
 
 def load_aoti(path: Path):
