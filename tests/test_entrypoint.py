@@ -41,6 +41,7 @@ ENTRY_MODULES = [
             "usmkit.average",
             "usmkit.data.recipes.fsdd",
             "usmkit.data.recipes.librispeech",
+            "usmkit.export.__main__",  # its package __init__ must not load torch before __main__ runs
         )
     ),
 ]

@@ -3,6 +3,7 @@
     usmkit-transcribe talk.flac --checkpoint exp/stage3_ctc --decode ctc_beam --json talk.json
     arecord -f S16_LE -r 16000 -c 1 -t raw | usmkit-transcribe - --checkpoint exp/stage3_ctc
     usmkit-transcribe --mic --checkpoint exp/stage3_ctc
+    usmkit-transcribe talk.flac --engine onnx --model exp/stage3_ctc/export_onnx   # python -m usmkit.export
 
 Audio goes through the same path a live stream takes, block by block (``usmkit.streaming.pipeline``):
 incremental log-mel features -> one encoder ``stream_step`` per chunk -> CTC log-probs -> the
@@ -121,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mic", action="store_true", help="record from the default microphone (needs usmkit[mic]); Ctrl-C stops"
     )
-    p.add_argument(
-        "--checkpoint", required=True, help="checkpoint dir, or an experiment dir (its best/latest checkpoint)"
-    )
+    p.add_argument("--checkpoint", help="checkpoint dir, or an experiment dir (its best/latest checkpoint)")
     p.add_argument(
         "--chunk-size", type=_positive_int, help="encoder frames per chunk (40 ms each); default: the model's"
     )
@@ -156,6 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="int8: int8 weights for every linear layer (CPU only; faster, slightly less exact)",
     )
+    # -- exported models (usmkit.export) ----------------------------------------------------------------
+    p.add_argument(
+        "--engine",
+        choices=("torch", "onnx", "aoti"),
+        default="torch",
+        help="what runs the encoder step: torch = the --checkpoint in PyTorch (default); onnx / aoti = an "
+        "exported model (--model DIR, made by python -m usmkit.export) under onnxruntime / AOTInductor",
+    )
+    p.add_argument("--model", help="export directory for --engine onnx|aoti (holds export.json)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -185,12 +193,50 @@ def _open_source(args, sample_rate: int, block_seconds: float) -> AudioSource:
 
 
 def _load(args, device: torch.device):
-    """(model, train config, tokenizer, checkpoint path, feature stats), or UsageError saying what is wrong."""
+    """(model, feature config, tokenizer, checkpoint path, feature stats, step), or UsageError saying what is wrong."""
+    if args.engine != "torch":
+        return _load_export(args, device)
+    if not args.checkpoint:
+        raise UsageError("no model: pass --checkpoint DIR (or --engine onnx|aoti --model EXPORT_DIR)")
+    if args.model:
+        raise UsageError(f"--model {args.model} is for --engine onnx|aoti; with PyTorch pass --checkpoint")
     try:
         loaded = load_model(args.checkpoint, device, rescore=args.rescore)
     except ModelError as e:
         raise UsageError(str(e)) from e
-    return loaded.model, loaded.cfg, loaded.tokenizer, loaded.checkpoint, loaded.stats
+    return loaded.model, loaded.cfg.data.features, loaded.tokenizer, loaded.checkpoint, loaded.stats, args.step
+
+
+def _load_export(args, device: torch.device):
+    """``_load`` for --engine onnx|aoti: an export directory, the engine as the encoder step."""
+    from usmkit.export.engine import load_export
+
+    flag = f"--engine {args.engine}"
+    if not args.model:
+        raise UsageError(f"{flag} needs --model EXPORT_DIR (made by python -m usmkit.export checkpoint=... out=...)")
+    refused = {
+        "--checkpoint": args.checkpoint and "the export directory replaces it: pass it as --model",
+        "--quantize int8": args.quantize != "none" and "export with quantize=int8 instead",
+        "--rescore": args.rescore and "an export has no LAS decoder; rescore with --checkpoint",
+        "--no-streaming": args.no_streaming and "an engine runs the streaming step; use --checkpoint",
+        f"--device {args.device}": device.type != "cpu" and "exported engines run on the CPU",
+    }
+    for option, why in refused.items():
+        if why:
+            raise UsageError(f"{option} does not go with {flag}: {why}")
+    loaded = load_export(args.model)
+    if loaded.manifest.format != args.engine:
+        raise UsageError(f"--model {args.model} holds an export of format {loaded.manifest.format}; pass --engine "
+                         f"{loaded.manifest.format}")  # fmt: skip
+    for option, value, exported in (
+        ("--chunk-size", args.chunk_size, loaded.manifest.chunk_size),
+        ("--left-chunks", args.left_chunks, loaded.manifest.left_chunks),
+    ):
+        if value is not None and value != exported:
+            raise UsageError(
+                f"{option} {value}: the export was made for {exported}; export the model again to change it"
+            )
+    return loaded.model, loaded.features, loaded.tokenizer, loaded.path, loaded.stats, loaded.step
 
 
 def _streaming_mask(args, model, ckpt: Path, warn: TextIO) -> tuple[int, int]:
@@ -284,14 +330,13 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     decoder_cfg = _decoder_config(args)
-    model, cfg, tokenizer, ckpt, stats = _load(args, device)
+    model, feature_cfg, tokenizer, ckpt, stats, step = _load(args, device)
     if args.quantize == "int8":
         if device.type != "cpu":
             raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
         from usmkit.streaming.quantize import quantize_linear_int8
 
         model = quantize_linear_int8(model)
-    feature_cfg = cfg.data.features
     enc_cfg = model.encoder.cfg
     frame_s = model.encoder.subsampling_factor * feature_cfg.frame_shift_ms / 1000.0  # one encoder frame
     decoder_cfg = replace(decoder_cfg, endpoint=replace(decoder_cfg.endpoint, frame_s=frame_s))
@@ -308,7 +353,7 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     printer = Printer(out, partials=not args.no_partials)
     if streaming:
         transcriber = StreamingTranscriber(
-            model, tokenizer, fbank, decoder_cfg, C, K, silence_db=args.silence_db, step=args.step
+            model, tokenizer, fbank, decoder_cfg, C, K, silence_db=args.silence_db, step=step
         )
         segments, run_stats, interrupted = _run_streaming(transcriber, source, printer, err)
     else:

@@ -68,10 +68,12 @@ class ConvolutionModule(nn.Module):
             seq = torch.cat([context, y], dim=1) if context is not None else F.pad(y, (0, 0, left, 0))
             seq = F.pad(seq, (0, 0, 0, right))  # (B, T + K - 1, D)
             T, w = y.shape[1], self.depthwise_conv.weight[:, 0, :]  # (D, K)
-            out = self.depthwise_conv.bias + seq[:, :T] * w[:, 0]
+            out = seq[:, :T] * w[:, 0]
             for k in range(1, self.kernel_size):
                 out = out + seq[:, k : k + T] * w[:, k]
-            return out  # (B, T, D)
+            # The bias goes last: inductor's C++ (CPU) code for the sum started from the bias, fused with
+            # the norm that follows, computes wrong values (torch 2.11; tests/models/test_depthwise_compile.py).
+            return out + self.depthwise_conv.bias  # (B, T, D)
         if context is not None:
             seq = F.pad(torch.cat([context, y], dim=1), (0, 0, 0, right))  # (B, left + T + right, D)
             windows = seq.unfold(1, self.kernel_size, 1)  # (B, T, D, Kc)

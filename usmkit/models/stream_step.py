@@ -34,6 +34,7 @@ explicit cap, which is then an approximation of the trained model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -217,10 +218,10 @@ def stack_states(states: list[EncoderStreamState]) -> EncoderStreamState:
     ``cached`` and ``offset`` (B,), so that streams at different positions run as one ``stream_step``."""
     if not states:
         raise ValueError("stack_states needs at least one state")
-    C, K = states[0].chunk_size, states[0].left_chunks
-    if any((s.chunk_size, s.left_chunks) != (C, K) for s in states):
-        masks = sorted({(s.chunk_size, s.left_chunks) for s in states})
-        raise ValueError(f"states of one batch must share chunk_size and left_chunks, got {masks}")
+    C, K, f = states[0].chunk_size, states[0].left_chunks, states[0].subsampling_factor
+    if any((s.chunk_size, s.left_chunks, s.subsampling_factor) != (C, K, f) for s in states):
+        masks = sorted({(s.chunk_size, s.left_chunks, s.subsampling_factor) for s in states})
+        raise ValueError(f"states of one batch must share chunk_size, left_chunks and subsampling_factor, got {masks}")
 
     def rows(s: EncoderStreamState, t: torch.Tensor) -> torch.Tensor:
         return t.expand(s.batch_size) if t.dim() == 0 else t  # (B_i,)
@@ -229,10 +230,11 @@ def stack_states(states: list[EncoderStreamState]) -> EncoderStreamState:
         kv=torch.cat([s.kv for s in states], dim=2),  # (L, 2, B, H, K C, Dh)
         cached=torch.cat([rows(s, s.cached) for s in states]),  # (B,)
         conv_tail=torch.cat([s.conv_tail for s in states], dim=1),  # (L, B, Kc - 1, D)
-        feat_ctx=torch.cat([s.feat_ctx for s in states]),  # (B, 3, F)
+        feat_ctx=torch.cat([s.feat_ctx for s in states]),  # (B, s - 1, F)
         offset=torch.cat([rows(s, s.offset) for s in states]),  # (B,)
         chunk_size=C,
         left_chunks=K,
+        subsampling_factor=f,
     )
 
 
@@ -246,10 +248,11 @@ def split_state(state: EncoderStreamState) -> list[EncoderStreamState]:
             kv=state.kv[:, :, b : b + 1],  # (L, 2, 1, H, K C, Dh)
             cached=cached[b : b + 1],
             conv_tail=state.conv_tail[:, b : b + 1],  # (L, 1, Kc - 1, D)
-            feat_ctx=state.feat_ctx[b : b + 1],  # (1, 3, F)
+            feat_ctx=state.feat_ctx[b : b + 1],  # (1, s - 1, F)
             offset=offset[b : b + 1],
             chunk_size=state.chunk_size,
             left_chunks=state.left_chunks,
+            subsampling_factor=state.subsampling_factor,
         )
         for b in range(B)
     ]
@@ -263,8 +266,9 @@ class StreamingEncoder:
     ``step`` picks how each chunk runs: ``"eager"`` calls ``stream_step``; ``"jit"`` runs it traced
     and frozen (``usmkit.models.traced_step``: same output, no Python overhead per op, a few seconds
     to trace on the first chunk); ``"compile"`` wraps it in ``torch.compile`` (static shapes; minutes
-    to compile on a CPU); ``None``: no step of its own, the caller runs each chunk (``next_chunk`` ->
-    a step of its choice -> ``advance``), as a server that batches the chunks of many streams does.
+    to compile on a CPU); an engine with ``stream_step``'s signature, e.g. an exported model
+    (``usmkit.export.engine``); or ``None``: no step of its own, the caller runs each chunk
+    (``next_chunk`` -> a step of its choice -> ``advance``), as a server that batches the chunks of many streams does.
 
     >>> enc = ConformerEncoder(ConformerConfig(d_model=32, num_layers=1, num_heads=2, causal_conv=True,
     ...                                        chunk_size=2, left_chunks=1, dropout=0.0)).eval()
@@ -280,7 +284,7 @@ class StreamingEncoder:
         encoder: ConformerEncoder,
         chunk_size: int | None = None,
         left_chunks: int | None = None,
-        step: Literal["eager", "jit", "compile"] | None = "eager",
+        step: Literal["eager", "jit", "compile"] | Callable | None = "eager",
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
@@ -295,6 +299,8 @@ class StreamingEncoder:
             self._step = torch.compile(stream_step, dynamic=False)
         elif step is None:
             self._step = None
+        elif callable(step):  # an engine: step(encoder, chunk, state, lengths) -> (out, out_lens, state)
+            self._step = step
         else:
             raise ValueError(f"step must be 'eager', 'jit', 'compile' or None, got {step!r}")
         self.reset()
@@ -304,16 +310,17 @@ class StreamingEncoder:
         ``"compile"``) happens now rather than inside the first chunk of a stream."""
         if self._step is None:
             return
-        param = next(self.encoder.parameters())
+        param = next(self.encoder.parameters(), None)  # None: an engine's encoder holds no weights (CPU)
+        like = param if param is not None else torch.zeros(())
         F_in = self.encoder.cfg.input_dim
         state = init_state(
             self.encoder,
-            param.new_zeros(batch_size, self.feature_context, F_in),
+            like.new_zeros(batch_size, self.feature_context, F_in),
             self.chunk_size,
             self.left_chunks,
         )
-        chunk = param.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, s C, F)
-        lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=param.device)
+        chunk = like.new_zeros(batch_size, state.chunk_input_frames, F_in)  # (B, s C, F)
+        lengths = torch.full((batch_size,), state.chunk_input_frames, dtype=torch.long, device=like.device)
         with torch.no_grad():
             self._step(self.encoder, chunk, state, lengths)
 

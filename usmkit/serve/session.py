@@ -21,13 +21,13 @@ import numpy as np
 import torch
 
 from usmkit.models.stream_step import (
-    FEATURE_CONTEXT,
     EncoderStreamState,
     init_state,
     split_state,
     stack_states,
     stream_step,
 )
+from usmkit.models.subsampling import feature_context
 from usmkit.streaming.decoder import DecoderConfig, Segment
 from usmkit.streaming.features import StreamingFbank
 from usmkit.streaming.pipeline import LoadedModel, StreamingTranscriber
@@ -101,9 +101,9 @@ class Recognizer:
         """One batched step on zeros, so that tracing happens before the first client, not in its first chunk."""
         encoder = self.model.encoder
         param = next(encoder.parameters())
-        first = param.new_zeros(1, FEATURE_CONTEXT, encoder.cfg.input_dim)  # (1, 3, F)
+        first = param.new_zeros(1, feature_context(encoder.subsampling_factor), encoder.cfg.input_dim)  # (1, s - 1, F)
         state = stack_states([init_state(encoder, first, self.chunk_size, self.left_chunks)])
-        chunk = param.new_zeros(1, state.chunk_input_frames, encoder.cfg.input_dim)  # (1, 4C, F)
+        chunk = param.new_zeros(1, state.chunk_input_frames, encoder.cfg.input_dim)  # (1, s C, F)
         with torch.no_grad():
             self.step(encoder, chunk, state, torch.tensor([state.chunk_input_frames], device=param.device))
 
@@ -213,7 +213,7 @@ class ServerStream:
     def encoded(self, out: torch.Tensor, frames: int, state: EncoderStreamState) -> list[Event]:
         """The batched step's row for this stream's chunk: out (1, C, D), its valid frames, the new state."""
         enc = self.encoder.advance(out, state, frames)  # (1, n, D)
-        self._frames_encoded = FEATURE_CONTEXT + self.encoder.chunks * state.chunk_input_frames
+        self._frames_encoded = self.encoder.feature_context + self.encoder.chunks * state.chunk_input_frames
         audio_ms = self._audio_ms()
         events: list[Event] = []
         for segment in self.transcriber.frames.decode(enc[0]):

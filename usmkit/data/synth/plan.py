@@ -152,9 +152,7 @@ def plan_corpus(seed: int, size: str, external: list[ExternalEngine] | None = No
     for split in AUDIO_SPLITS:
         sampler = SentenceSampler(lexicon, random.Random(f"usmkit-synth-{seed}-{split}"))
         group = voices[SPLIT_VOICES[split]]
-        utterances[split] = tuple(
-            _split_utterances(split, preset.utterances[split], group, sampler, preset.languages)
-        )
+        utterances[split] = tuple(_split_utterances(split, preset.utterances[split], group, sampler, preset.languages))
     eval_texts = {u.text for split in EVAL_SPLITS for u in utterances[split]}
     sampler = SentenceSampler(lexicon, random.Random(f"usmkit-synth-{seed}-text_only"))
     text_only = tuple(_text_only(preset.text_only, sampler, eval_texts, preset.languages))
