@@ -195,7 +195,7 @@ def test_stacked_state_splits_back_into_its_rows():
         for name in ("kv", "conv_tail", "feat_ctx"):
             assert torch.equal(getattr(row, name), getattr(state, name))
         assert int(row.offset) == int(state.offset) and int(row.cached) == int(state.cached)
-    with pytest.raises(ValueError, match="share chunk_size and left_chunks"):
+    with pytest.raises(ValueError, match="share chunk_size, left_chunks and subsampling_factor"):
         stack_states([states[0], init_state(enc, _features(1, FEATURE_CONTEXT), chunk_size=2)])
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import SR, speech_silence_speech
+from serve_helpers import SR, speech_silence_speech
 from websockets.sync.client import connect
 
 from usmkit.transcribe import main as transcribe

@@ -12,7 +12,7 @@ import weakref
 from pathlib import Path
 
 import pytest
-from conftest import messages_until_closed, pcm_bytes, recognizer_for, start_server
+from serve_helpers import messages_until_closed, pcm_bytes, recognizer_for, start_server
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 

@@ -44,7 +44,6 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
-from usmkit.models.subsampling import SUBSAMPLING_FACTOR
 from usmkit.serve.batcher import Batcher, Error
 from usmkit.serve.protocol import (
     EndSignal,
@@ -479,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info(
             "model %s: chunk %g ms, %d left chunks, %s, %s step%s, ready in %.1f s",
             args.checkpoint,
-            recognizer.chunk_size * SUBSAMPLING_FACTOR * recognizer.features.frame_shift_ms,
+            recognizer.chunk_size * recognizer.model.encoder.subsampling_factor * recognizer.features.frame_shift_ms,
             recognizer.left_chunks,
             recognizer.decoder_cfg.mode + (" + rescoring" if recognizer.decoder_cfg.rescore else ""),
             args.step,
