@@ -40,8 +40,9 @@ def main() -> None:
     ap.add_argument("--word-scores", default="-2,0,2,4")
     ap.add_argument("--beam-size", type=int, default=LexiconConfig.beam_size)
     ap.add_argument("--beam-threshold", type=float, default=LexiconConfig.beam_threshold)
+    ap.add_argument("--output", default=None, help="JSON path (default: bench/results/lexicon_tuning.json)")
     args = ap.parse_args()
-    module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
+    module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
     data = replace(cfg.data, max_duration=200.0)
     stats = checkpoint_feature_stats(ckpt, data)
     cuts, _ = prepare_cuts(
@@ -50,8 +51,9 @@ def main() -> None:
     refs, emissions = [], []
     with torch.no_grad():
         for batch in make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False):
+            batch = batch.to(next(module.parameters()).device)
             enc, lens = module.encode(batch.features, batch.feature_lens)
-            emissions.append((module.ctc(enc), lens))
+            emissions.append((module.ctc(enc).float().cpu(), lens.cpu()))
             refs += [normalize_text(t, TextNormConfig()) for t in batch.texts]
     rows = []
     print(f"{'order':>5s} {'lm_w':>5s} {'word':>5s} {'WER %':>7s}")
@@ -73,7 +75,8 @@ def main() -> None:
     best = min(rows, key=lambda r: r["wer"])
     print(f"best on {args.set}: {best}")
     out = write_result(
-        result_path("lexicon_tuning"), run_header(checkpoint=str(ckpt), set=args.set, grid=rows, best=best)
+        args.output or result_path("lexicon_tuning"),
+        run_header(checkpoint=str(ckpt), set=args.set, grid=rows, best=best),
     )
     print(f"wrote {out}")
 
