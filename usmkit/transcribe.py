@@ -131,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam-size", type=_positive_int, default=8)
     p.add_argument("--rescore", action="store_true", help="rescore each segment's n-best with the LAS decoder")
     p.add_argument("--rescore-ctc-weight", type=float, default=0.3)
+    p.add_argument(
+        "--lexicon",
+        action="store_true",
+        help="finals spell only words of the model's training transcripts, scored with their unigram LM",
+    )
+    p.add_argument("--lm-weight", type=float, default=0.5, help="with --lexicon: weight of the word LM")
+    p.add_argument("--word-score", type=float, default=0.0, help="with --lexicon: score added per word")
     p.add_argument("--json", type=Path, help="write the segments with word timings to this JSON file")
     p.add_argument("--sample-rate", type=_positive_int, default=16000, help="sample rate of raw PCM on stdin")
     p.add_argument("--no-streaming", action="store_true", help="encode the whole input at once (any checkpoint)")
@@ -204,7 +211,26 @@ def _load(args, device: torch.device):
         loaded = load_model(args.checkpoint, device, rescore=args.rescore)
     except ModelError as e:
         raise UsageError(str(e)) from e
+    args.words = _word_decoder(args, loaded) if args.lexicon else None
     return loaded.model, loaded.cfg.data.features, loaded.tokenizer, loaded.checkpoint, loaded.stats, args.step
+
+
+def _word_decoder(args, loaded):
+    """--lexicon: the lexicon and unigram LM of the checkpoint's training transcripts (as ``usmkit.evaluate
+    decode=ctc_lexicon`` builds them)."""
+    from usmkit.decoding.ctc_lexicon import LexiconConfig
+    from usmkit.evaluate import EvalConfig, build_word_decoder
+
+    if args.rescore:
+        raise UsageError("--lexicon and --rescore both choose the finals: pass one of them")
+    lexicon = LexiconConfig(order=1, lm_weight=args.lm_weight, word_score=args.word_score)
+    cfg = EvalConfig(checkpoint=str(loaded.checkpoint), decode="ctc_lexicon", lexicon=lexicon)
+    try:
+        return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(
+            f"--lexicon builds its words from the training transcripts of {loaded.checkpoint}, which could not be read: {e}"
+        ) from e
 
 
 def _load_export(args, device: torch.device):
@@ -218,6 +244,7 @@ def _load_export(args, device: torch.device):
         "--checkpoint": args.checkpoint and "the export directory replaces it: pass it as --model",
         "--quantize int8": args.quantize != "none" and "export with quantize=int8 instead",
         "--rescore": args.rescore and "an export has no LAS decoder; rescore with --checkpoint",
+        "--lexicon": args.lexicon and "lexicon finals need the training transcripts; use --checkpoint",
         "--no-streaming": args.no_streaming and "an engine runs the streaming step; use --checkpoint",
         f"--device {args.device}": device.type != "cpu" and "exported engines run on the CPU",
     }
@@ -316,7 +343,9 @@ def _run_whole(args, model, tokenizer, fbank, decoder_cfg, source, printer, err,
     except AudioError as e:  # decoding failed part way: the audio before it is transcribed first
         source.failure = e
     samples = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
-    segments, stats, meter = transcribe_whole(model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db)
+    segments, stats, meter = transcribe_whole(
+        model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db, words=getattr(args, "words", None)
+    )
     for seg in segments:
         printer.final(seg)
     _clipping_warning(meter, source, err)
@@ -353,7 +382,15 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     printer = Printer(out, partials=not args.no_partials)
     if streaming:
         transcriber = StreamingTranscriber(
-            model, tokenizer, fbank, decoder_cfg, C, K, silence_db=args.silence_db, step=step
+            model,
+            tokenizer,
+            fbank,
+            decoder_cfg,
+            C,
+            K,
+            silence_db=args.silence_db,
+            step=step,
+            words=getattr(args, "words", None),
         )
         segments, run_stats, interrupted = _run_streaming(transcriber, source, printer, err)
     else:

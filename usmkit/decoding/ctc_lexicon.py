@@ -27,6 +27,10 @@ from pathlib import Path
 
 import torch
 
+from usmkit.decoding.hypothesis import Hypothesis
+
+WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word-initial piece
+
 UNK_WORD = "<unk>"
 BOS_WORD, EOS_WORD = "<s>", "</s>"
 
@@ -140,6 +144,8 @@ class LexiconDecoder:
                 f"decode=ctc_lexicon needs the flashlight-text package (pip install flashlight-text): {err}"
             ) from err
         directory = Path(directory)
+        self._blank_id, self._sil_id = tokenizer.blank_id, tokenizer.unk_id
+        self._piece, self._encode = tokenizer.id_to_piece, tokenizer.encode
         lm = cfg.lm_path or (str(directory / "lm.arpa") if cfg.order > 0 else None)
         self.cfg = cfg
         self._decoder = ctc_decoder(
@@ -177,6 +183,34 @@ class LexiconDecoder:
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """log_probs (B, T, V) CTC log-probabilities; lengths (B,) valid frames. Returns B transcripts."""
         return [texts[0] if texts else "" for texts in self.nbest(log_probs, lengths)]
+
+    def best_hypothesis(self, log_probs: torch.Tensor) -> Hypothesis | None:
+        """The best lexicon-constrained path of one utterance, log_probs (T, V), as a ``Hypothesis``
+        (None when no word fits): the words spelled with the tokenizer's pieces, each piece stamped
+        with a frame of its word in the path. Streaming finals use it (``StreamingDecoder``)."""
+        emissions = log_probs.detach().float().cpu().contiguous()[None]  # (1, T, V)
+        hyps = self._decoder(emissions, torch.tensor([emissions.shape[1]], dtype=torch.int32))[0]
+        words = [w for w in hyps[0].words if w != UNK_WORD] if hyps else []
+        if not words:
+            return None
+        best = hyps[0]
+        # The path's frames, split into words where a word-initial piece starts (its tokens are
+        # collapsed, so double letters appear once: the spelling comes from the words).
+        starts: list[list[int]] = []
+        for token, frame in zip(best.tokens.tolist(), best.timesteps.tolist(), strict=True):
+            if token in (self._blank_id, self._sil_id):
+                continue
+            if not starts or self._piece(token).startswith(WORD_BOUNDARY):
+                starts.append([])
+            starts[-1].append(int(frame))
+        tokens: list[int] = []
+        frames: list[int] = []
+        for i, word in enumerate(words):
+            pieces = self._encode(word)
+            word_frames = starts[i] if i < len(starts) and starts[i] else (frames[-1:] or [0])
+            tokens += pieces
+            frames += [word_frames[min(j, len(word_frames) - 1)] for j in range(len(pieces))]
+        return Hypothesis(tokens=tuple(tokens), score=float(best.score), timestamps=tuple(frames))
 
     def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[str]]:
         """Like ``__call__``, but up to ``cfg.nbest`` distinct transcripts per utterance, best first."""

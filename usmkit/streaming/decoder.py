@@ -27,9 +27,9 @@ from typing import Literal, Protocol
 import torch
 
 from usmkit.decoding import Hypothesis, PrefixBeamState, attention_rescore
+from usmkit.decoding.ctc_lexicon import WORD_BOUNDARY
 
 BLANK_ID = 0
-WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word-initial piece
 
 
 class TokenizerLike(Protocol):
@@ -157,15 +157,28 @@ class StreamingDecoder:
             show(decoder.partial)
         segments += decoder.finish()
 
-    ``las``: the model's attention decoder, used only with ``cfg.rescore``.
+    ``las``: the model's attention decoder, used only with ``cfg.rescore``. ``words``: a lexicon decoder
+    (``usmkit.decoding.ctc_lexicon.LexiconDecoder``): each final is then its best path over the
+    segment's log-probs that spells only lexicon words, scored with its word LM (partials stay the
+    search's own, which can misspell).
     """
 
-    def __init__(self, tokenizer: TokenizerLike, cfg: DecoderConfig = DecoderConfig(), las=None, blank: int = BLANK_ID):
+    def __init__(
+        self,
+        tokenizer: TokenizerLike,
+        cfg: DecoderConfig = DecoderConfig(),
+        las=None,
+        blank: int = BLANK_ID,
+        words=None,
+    ):
         if cfg.rescore and las is None:
             raise ValueError("rescoring needs a model with a LAS (attention) decoder; this one is CTC-only")
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.las = las if cfg.rescore else None
+        self.words = words
+        if self.las is not None and words is not None:
+            raise ValueError("choose LAS rescoring or lexicon finals, not both")
         self.blank = blank
         ep = cfg.endpoint
         self._blank_frames = ep.frames(ep.trailing_blank_s)
@@ -185,6 +198,7 @@ class StreamingDecoder:
         self._nonblank = False  # some frame of the segment had a non-blank argmax
         self._speech = False  # some frame of the segment was not silent
         self._enc: list[torch.Tensor] = []  # the segment's encoder frames, kept only for rescoring
+        self._log_probs: list[torch.Tensor] = []  # the segment's log-probs, kept only for lexicon finals
 
     # ------------------------------------------------------------------ feeding
     def accept(
@@ -223,6 +237,8 @@ class StreamingDecoder:
             self._search.advance(lp[:stop])
             if self.las is not None:
                 self._enc.append(enc[i : i + stop].detach())
+            if self.words is not None:
+                self._log_probs.append(lp[:stop])
             self._blank_run = int(blank_run[stop - 1])
             self._silence_run = int(silence_run[stop - 1])
             self._nonblank = bool(nonblank[stop - 1])
@@ -259,6 +275,10 @@ class StreamingDecoder:
             lens = torch.tensor([enc.shape[1]], device=enc.device)
             hyp = attention_rescore(self.las, enc, lens, nbest, ctc_weight=self.cfg.rescore_ctc_weight)
             rescored = True
+        if hyp.tokens and self._speech and self.words is not None:
+            words = self.words.best_hypothesis(torch.cat(self._log_probs))  # (T, V) of the segment
+            hyp = words or hyp
+            rescored = words is not None
         seg_start, speech = self._seg_start, self._speech
         self._start_segment()
         if not hyp.tokens or not speech:

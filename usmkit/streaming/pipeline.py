@@ -131,9 +131,11 @@ class FrameDecoder:
     (dBFS) are silence for the endpointer.
     """
 
-    def __init__(self, model, tokenizer, decoder_cfg: DecoderConfig, frame_samples: int, silence_db: float) -> None:
+    def __init__(
+        self, model, tokenizer, decoder_cfg: DecoderConfig, frame_samples: int, silence_db: float, words=None
+    ) -> None:
         self.model = model
-        self.decoder = StreamingDecoder(tokenizer, decoder_cfg, las=model.las)
+        self.decoder = StreamingDecoder(tokenizer, decoder_cfg, las=model.las, words=words)
         self.meter = LevelMeter(frame_samples)
         self.silence_db = silence_db
         self._levels = np.zeros(0)  # dBFS of encoder frames [decoder.frames, decoder.frames + len)
@@ -184,11 +186,14 @@ class StreamingTranscriber:
         left_chunks: int | None = None,
         silence_db: float = -50.0,
         step: str | None = "eager",
+        words=None,
     ) -> None:
         self.device = next(model.parameters()).device
         self.fbank = fbank
         self.encoder = StreamingEncoder(model.encoder, chunk_size, left_chunks, step=step)
-        self.frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db)
+        self.frames = FrameDecoder(
+            model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db, words=words
+        )
         self.stats = RunStats()
         start = time.perf_counter()
         self.encoder.warm_up()  # tracing / compiling happens here, not in the first chunk (none without a step)
@@ -245,11 +250,12 @@ def transcribe_whole(
     chunk_size: int | None,
     left_chunks: int,
     silence_db: float = -50.0,
+    words=None,
 ) -> tuple[list[Segment], RunStats, LevelMeter]:
     """Non-streaming: encode all samples (N,) at once under the given mask, then segment and decode them
     with the same decoder (endpoints, rescoring) as the stream."""
     start = time.perf_counter()
-    frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db)
+    frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db, words=words)
     frames.audio(samples)
     frames.audio_end()
     device = next(model.parameters()).device
