@@ -1,6 +1,6 @@
 """``make demo``: the pipeline end to end on the embedded demo corpus, printing each command it runs.
 
-``python -m usmkit.demo data=data/demo exp=exp/demo_ctc [steps=900]``: trains a tiny streaming CTC
+``python -m usmkit.demo data=data/demo exp=exp/demo_ctc [steps=1500]``: trains a tiny streaming CTC
 model (640 ms chunks, 4 chunks of left context, causal convolution) on the English demo corpus
 (built before by ``python -m usmkit.data.synth out=data/demo size=demo``: 40 synthetic voices reading
 sequences of the 400 most frequent English words and digit strings), scores it on the six voices it
@@ -33,14 +33,14 @@ NEXT_STEPS = """
 Where to go next (docs/ has each in full):
   the three USM stages on this corpus     python -m usmkit.train recipe=stage1 | stage2 | stage3_ctc | stage3_las
   real human speech (CMU AN4, Kathleen)   python -m usmkit.data.recipes.an4 out=data/an4      (docs/recipes.md)
-  stream from a file or the microphone    usmkit-transcribe FILE --checkpoint {exp}
+  stream from a file or the microphone    usmkit-transcribe FILE --checkpoint {exp} --lexicon
   evaluate other test sets                python -m usmkit.evaluate checkpoint={exp} test_sets=[test,test_other]
   train longer (resumes this run)         python -m usmkit.demo steps=3000
 """
 
 
 def _args(argv: list[str]) -> dict[str, str]:
-    out = {"data": "data/demo", "exp": "exp/demo_ctc", "steps": "900"}
+    out = {"data": "data/demo", "exp": "exp/demo_ctc", "steps": "1500"}
     for a in argv:
         if a in ("-h", "--help"):
             print(__doc__)
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nreference: {cut.supervisions[0].text}  ({cut.supervisions[0].speaker}, a voice not heard in training)")
     script = Path(py).parent / "usmkit-transcribe"  # the console script, where usmkit is pip-installed
     transcribe = [str(script)] if script.is_file() else [py, "-m", "usmkit.transcribe"]
-    _run([*transcribe, audio, "--checkpoint", str(exp)], log)
+    _run([*transcribe, audio, "--checkpoint", str(exp), "--lexicon"], log)
     print("\nDemo summary")
     for step in log:
         print(f"  {step['seconds']:>7.1f} s  {step['command']}")

@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -254,4 +255,10 @@ def main(dcfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     strip_debug_from_sys_argv()
+    from usmkit.cpu_defaults import cpu_overrides
+
+    extra, note = cpu_overrides(sys.argv[1:], torch.cuda.is_available())
+    if note:  # a bare headline command on a CPU: minutes, not hours (printed, and saved with the config)
+        print(note, file=sys.stderr, flush=True)
+        sys.argv += extra
     main()

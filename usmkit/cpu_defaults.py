@@ -1,0 +1,77 @@
+"""Settings for a headline command run as it is on a machine without a GPU.
+
+``python -m usmkit.train recipe=stage1|stage2|stage3_ctc|stage3_las`` with nothing but the recipe
+(and where it reads and writes) runs the recipe's full settings on a GPU. On a CPU those would take
+hours, so the entry point adds the overrides below, chosen so that the run is useful in minutes on
+two cores (the demo's settings: a character-level tokenizer, intermediate CTC, short warm-up), and
+prints them with the expected time. Any key the user names is the user's; naming anything beyond
+the recipe and paths turns these defaults off, so scripts and tests get exactly what they ask for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Keys that do not make a run "configured": which recipe, where from, where to.
+PLAIN_KEYS = ("recipe", "init_from", "trainer.exp_dir", "data.manifest_dir", "resume", "hydra.", "+hydra.")
+
+_COMMON = (
+    "data.max_duration=50",
+    "model.dropout=0.0",
+    "model.overrides={subsampling_channels: 32}",
+    "optim.warmup_steps=100",
+    "trainer.dev_max_batches=4",
+)
+_SUPERVISED = (
+    "vocab_size=290",
+    "tokenizer=${data.manifest_dir}/tokenizer_290/tokenizer.model",
+    "data.spec_augment.enabled=false",
+    "optim.lr=2.5e-3",
+)
+# recipe -> (overrides, seconds per step on a 2-core CPU, measured with these settings)
+CPU_RECIPES: dict[str, tuple[tuple[str, ...], float]] = {
+    "stage1": (
+        (*_COMMON, "task.bestrq.num_codebooks=4", "trainer.max_steps=300", "trainer.eval_every=150",
+         "trainer.save_every=150"),
+        0.5,
+    ),
+    "stage2": (
+        (*_COMMON, *_SUPERVISED, "task.bestrq.num_codebooks=4", "task.most.text_warmup_steps=100",
+         "trainer.max_steps=300", "trainer.eval_every=150", "trainer.save_every=150"),
+        1.0,
+    ),
+    "stage3_ctc": (
+        (*_COMMON, *_SUPERVISED, "task.inter_ctc_weight=0.3", "trainer.max_steps=900", "trainer.eval_every=300",
+         "trainer.save_every=300"),
+        0.25,
+    ),
+    "stage3_las": (
+        (*_COMMON, *_SUPERVISED, "task.inter_ctc_weight=0.3", "trainer.max_steps=900", "trainer.eval_every=300",
+         "trainer.save_every=300"),
+        0.6,
+    ),
+}  # fmt: skip
+
+
+def is_plain(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` names nothing but the recipe, the paths and resume."""
+    return all(a.startswith(PLAIN_KEYS) for a in argv if "=" in a)
+
+
+def recipe_of(argv: Sequence[str], default: str = "stage3_ctc") -> str:
+    return next((a.split("=", 1)[1] for a in argv if a.startswith("recipe=")), default)
+
+
+def cpu_overrides(argv: Sequence[str], has_gpu: bool) -> tuple[list[str], str | None]:
+    """The overrides to add to ``argv`` and a line saying so (None: none added)."""
+    recipe = recipe_of(argv)
+    if has_gpu or not is_plain(argv) or recipe not in CPU_RECIPES:
+        return [], None
+    overrides, seconds_per_step = CPU_RECIPES[recipe]
+    steps = int(next(o.split("=")[1] for o in overrides if o.startswith("trainer.max_steps=")))
+    minutes = steps * seconds_per_step / 60
+    note = (
+        f"no GPU here: {recipe} runs with CPU settings (about {minutes:.0f} minutes on 2 cores): "
+        f"{' '.join(overrides)}. Name any setting on the command line to run the recipe as written."
+    )
+    return list(overrides), note
