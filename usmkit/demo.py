@@ -1,6 +1,6 @@
 """``make demo``: the pipeline end to end on the embedded demo corpus, printing each command it runs.
 
-``python -m usmkit.demo data=data/demo exp=exp/demo_ctc [steps=1500]``: trains a tiny streaming CTC
+``python -m usmkit.demo data=data/demo exp=exp/demo_ctc [steps=900]``: trains a tiny streaming CTC
 model (640 ms chunks, 4 chunks of left context, causal convolution) on the English demo corpus
 (built before by ``python -m usmkit.data.synth out=data/demo size=demo``: 40 synthetic voices reading
 sequences of the 400 most frequent English words and digit strings), scores it on the six voices it
@@ -40,7 +40,7 @@ Where to go next (docs/ has each in full):
 
 
 def _args(argv: list[str]) -> dict[str, str]:
-    out = {"data": "data/demo", "exp": "exp/demo_ctc", "steps": "1500"}
+    out = {"data": "data/demo", "exp": "exp/demo_ctc", "steps": "900"}
     for a in argv:
         if a in ("-h", "--help"):
             print(__doc__)
