@@ -33,12 +33,12 @@ CPU_RECIPES: dict[str, tuple[tuple[str, ...], float]] = {
     "stage1": (
         (*_COMMON, "task.bestrq.num_codebooks=4", "trainer.max_steps=300", "trainer.eval_every=150",
          "trainer.save_every=150"),
-        0.5,
+        0.4,
     ),
     "stage2": (
         (*_COMMON, *_SUPERVISED, "task.bestrq.num_codebooks=4", "task.most.text_warmup_steps=100",
          "trainer.max_steps=300", "trainer.eval_every=150", "trainer.save_every=150"),
-        1.0,
+        0.8,
     ),
     "stage3_ctc": (
         (*_COMMON, *_SUPERVISED, "task.inter_ctc_weight=0.3", "trainer.max_steps=900", "trainer.eval_every=300",
@@ -48,7 +48,7 @@ CPU_RECIPES: dict[str, tuple[tuple[str, ...], float]] = {
     "stage3_las": (
         (*_COMMON, *_SUPERVISED, "task.inter_ctc_weight=0.3", "trainer.max_steps=900", "trainer.eval_every=300",
          "trainer.save_every=300"),
-        0.6,
+        0.32,
     ),
 }  # fmt: skip
 
