@@ -7,7 +7,7 @@ import torch
 
 from usmkit.export import export_checkpoint, load_export, read_manifest
 from usmkit.export.aoti import load_aoti
-from usmkit.export.graphs import STEP_OUTPUTS, flatten_state, unflatten_state
+from usmkit.export.graphs import STEP_OUTPUTS
 from usmkit.models.stream_step import init_state, stream_step
 from usmkit.streaming.pipeline import load_model
 
@@ -28,7 +28,7 @@ def test_aoti_stream_step_equals_pytorch_chunk_by_chunk(export_ckpt, aoti_export
     model = load_model(export_ckpt).model
     runner = load_aoti(aoti_export / manifest.stream_step.file)
     feats = torch.randn(B, T, 80, generator=torch.Generator().manual_seed(T))
-    n, C, K = manifest.chunk_input_frames, manifest.chunk_size, manifest.left_chunks
+    n, C = manifest.chunk_input_frames, manifest.chunk_size
     state = init_state(model.encoder, feats[:, :3])
     aoti_state = state
     for start in range(3, T, n):
@@ -37,9 +37,9 @@ def test_aoti_stream_step_equals_pytorch_chunk_by_chunk(export_ckpt, aoti_export
         lengths = torch.full((B,), valid, dtype=torch.long)
         with torch.no_grad():
             enc, out_lens, state = stream_step(model.encoder, chunk, state, lengths)
-            expected = (enc, model.ctc(enc), out_lens, *flatten_state(state))
-            got = runner(*(t.contiguous() for t in (chunk, lengths, *flatten_state(aoti_state))))  # dense inputs
-        aoti_state = unflatten_state(got[3:], C, K)  # carried to the next call
+            expected = (enc, model.ctc(enc), out_lens, *state.tensors)
+            got = runner(*(t.contiguous() for t in (chunk, lengths, *aoti_state.tensors)))  # dense inputs
+        aoti_state = aoti_state.with_tensors(got[3:])  # carried to the next call
         for name, g, e in zip(STEP_OUTPUTS, got, expected, strict=True):
             torch.testing.assert_close(g, e, atol=ATOL, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
     assert int(out_lens[0]) < C

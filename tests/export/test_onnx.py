@@ -16,7 +16,7 @@ import torch
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.export import read_manifest
-from usmkit.export.graphs import STATE_NAMES, STEP_INPUTS, STEP_OUTPUTS, flatten_state
+from usmkit.export.graphs import STATE_NAMES, STEP_INPUTS, STEP_OUTPUTS
 from usmkit.models.stream_step import EncoderStreamState, init_state, stream_step
 from usmkit.streaming.pipeline import load_model
 
@@ -42,7 +42,7 @@ def _stream_both(model, session, manifest, feats: torch.Tensor):
     names_out = [o.name for o in manifest.stream_step.outputs]
     B, T, _ = feats.shape
     state = init_state(model.encoder, feats[:, :ctx], manifest.chunk_size, manifest.left_chunks)
-    onnx_state = [t.numpy() for t in flatten_state(state)]
+    onnx_state = [t.numpy() for t in state.tensors]
     for start in range(ctx, T, n):
         valid = min(n, T - start)
         chunk = torch.nn.functional.pad(feats[:, start : start + valid], (0, 0, 0, n - valid))  # (B, 4C, F)
@@ -50,7 +50,7 @@ def _stream_both(model, session, manifest, feats: torch.Tensor):
         with torch.no_grad():
             enc, out_lens, state = stream_step(model.encoder, chunk, state, lengths)
             log_probs = model.ctc(enc)  # (B, C, V)
-        expected = dict(zip(STEP_OUTPUTS, (enc, log_probs, out_lens, *flatten_state(state)), strict=True))
+        expected = dict(zip(STEP_OUTPUTS, (enc, log_probs, out_lens, *state.tensors), strict=True))
         feeds = dict(zip(names_in, [chunk.numpy(), lengths.numpy(), *onnx_state], strict=True))
         got = dict(zip(names_out, session.run(names_out, feeds), strict=True))
         onnx_state = [got[f"new_{name}"] for name in STATE_NAMES]  # the next call's state inputs

@@ -25,7 +25,7 @@ from torch import nn
 from usmkit.data.config import FeatureConfig
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
-from usmkit.export.graphs import STEP_INPUTS, STEP_OUTPUTS, flatten_state, unflatten_state
+from usmkit.export.graphs import STEP_INPUTS, STEP_OUTPUTS
 from usmkit.export.manifest import ExportError, ExportManifest, read_manifest
 from usmkit.models.config import ConformerConfig
 from usmkit.models.ctc import CTCHead
@@ -67,10 +67,10 @@ class OnnxStreamStep:
     ) -> tuple[torch.Tensor, torch.Tensor, EncoderStreamState]:
         _check_chunking(state, self.manifest)
         lengths = chunk_lengths(chunk, state, lengths)
-        inputs = (chunk, lengths, *flatten_state(state))
+        inputs = (chunk, lengths, *state.tensors)
         feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(STEP_INPUTS, inputs, strict=True)}
         enc, out_lens, *new = (torch.from_numpy(a) for a in self.session.run(PIPELINE_OUTPUTS, feeds))
-        return enc, out_lens, unflatten_state(new, state.chunk_size, state.left_chunks, state.subsampling_factor)
+        return enc, out_lens, state.with_tensors(new)
 
 
 class AotiStreamStep:
@@ -93,10 +93,10 @@ class AotiStreamStep:
     ) -> tuple[torch.Tensor, torch.Tensor, EncoderStreamState]:
         _check_chunking(state, self.manifest)
         lengths = chunk_lengths(chunk, state, lengths)
-        inputs = [t.contiguous() for t in (chunk, lengths, *flatten_state(state))]  # the package reads dense rows
+        inputs = [t.contiguous() for t in (chunk, lengths, *state.tensors)]  # the package reads dense rows
         with torch.no_grad():
             enc, _, out_lens, *new = self.runner(*inputs)
-        return enc, out_lens, unflatten_state(new, state.chunk_size, state.left_chunks, state.subsampling_factor)
+        return enc, out_lens, state.with_tensors(new)
 
 
 class ExportedEncoder(nn.Module):

@@ -26,10 +26,10 @@ from torch import nn
 
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead
-from usmkit.models.stream_step import EncoderStreamState, init_state, stream_step
+from usmkit.models.stream_step import STATE_TENSORS, EncoderStreamState, init_state, stream_step
 from usmkit.models.subsampling import feature_context
 
-STATE_NAMES: tuple[str, ...] = ("kv", "cached", "conv_tail", "feat_ctx", "offset")
+STATE_NAMES = STATE_TENSORS  # the state's inputs and outputs, in this order
 STEP_INPUTS: tuple[str, ...] = ("chunk", "lengths", *STATE_NAMES)
 STEP_OUTPUTS: tuple[str, ...] = ("enc", "log_probs", "out_lens", *(f"new_{n}" for n in STATE_NAMES))
 OFFLINE_INPUTS: tuple[str, ...] = ("features", "lengths")
@@ -38,23 +38,6 @@ OFFLINE_OUTPUTS: tuple[str, ...] = ("log_probs", "out_lens")
 # specializes a time axis of size 1 (broadcasting), so the dynamic axis starts above it.
 MIN_OFFLINE_FRAMES = 11
 EXAMPLE_BATCH = 2  # traced with B = 2: an example of size 1 would fix the batch at 1 (torch.export specializes it)
-
-
-def flatten_state(state: EncoderStreamState) -> tuple[torch.Tensor, ...]:
-    """The state's tensors in ``STATE_NAMES`` order."""
-    return tuple(getattr(state, name) for name in STATE_NAMES)
-
-
-def unflatten_state(
-    tensors: tuple[torch.Tensor, ...] | list[torch.Tensor], chunk_size: int, left_chunks: int, subsampling_factor: int
-):
-    """``STATE_NAMES``-ordered tensors -> ``EncoderStreamState``."""
-    return EncoderStreamState(
-        **dict(zip(STATE_NAMES, tensors, strict=True)),
-        chunk_size=chunk_size,
-        left_chunks=left_chunks,
-        subsampling_factor=subsampling_factor,
-    )
 
 
 class StreamStepGraph(nn.Module):
@@ -77,14 +60,10 @@ class StreamStepGraph(nn.Module):
         feat_ctx: torch.Tensor,
         offset: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
-        state = unflatten_state(
-            (kv, cached, conv_tail, feat_ctx, offset),
-            self.chunk_size,
-            self.left_chunks,
-            self.encoder.subsampling_factor,
-        )
+        s = self.encoder.subsampling_factor
+        state = EncoderStreamState(kv, cached, conv_tail, feat_ctx, offset, self.chunk_size, self.left_chunks, s)
         enc, out_lens, new = stream_step(self.encoder, chunk, state, lengths)  # (B, C, D), (B,)
-        return enc, self.ctc(enc), out_lens, *flatten_state(new)
+        return enc, self.ctc(enc), out_lens, *new.tensors
 
     def example_inputs(self, batch: int = EXAMPLE_BATCH) -> tuple[torch.Tensor, ...]:
         """Inputs of the first chunk of ``batch`` streams (zeros), in ``STEP_INPUTS`` order."""
@@ -97,7 +76,7 @@ class StreamStepGraph(nn.Module):
         )
         chunk = torch.zeros(batch, state.chunk_input_frames, F_in)  # (B, s C, F)
         lengths = torch.full((batch,), state.chunk_input_frames, dtype=torch.long)
-        return chunk, lengths, *flatten_state(state)
+        return chunk, lengths, *state.tensors
 
     def dynamic_shapes(self) -> dict[str, dict[int, torch.export.Dim] | None]:
         """The batch axis of every input (``torch.export`` / ``torch.onnx.export(dynamo=True)`` form)."""

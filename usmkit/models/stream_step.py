@@ -35,7 +35,7 @@ explicit cap, which is then an approximation of the trained model.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -83,6 +83,15 @@ def check_streamable(
     return C, K
 
 
+STATE_TENSORS: tuple[str, ...] = (
+    "kv",
+    "cached",
+    "conv_tail",
+    "feat_ctx",
+    "offset",
+)  # a state's tensor fields, in order
+
+
 @dataclass(frozen=True)
 class EncoderStreamState:
     """What ``stream_step`` carries from one chunk to the next; every tensor keeps its shape for the whole stream."""
@@ -99,6 +108,15 @@ class EncoderStreamState:
     @property
     def batch_size(self) -> int:
         return self.feat_ctx.shape[0]
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The state's tensors in ``STATE_TENSORS`` order, as graphs that take plain tensors (traced, exported) see them."""
+        return tuple(getattr(self, name) for name in STATE_TENSORS)
+
+    def with_tensors(self, tensors: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> EncoderStreamState:
+        """This state's geometry with ``tensors`` (``STATE_TENSORS`` order), e.g. a graph's new state."""
+        return replace(self, **dict(zip(STATE_TENSORS, tensors, strict=True)))
 
     @property
     def chunk_input_frames(self) -> int:

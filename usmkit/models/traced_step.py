@@ -49,7 +49,7 @@ class _StepModule(nn.Module):
         s = self.encoder.subsampling_factor
         state = EncoderStreamState(kv, cached, conv_tail, feat_ctx, offset, self.chunk_size, self.left_chunks, s)
         out, out_lens, new = stream_step(self.encoder, chunk, state, lengths)
-        return out, out_lens, new.kv, new.cached, new.conv_tail, new.feat_ctx, new.offset
+        return out, out_lens, *new.tensors
 
 
 class TracedStreamStep:
@@ -103,10 +103,5 @@ class TracedStreamStep:
         lengths = chunk_lengths(chunk, state, lengths)  # the graph has no shape checks of its own: traced away
         graph = self._graph(chunk, state, lengths)
         with torch.no_grad():
-            out, out_lens, kv, cached, conv_tail, feat_ctx, offset = graph(
-                chunk, lengths, state.kv, state.cached, state.conv_tail, state.feat_ctx, state.offset
-            )
-        new_state = EncoderStreamState(
-            kv, cached, conv_tail, feat_ctx, offset, state.chunk_size, state.left_chunks, state.subsampling_factor
-        )
-        return out, out_lens, new_state
+            out, out_lens, kv, cached, conv_tail, feat_ctx, offset = graph(chunk, lengths, *state.tensors)
+        return out, out_lens, state.with_tensors((kv, cached, conv_tail, feat_ctx, offset))
