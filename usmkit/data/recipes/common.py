@@ -156,14 +156,18 @@ def shared_data_dir(name: str) -> Path:
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
-def unlabeled_cuts(cuts: CutSet, language: str) -> CutSet:
+def unlabeled_cuts(cuts: CutSet, language: str, id_prefix: str = "") -> CutSet:
     """The same audio without transcripts (BEST-RQ pre-training): each cut's supervisions dropped, its
-    speaker and ``language`` kept in ``cut.custom`` (as the synthetic corpus's ``unlabeled`` split)."""
+    speaker and language kept in ``cut.custom`` (as the synthetic corpus's ``unlabeled`` split; a cut that
+    is audio-only already keeps its own), ``language`` where none is known; ids get ``id_prefix``."""
     out = []
     for cut in cuts:
-        speaker = next((s.speaker for s in cut.supervisions if s.speaker), None)
-        custom = {"language": language, "speaker": speaker}
-        out.append(MonoCut(cut.id, cut.start, cut.duration, cut.channel, recording=cut.recording, custom=custom))
+        sup = next((s for s in cut.supervisions if s.speaker), None)
+        custom = dict(cut.custom or {})
+        custom["speaker"] = sup.speaker if sup else custom.get("speaker")
+        custom["language"] = (sup.language if sup else None) or custom.get("language") or language
+        cut_id = id_prefix + cut.id
+        out.append(MonoCut(cut_id, cut.start, cut.duration, cut.channel, recording=cut.recording, custom=custom))
     return CutSet.from_cuts(out)
 
 

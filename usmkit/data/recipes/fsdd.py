@@ -37,7 +37,15 @@ from pathlib import Path
 from lhotse import CutSet, MonoCut, SupervisionSegment
 
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
-from usmkit.data.recipes.common import OnError, RecipeDrops, RecipeError, checked_recording, drops_footer, write_split
+from usmkit.data.recipes.common import (
+    OnError,
+    RecipeDrops,
+    RecipeError,
+    checked_recording,
+    drops_footer,
+    shared_data_dir,
+    write_split,
+)
 from usmkit.data.recipes.fsdd_synth import plan_digit_takes, synthesize_digit_takes
 from usmkit.errors import strip_debug_flag, user_errors
 
@@ -50,8 +58,7 @@ _FILE_NAME = re.compile(r"^(?P<digit>\d)_(?P<speaker>[A-Za-z]+)_(?P<index>\d+)\.
 
 def default_fsdd_dir() -> Path:
     """``<repo root>/../shared/data/fsdd``: found from any working directory."""
-    repo_root = Path(__file__).resolve().parents[3]
-    return repo_root.parent / "shared" / "data" / "fsdd"
+    return shared_data_dir("fsdd")
 
 
 @dataclass(frozen=True)

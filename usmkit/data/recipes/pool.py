@@ -6,7 +6,7 @@ CLI::
         inputs=[data/an4:an4:unlabeled,data/kathleen:kathleen:unlabeled]
 
 Each input is ``manifest_dir:corpus:split``; its cuts are read (paths resolved), their transcripts
-dropped (speaker and language kept in ``cut.custom``), cut ids prefixed with the corpus name so two
+dropped (``usmkit.data.recipes.common.unlabeled_cuts``: speaker and language kept in ``cut.custom``), cut ids prefixed with the corpus name so two
 corpora cannot collide, and the union is written as ``{out}/{corpus}_{recordings,cuts}_{split}.jsonl.gz``
 (paths under ``out`` relative to it, others absolute). Train with ``data.train_split=pool``.
 """
@@ -17,11 +17,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lhotse import CutSet, MonoCut
+from lhotse import CutSet
 
 from usmkit.data.manifests import load_cuts
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
-from usmkit.data.recipes.common import write_unlabeled_split
+from usmkit.data.recipes.common import unlabeled_cuts, write_unlabeled_split
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 
 USAGE = __doc__
@@ -47,21 +47,11 @@ def pooled_cuts(inputs: Sequence[str], language: str = "en") -> CutSet:
     """The cuts of every ``manifest_dir:corpus:split`` input as audio-only cuts with corpus-prefixed ids."""
     if not inputs:
         raise UsageError("pool needs inputs=[manifest_dir:corpus:split,...]")
-    out = []
+    pools = []
     for spec in inputs:
         manifest_dir, corpus, split = _parse_input(spec)
-        for cut in load_cuts(manifest_dir, split, corpus=corpus):
-            sup = cut.supervisions[0] if cut.supervisions else None
-            custom = dict(cut.custom or {})
-            custom.setdefault("speaker", sup.speaker if sup else None)
-            custom.setdefault("language", (sup.language if sup else None) or language)
-            custom["corpus"] = corpus
-            out.append(
-                MonoCut(
-                    f"{corpus}-{cut.id}", cut.start, cut.duration, cut.channel, recording=cut.recording, custom=custom
-                )
-            )
-    return CutSet.from_cuts(out)
+        pools.append(unlabeled_cuts(load_cuts(manifest_dir, split, corpus=corpus), language, id_prefix=f"{corpus}-"))
+    return CutSet.from_cuts(c for cuts in pools for c in cuts)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,45 @@
+"""usmkit.data.recipes.pool: several corpora's audio as one unlabeled split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
+
+from usmkit.data.manifests import load_cuts
+from usmkit.data.recipes.common import unlabeled_cuts, write_unlabeled_split
+from usmkit.data.recipes.pool import main, pooled_cuts
+from usmkit.errors import UsageError
+
+
+def _corpus(root, name: str, n: int, labeled: bool) -> None:
+    """A manifest dir with ``n`` one-second recordings in split ``src`` (with transcripts or audio-only)."""
+    root.mkdir(parents=True)
+    cuts = []
+    for i in range(n):
+        path = root / f"{name}{i}.wav"
+        sf.write(path, np.random.default_rng(i).normal(0, 0.1, 16000).astype(np.float32), 16000)
+        rec = Recording.from_file(path, recording_id=f"{name}{i}")
+        sup = SupervisionSegment(f"{name}{i}", rec.id, 0.0, 1.0, text="a b", speaker=f"{name}-spk", language="en")
+        cuts.append(MonoCut(rec.id, 0.0, 1.0, 0, recording=rec, supervisions=[sup]))
+    cuts = CutSet.from_cuts(cuts)
+    write_unlabeled_split(root, name, "src", cuts if labeled else unlabeled_cuts(cuts, "en"))
+
+
+def test_pool_keeps_every_cut_with_prefixed_ids_and_its_speaker(tmp_path):
+    _corpus(tmp_path / "a", "a", 2, labeled=True)
+    _corpus(tmp_path / "b", "b", 3, labeled=False)  # already audio-only: its custom speaker survives
+    inputs = [f"{tmp_path / 'a'}:a:src", f"{tmp_path / 'b'}:b:src"]
+    assert main([f"out={tmp_path / 'pool'}", "corpus=p", "split=pool", f"inputs=[{','.join(inputs)}]"]) == 0
+    pooled = list(load_cuts(tmp_path / "pool", "pool", corpus="p"))
+    assert sorted(c.id for c in pooled) == ["a-a0", "a-a1", "b-b0", "b-b1", "b-b2"]
+    assert all(not c.supervisions for c in pooled)
+    assert {c.id: c.custom["speaker"] for c in pooled}["b-b2"] == "b-spk"
+    assert pooled[0].load_audio().shape == (1, 16000)
+
+
+@pytest.mark.parametrize("inputs", [[], ["data/an4:unlabeled"]])
+def test_pool_refuses_bad_inputs_by_name(inputs):
+    with pytest.raises(UsageError, match="manifest_dir:corpus:split"):
+        pooled_cuts(inputs)
