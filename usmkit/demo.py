@@ -61,15 +61,15 @@ def _run(cmd: list[str], log: list[dict]) -> None:
 
 def train_command(py: str, data: Path, exp: Path, steps: int) -> list[str]:
     """The demo's training run (``python -m usmkit.train ...``)."""
+    from usmkit.cpu_defaults import CPU_CTC
+
     every = max(1, steps // 3)
     return [
         py, "-m", "usmkit.train", "recipe=stage3_ctc", "model=tiny",
-        "model.chunk_size=16", "model.left_chunks=4", "model.causal_conv=true",
-        "model.dropout=0.0", "model.overrides={subsampling_channels: 32}",
-        f"data.manifest_dir={data}", "data.max_duration=50", "data.spec_augment.enabled=false",
-        "vocab_size=290", f"tokenizer={exp}/tokenizer/tokenizer.model", f"trainer.exp_dir={exp}",
-        "task.inter_ctc_weight=0.3", f"trainer.max_steps={steps}", "optim.lr=2.5e-3", "optim.warmup_steps=100",
-        f"trainer.eval_every={every}", f"trainer.save_every={every}", "trainer.dev_max_batches=4",
+        "model.chunk_size=16", "model.left_chunks=4", "model.causal_conv=true", *CPU_CTC,
+        f"data.manifest_dir={data}", "vocab_size=290", f"tokenizer={exp}/tokenizer/tokenizer.model",
+        f"trainer.exp_dir={exp}", f"trainer.max_steps={steps}", f"trainer.eval_every={every}",
+        f"trainer.save_every={every}",
     ]  # fmt: skip
 
 

@@ -200,7 +200,8 @@ def _open_source(args, sample_rate: int, block_seconds: float) -> AudioSource:
 
 
 def _load(args, device: torch.device):
-    """(model, feature config, tokenizer, checkpoint path, feature stats, step), or UsageError saying what is wrong."""
+    """(model, feature config, tokenizer, checkpoint path, feature stats, step, lexicon decoder or None), or
+    UsageError saying what is wrong."""
     if args.engine != "torch":
         return _load_export(args, device)
     if not args.checkpoint:
@@ -211,8 +212,8 @@ def _load(args, device: torch.device):
         loaded = load_model(args.checkpoint, device, rescore=args.rescore)
     except ModelError as e:
         raise UsageError(str(e)) from e
-    args.words = _word_decoder(args, loaded) if args.lexicon else None
-    return loaded.model, loaded.cfg.data.features, loaded.tokenizer, loaded.checkpoint, loaded.stats, args.step
+    words = _word_decoder(args, loaded) if args.lexicon else None
+    return loaded.model, loaded.cfg.data.features, loaded.tokenizer, loaded.checkpoint, loaded.stats, args.step, words
 
 
 def _word_decoder(args, loaded):
@@ -263,7 +264,7 @@ def _load_export(args, device: torch.device):
             raise UsageError(
                 f"{option} {value}: the export was made for {exported}; export the model again to change it"
             )
-    return loaded.model, loaded.features, loaded.tokenizer, loaded.path, loaded.stats, loaded.step
+    return loaded.model, loaded.features, loaded.tokenizer, loaded.path, loaded.stats, loaded.step, None
 
 
 def _streaming_mask(args, model, ckpt: Path, warn: TextIO) -> tuple[int, int]:
@@ -331,7 +332,9 @@ def _run_streaming(transcriber: StreamingTranscriber, source: AudioSource, print
     return segments, transcriber.stats, interrupted
 
 
-def _run_whole(args, model, tokenizer, fbank, decoder_cfg, source, printer, err, mask: tuple[int | None, int]):
+def _run_whole(
+    args, model, tokenizer, fbank, decoder_cfg, source, printer, err, mask: tuple[int | None, int], words=None
+):
     """--no-streaming: read all of the input, then encode and decode it at once."""
     interrupted = False
     blocks: list[np.ndarray] = []
@@ -344,7 +347,7 @@ def _run_whole(args, model, tokenizer, fbank, decoder_cfg, source, printer, err,
         source.failure = e
     samples = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
     segments, stats, meter = transcribe_whole(
-        model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db, words=getattr(args, "words", None)
+        model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db, words=words
     )
     for seg in segments:
         printer.final(seg)
@@ -359,7 +362,7 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     decoder_cfg = _decoder_config(args)
-    model, feature_cfg, tokenizer, ckpt, stats, step = _load(args, device)
+    model, feature_cfg, tokenizer, ckpt, stats, step, words = _load(args, device)
     if args.quantize == "int8":
         if device.type != "cpu":
             raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
@@ -390,12 +393,12 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
             K,
             silence_db=args.silence_db,
             step=step,
-            words=getattr(args, "words", None),
+            words=words,
         )
         segments, run_stats, interrupted = _run_streaming(transcriber, source, printer, err)
     else:
         segments, run_stats, interrupted = _run_whole(
-            args, model, tokenizer, fbank, decoder_cfg, source, printer, err, (C, K)
+            args, model, tokenizer, fbank, decoder_cfg, source, printer, err, (C, K), words
         )
     printer.close()
     failure = getattr(source, "failure", None)

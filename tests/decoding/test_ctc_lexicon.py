@@ -110,3 +110,33 @@ def test_config_rejects_bad_order():
     with pytest.raises(ValueError, match="nbest"):
         LexiconConfig(nbest=0)
     assert math.isinf(float("-inf"))
+
+
+def test_best_hypothesis_spells_lexicon_words_with_increasing_frames(tmp_path, tokenizer):
+    decoder = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=1, beam_size=20))
+    missing = emissions_for(tokenizer, "they shold win the bussiness")[0]  # (T, V)
+    hyp = decoder.best_hypothesis(missing)
+    assert tokenizer.decode(list(hyp.tokens)) == "they should win the business"  # double letters spelled out
+    assert len(hyp.timestamps) == len(hyp.tokens)
+    assert (
+        list(hyp.timestamps) == sorted(hyp.timestamps) and 0 <= hyp.timestamps[0] and hyp.timestamps[-1] < len(missing)
+    )
+
+
+def test_streaming_finals_are_the_lexicon_path(tmp_path, tokenizer):
+    from usmkit.streaming.decoder import DecoderConfig, StreamingDecoder
+
+    words = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=1, beam_size=20))
+    lp = emissions_for(tokenizer, "they shold win the bussiness")[0]  # (T, V)
+    plain, lexicon = (
+        StreamingDecoder(tokenizer, DecoderConfig()),
+        StreamingDecoder(tokenizer, DecoderConfig(), words=words),
+    )
+    finals = {}
+    for name, dec in (("plain", plain), ("lexicon", lexicon)):
+        segments = []
+        for start in range(0, lp.shape[0], 4):  # chunk by chunk, as a stream arrives
+            segments += dec.accept(lp[start : start + 4])
+        finals[name] = [s.text for s in segments + dec.finish()]
+    assert finals["plain"] == ["they shold win the bussiness"]
+    assert finals["lexicon"] == ["they should win the business"]
