@@ -43,6 +43,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from usmkit.cli import UsageParser, positive_float, positive_int
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 from usmkit.serve.batcher import Batcher, Error
 from usmkit.serve.protocol import (
@@ -362,47 +363,28 @@ def page_file(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- command line
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{message} (see usmkit-serve --help)")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = UsageParser(
         prog="usmkit-serve",
         description="Streaming speech recognition over WebSocket (WeNet's protocol), with a browser page at /.",
     )
     p.add_argument("--checkpoint", required=True, help="checkpoint dir, or an experiment dir (its best/latest)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=10086, help="TCP port (0: any free port; the log says which)")
-    p.add_argument("--max-connections", type=_positive_int, default=64, help="clients served at once")
-    p.add_argument("--max-seconds", type=_positive_float, default=3600.0, help="longest audio of one stream (s)")
-    p.add_argument("--max-batch", type=_positive_int, default=32, help="most streams in one encoder step")
+    p.add_argument("--max-connections", type=positive_int, default=64, help="clients served at once")
+    p.add_argument("--max-seconds", type=positive_float, default=3600.0, help="longest audio of one stream (s)")
+    p.add_argument("--max-batch", type=positive_int, default=32, help="most streams in one encoder step")
     p.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
         help=f"shared secret clients must send (?token=... or Authorization: Bearer ...); default ${TOKEN_ENV}",
     )
     p.add_argument(
-        "--chunk-size", type=_positive_int, help="encoder frames per chunk (40 ms each); default: the model's"
+        "--chunk-size", type=positive_int, help="encoder frames per chunk (40 ms each); default: the model's"
     )
     p.add_argument("--left-chunks", type=int, help="chunks of attention history; default: the model's")
     p.add_argument("--decode", choices=("ctc_greedy", "ctc_beam"), help="default ctc_greedy (ctc_beam with --rescore)")
-    p.add_argument("--beam-size", type=_positive_int, default=8)
+    p.add_argument("--beam-size", type=positive_int, default=8)
     p.add_argument("--rescore", action="store_true", help="rescore each segment's n-best with the LAS decoder")
     p.add_argument("--rescore-ctc-weight", type=float, default=0.3)
     p.add_argument("--endpoint-blank", type=float, default=0.8, help="seconds of trailing blank that end a segment")
@@ -410,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-segment", type=float, default=20.0, help="longest segment in seconds")
     p.add_argument("--silence-db", type=float, default=-50.0, help="audio below this level (dBFS) is silence")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
-    p.add_argument("--threads", type=_positive_int, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument(
         "--step", choices=("jit", "eager"), default="jit", help="encoder step: traced graph or plain PyTorch"
     )
