@@ -1,7 +1,8 @@
 """The USM recipe on CMU AN4, one GPU, every stage a usmkit command (printed as it runs).
 
-    python recipes/an4/run.py [--an4 DIR] [--kathleen DIR] [--out DIR] [--model small] \\
-        [--variants scratch,cb1,cb16,las] [--pretrain-steps 1500] [--finetune-steps 1500]
+    python recipes/an4/run.py [--an4 DIR] [--kathleen DIR] [--out DIR] [--model tiny] \\
+        [--variants scratch,cb1,cb16,las] [--pretrain-steps 1000] [--finetune-steps 2000] \\
+        [--device cpu --stage1 cb1=DIR cb16=DIR]
 
 Stages (each line below is one or more ``python -m usmkit...`` commands):
 
@@ -10,10 +11,22 @@ Stages (each line below is one or more ``python -m usmkit...`` commands):
 1. BEST-RQ (``recipe=stage1``) on the pool with 1 and with 16 codebooks, side by side on the GPU.
 2. Fine-tuning on AN4 ``train`` labels only (``recipe=stage3_ctc``, ``data=an4``): from scratch,
    from each BEST-RQ encoder (``init_from``), and joint CTC/LAS from the 16-codebook encoder;
-   equal fine-tuning budgets, side by side.
+   equal fine-tuning budgets, side by side. The scratch run starts with the pre-training runs (it
+   needs none), the others when theirs ends: one GPU serves several such runs at once, since a step
+   of a model this small waits mostly on the host.
+   Settings: the ``tiny`` encoder, a character-level tokenizer (AN4 spells letters), intermediate
+   CTC, 50-s batches, stored features, light SpecAugment (2 time masks). Wider or deeper encoders
+   stay in CTC's all-blank phase for far longer on 0.7 h of speech (bench/results/an4_model_size.json).
 3. Decoding: CTC greedy; CTC + lexicon and word n-gram built from AN4 train text only (LM order,
    weight and word score tuned on ``dev`` with ``bench/lexicon_tuning.py``); LAS rescoring of the
    CTC n-best for the LAS model. ``test`` is scored once per final configuration.
+
+On one H100 with the defaults: data 1.5 min, BEST-RQ 1.5 min, each CTC fine-tuning 3 min, the
+LAS fine-tuning 5.5 min (all side by side), decoding 1-2 min per variant.
+
+The 16-codebook BEST-RQ encoder is also saved as ``OUT/bestrq_encoder/`` (encoder weights only,
+``init_from`` reads nothing else): with ``--model tiny`` the starting point of the CPU fine-tuning
+path in docs/recipes.md.
 
 Writes ``OUT/an4.json`` (every row: model, decoding, dev and test WER/CER, the command, minutes) and
 prints the table last. The corpus folders may be the originals or copies from
@@ -52,18 +65,32 @@ def sh(cmd: list[str], log: Path, env: dict | None = None) -> float:
     return (time.time() - start) / 60
 
 
-def parallel(jobs: dict[str, tuple[list[str], Path]]) -> dict[str, float]:
-    with cf.ThreadPoolExecutor(len(jobs)) as pool:
-        futures = {name: pool.submit(sh, cmd, log) for name, (cmd, log) in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
-
-
 def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path) -> dict:
     out = exp / f"eval_{split}_{decode}.json"
     cmd = [PY, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{split}]", f"decode={decode}", *extra]
     sh([*cmd, f"output={out}"], logs / f"{exp.name}_{split}_{decode}.log")
     s = json.loads(out.read_text())["sets"][split]
     return {"wer": s["wer"], "cer": s["cer"], "command": shlex.join(cmd)}
+
+
+def after(dep: cf.Future | None, cmd: list[str], log: Path) -> float:
+    """``sh(cmd, log)`` once ``dep`` (if any) has finished; raises if ``dep`` failed."""
+    if dep is not None:
+        dep.result()
+    return sh(cmd, log)
+
+
+def save_encoder(exp: Path, dest: Path) -> None:
+    """The encoder's weights (``init_from`` reads nothing else) of ``exp``'s last checkpoint, with its config."""
+    from safetensors.torch import load_file, save_file
+
+    from usmkit.checkpoint import MODEL_FILE, resolve_checkpoint
+
+    src = resolve_checkpoint(exp)
+    dest.mkdir(parents=True, exist_ok=True)
+    weights = {k: v for k, v in load_file(src / MODEL_FILE).items() if k.startswith("encoder.")}
+    save_file(weights, dest / MODEL_FILE)
+    (dest / "config.yaml").write_text((src / "config.yaml").read_text())
 
 
 def main() -> None:
@@ -73,20 +100,37 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "exp/an4_recipe"))
     ap.add_argument("--data", default="data")
     ap.add_argument("--exp", default="exp/an4")
-    ap.add_argument("--model", default="small")
-    ap.add_argument("--variants", default="scratch,cb1,cb16,las")
-    ap.add_argument("--pretrain-steps", type=int, default=1500)
-    ap.add_argument("--finetune-steps", type=int, default=1500)
-    ap.add_argument("--finetune-lr", type=float, default=1e-3)
-    ap.add_argument("--pretrain-lr", type=float, default=1e-3)
-    ap.add_argument("--max-duration", type=float, default=150.0)
-    ap.add_argument("--vocab-size", type=int, default=300)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--workers", type=int, default=3, help="loader workers per training run")
+    ap.add_argument("--model", default="tiny")
     ap.add_argument(
-        "--stored-features",
+        "--model-overrides", default="{subsampling_channels: 32}", help="model.overrides for every run ('' for none)"
+    )
+    ap.add_argument("--variants", default="scratch,cb1,cb16,las")
+    ap.add_argument("--pretrain-steps", type=int, default=1000)
+    ap.add_argument("--finetune-steps", type=int, default=2000)
+    ap.add_argument("--finetune-lr", type=float, default=2.5e-3)
+    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
+    ap.add_argument("--max-duration", type=float, default=50.0)
+    ap.add_argument("--vocab-size", type=int, default=290, help="290: the specials, byte fallback and the letters")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--workers", type=int, default=2, help="loader workers per training run")
+    ap.add_argument(
+        "--speed-perturb",
         action="store_true",
-        help="fine-tune on stored features without speed perturbation (GPU-bound steps instead of loader-bound)",
+        help="fine-tune with 0.9/1.0/1.1 speed perturbation (features on the fly: loader-bound steps)",
+    )
+    ap.add_argument(
+        "--stage1",
+        nargs="*",
+        default=[],
+        metavar="NAME=DIR",
+        help="start these variants from encoders pre-trained before (e.g. cb16=DIR, a --save-encoder output) "
+        "instead of pre-training them here; with --device cpu the CPU fine-tuning path",
+    )
+    ap.add_argument("--pretrain-max-duration", type=float, default=100.0)
+    ap.add_argument(
+        "--save-encoder",
+        default="cb16",
+        help="save this BEST-RQ encoder's weights to OUT/bestrq_encoder (the CPU path's start; '' for none)",
     )
     ap.add_argument("--extra", default="", help="more overrides for every fine-tuning run")
     ap.add_argument("--pretrain-extra", default="", help="more overrides for every BEST-RQ run")
@@ -98,6 +142,8 @@ def main() -> None:
     variants = args.variants.split(",")
     an4 = data / "an4"
     common = [f"model={args.model}", f"trainer.device={args.device}", "trainer.progress=false", "trainer.log_every=50"]
+    if args.model_overrides:
+        common.append(f"model.overrides={args.model_overrides}")
 
     # 0. data
     minutes = {
@@ -126,13 +172,14 @@ def main() -> None:
         "recipe=stage3_ctc", "data=an4", f"data.manifest_dir={an4}", *common, f"vocab_size={args.vocab_size}", f"data.max_duration={args.max_duration}",
         f"data.num_workers={args.workers}", f"trainer.max_steps={args.finetune_steps}", f"optim.lr={args.finetune_lr}",
         "optim.warmup_steps=300", "task.inter_ctc_weight=0.3", f"trainer.eval_every={max(1, args.finetune_steps // 5)}",
-        f"trainer.save_every={max(1, args.finetune_steps // 5)}", "trainer.keep_last=1", *args.extra.split(),
+        f"trainer.save_every={max(1, args.finetune_steps // 5)}", "trainer.keep_last=1", "data.spec_augment.time_masks=2",
+        "data.spec_augment.freq_width=15", *args.extra.split(),
     ]  # fmt: skip
-    if args.stored_features:
+    if not args.speed_perturb:
         ft += ["data.features.precomputed=true", "data.speed_perturb=[]"]
     pt = [
         "recipe=stage1", "data=an4", f"data.manifest_dir={an4}", *common, "data.train_split=pool", "data.features.precomputed=true",
-        "data.speed_perturb=[]", f"data.max_duration={args.max_duration}", f"data.num_workers={args.workers}",
+        "data.speed_perturb=[]", f"data.max_duration={args.pretrain_max_duration}", f"data.num_workers={args.workers}",
         f"trainer.max_steps={args.pretrain_steps}", f"optim.lr={args.pretrain_lr}", "optim.warmup_steps=500",
         f"trainer.eval_every={args.pretrain_steps}", f"trainer.save_every={args.pretrain_steps}", "trainer.keep_last=1", *args.pretrain_extra.split(),
     ]  # fmt: skip
@@ -146,11 +193,14 @@ def main() -> None:
         logs / "prep_pt.log",
     )
 
-    # 1. BEST-RQ
+    # 1. BEST-RQ, with the scratch fine-tuning (and the CPU path's tiny encoder) alongside
     codebooks = {"cb1": 1, "cb16": 16}
+    given = dict(kv.split("=", 1) for kv in args.stage1)
+    stage1_dir = {name: Path(given.get(name, exp / f"stage1_{name}")) for name in codebooks}
     wanted = {v for v in variants if v in codebooks} | ({"cb16"} if "las" in variants else set())
-    jobs = {
-        name: (
+    wanted -= set(given)
+    first = {
+        "stage1_" + name: (
             [
                 PY,
                 "-m",
@@ -164,20 +214,28 @@ def main() -> None:
         for name, n in codebooks.items()
         if name in wanted
     }
-    pre_minutes = parallel(jobs) if jobs else {}
-
-    # 2. fine-tuning
-    jobs = {}
+    finetune = {}
     for v in variants:
         cmd = [PY, "-m", "usmkit.train", *ft, f"trainer.exp_dir={exp / v}"]
         if v in codebooks:
-            cmd.append(f"init_from={exp / ('stage1_' + v)}")
+            cmd.append(f"init_from={stage1_dir[v]}")
         if v == "las":
             cmd = [c.replace("recipe=stage3_ctc", "recipe=stage3_las") for c in cmd] + [
-                f"init_from={exp / 'stage1_cb16'}"
+                f"init_from={stage1_dir['cb16']}"
             ]
-        jobs[v] = (cmd, logs / f"finetune_{v}.log")
-    ft_minutes = parallel(jobs)
+        finetune[v] = (cmd, logs / f"finetune_{v}.log")
+    # Each fine-tuning run starts as soon as the encoder it starts from is ready.
+    with cf.ThreadPoolExecutor(len(first) + len(finetune) + 1) as pool:
+        futures = {name: pool.submit(sh, cmd, log) for name, (cmd, log) in first.items()}
+        for v, (cmd, log) in finetune.items():
+            dep = futures.get("stage1_cb16" if v == "las" else f"stage1_{v}")
+            futures[v] = pool.submit(after, dep, cmd, log)
+        minutes_of = {name: f.result() for name, f in futures.items()}
+    if args.save_encoder and f"stage1_{args.save_encoder}" in first:
+        save_encoder(exp / f"stage1_{args.save_encoder}", out / "bestrq_encoder")
+    pre_minutes = {k.removeprefix("stage1_"): m for k, m in minutes_of.items() if k.startswith("stage1_")}
+    ft_minutes = {v: minutes_of[v] for v in finetune}
+    jobs = finetune
 
     # 3. decoding: dev for choices, test once per final configuration (the models side by side)
     def decode_variant(v: str) -> list[dict]:
@@ -185,7 +243,7 @@ def main() -> None:
         tune_out = out / f"lexicon_{v}.json"
         sh(
             [PY, str(ROOT / "bench/lexicon_tuning.py"), "--checkpoint", str(e), "--set", "dev", "--orders", "1,2",
-             "--lm-weights", "0.3,0.6,1,1.5", "--word-scores=-1,0,1,2", "--output", str(tune_out)],
+             "--lm-weights", "0.5,1", "--word-scores=0,1", "--output", str(tune_out)],
             logs / f"lexicon_{v}.log",
         )  # fmt: skip
         best = json.loads(tune_out.read_text())["best"]
@@ -209,9 +267,10 @@ def main() -> None:
             )  # fmt: skip
         return rows
 
-    # Stored features: the first evaluation of a split stores its features, so the variants go one by one.
-    with cf.ThreadPoolExecutor(1 if args.stored_features else len(variants)) as pool:
-        rows = [r for rows_v in pool.map(decode_variant, variants) for r in rows_v]
+    # Stored features: the first evaluation of a split stores its features, so the first variant goes alone.
+    rows = decode_variant(variants[0])
+    with cf.ThreadPoolExecutor(len(variants)) as pool:
+        rows += [r for rows_v in pool.map(decode_variant, variants[1:]) for r in rows_v]
     write_result(out / "an4.json", run_header(args=vars(args), minutes=minutes, rows=rows))
     print(f"\n{'model':<8} {'decode':<12} {'dev WER':>8} {'test WER':>9} {'test CER':>9}")
     for r in rows:
