@@ -9,7 +9,7 @@ from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 
 from usmkit.data.manifests import load_cuts
 from usmkit.data.recipes.common import unlabeled_cuts, write_unlabeled_split
-from usmkit.data.recipes.pool import main, pooled_cuts
+from usmkit.data.recipes.pool import main, pooled_cuts, pooled_labeled_cuts
 from usmkit.errors import UsageError
 
 
@@ -43,3 +43,25 @@ def test_pool_keeps_every_cut_with_prefixed_ids_and_its_speaker(tmp_path):
 def test_pool_refuses_bad_inputs_by_name(inputs):
     with pytest.raises(UsageError, match="manifest_dir:corpus:split"):
         pooled_cuts(inputs)
+
+
+def test_labeled_pool_keeps_transcripts_and_writes_supervisions(tmp_path):
+    _corpus(tmp_path / "a", "a", 2, labeled=True)
+    _corpus(tmp_path / "b", "b", 1, labeled=True)
+    inputs = f"inputs=[{tmp_path / 'a'}:a:src,{tmp_path / 'b'}:b:src]"
+    assert main([f"out={tmp_path / 'en'}", "corpus=en", "split=train", "labeled=true", inputs]) == 0
+    pooled = {c.id: c for c in load_cuts(tmp_path / "en", "train", corpus="en")}
+    assert sorted(pooled) == ["a-a0", "a-a1", "b-b0"]
+    assert [s.text for s in pooled["b-b0"].supervisions] == ["a b"]
+    assert (tmp_path / "en" / "en_supervisions_train.jsonl.gz").is_file()
+
+
+def test_labeled_pool_refuses_audio_only_cuts_by_id(tmp_path, capsys):
+    _corpus(tmp_path / "b", "b", 1, labeled=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main([f"out={tmp_path / 'en'}", "corpus=en", "split=train", "labeled=true", f"inputs=[{tmp_path / 'b'}:b:src]"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "cut b0 of" in err and "has no transcript" in err
+    with pytest.raises(UsageError, match="cut b0 of .* has no transcript"):
+        pooled_labeled_cuts([f"{tmp_path / 'b'}:b:src"])

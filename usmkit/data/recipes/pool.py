@@ -1,4 +1,4 @@
-"""Pool the audio of several corpora's splits into one audio-only split (a BEST-RQ / MOST unlabeled pool).
+"""Pool several corpora's splits into one split: audio only (a BEST-RQ / MOST unlabeled pool) or labeled.
 
 CLI::
 
@@ -9,6 +9,12 @@ Each input is ``manifest_dir:corpus:split``; its cuts are read (paths resolved),
 dropped (``usmkit.data.recipes.common.unlabeled_cuts``: speaker and language kept in ``cut.custom``), cut ids prefixed with the corpus name so two
 corpora cannot collide, and the union is written as ``{out}/{corpus}_{recordings,cuts}_{split}.jsonl.gz``
 (paths under ``out`` relative to it, others absolute). Train with ``data.train_split=pool``.
+
+``labeled=true`` keeps the transcripts (every input cut must have one) and also writes the
+supervisions manifest: one training set from several labeled corpora, e.g. a general English model::
+
+    python -m usmkit.data.recipes.pool out=data/english corpus=english split=train labeled=true \
+        inputs=[data/an4:an4:train,data/kathleen:kathleen:train]
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from lhotse import CutSet
 
 from usmkit.data.manifests import load_cuts
 from usmkit.data.recipes import parse_key_value_args, print_split_table, split_rows
-from usmkit.data.recipes.common import unlabeled_cuts, write_unlabeled_split
+from usmkit.data.recipes.common import unlabeled_cuts, write_split, write_unlabeled_split
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 
 USAGE = __doc__
@@ -34,6 +40,7 @@ class PoolArgs:
     split: str = "unlabeled"
     inputs: list[str] = field(default_factory=list)  # manifest_dir:corpus:split
     language: str = "en"  # for cuts whose supervisions name none
+    labeled: bool = False  # keep the transcripts (and write the supervisions manifest)
 
 
 def _parse_input(spec: str) -> tuple[str, str, str]:
@@ -54,11 +61,32 @@ def pooled_cuts(inputs: Sequence[str], language: str = "en") -> CutSet:
     return CutSet.from_cuts(c for cuts in pools for c in cuts)
 
 
+def pooled_labeled_cuts(inputs: Sequence[str]) -> CutSet:
+    """The cuts of every input with their transcripts, ids prefixed with the corpus name."""
+    if not inputs:
+        raise UsageError("pool needs inputs=[manifest_dir:corpus:split,...]")
+    cuts = []
+    for spec in inputs:
+        manifest_dir, corpus, split = _parse_input(spec)
+        for cut in load_cuts(manifest_dir, split, corpus=corpus):
+            if not cut.supervisions or not all(s.text for s in cut.supervisions):
+                raise UsageError(
+                    f"pool labeled=true: cut {cut.id} of {spec} has no transcript; pool labeled splits "
+                    "(train, dev, test), or leave labeled=false for an audio-only pool"
+                )
+            cuts.append(cut.with_id(f"{corpus}-{cut.id}"))
+    return CutSet.from_cuts(cuts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_key_value_args(PoolArgs, strip_debug_flag(sys.argv[1:] if argv is None else argv), USAGE)
     with user_errors():
-        cuts = pooled_cuts(args.inputs, args.language)
-        write_unlabeled_split(args.out, args.corpus, args.split, cuts)
+        if args.labeled:
+            cuts = pooled_labeled_cuts(args.inputs)
+            write_split(args.out, args.corpus, args.split, cuts)
+        else:
+            cuts = pooled_cuts(args.inputs, args.language)
+            write_unlabeled_split(args.out, args.corpus, args.split, cuts)
         print_split_table(f"{args.corpus} pool in {args.out}", split_rows({args.split: cuts}))
     return 0
 
