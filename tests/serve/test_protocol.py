@@ -33,11 +33,21 @@ def server(recognizer):
     running.close()
 
 
-def stream(url: str, pcm: bytes, start: dict | None = None, block: int = 3200, pace_s: float = 0.0):
-    """Start, the PCM in ``block``-byte messages (``pace_s`` apart), end; every message back and the close code."""
+def stream(
+    url: str,
+    pcm: bytes,
+    start: dict | None = None,
+    block: int = 3200,
+    pace_s: float = 0.0,
+    ready: threading.Barrier | None = None,
+):
+    """Start, the PCM in ``block``-byte messages (``pace_s`` apart), end; every message back and the close code.
+    With ``ready``, the audio goes only once every client sharing the barrier has its stream started."""
     with connect(url, open_timeout=10) as ws:
         ws.send(json.dumps(start or {"signal": "start", "nbest": 1, "continuous_decoding": True}))
         assert json.loads(ws.recv(timeout=10)) == {"status": "ok", "type": "server_ready"}
+        if ready is not None:
+            ready.wait(timeout=30)
         for i in range(0, len(pcm), block):
             try:
                 ws.send(pcm[i : i + block])
@@ -108,9 +118,12 @@ def test_two_concurrent_clients_get_their_own_transcripts_in_one_batch(server, w
     assert alone["a"] and alone["b"] and alone["a"] != alone["b"]
     before = server.call(lambda: server.server.stats())
     together: dict = {}
+    # Both streams started before either sends audio, and all of it at once: each has chunks waiting
+    # while the other's are stepped, however the threads are scheduled on a busy machine.
+    ready = threading.Barrier(len(wavs))
 
     def client(name: str) -> None:
-        together[name] = best_finals(stream(server.url, pcm_bytes(wavs[name]), pace_s=0.005)[0])
+        together[name] = best_finals(stream(server.url, pcm_bytes(wavs[name]), ready=ready)[0])
 
     threads = [threading.Thread(target=client, args=(name,)) for name in wavs]
     for t in threads:
