@@ -33,7 +33,7 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from usmkit.cli import UsageParser, nonnegative_int, positive_int
+from usmkit.cli import UsageParser, add_stream_options, positive_int
 from usmkit.errors import UsageError, debug_enabled  # UsageError: bad command line, checkpoint or input (exit 2)
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
 from usmkit.streaming.decoder import DecoderConfig, EndpointConfig, Segment
@@ -105,14 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mic", action="store_true", help="record from the default microphone (needs usmkit[mic]); Ctrl-C stops"
     )
     p.add_argument("--checkpoint", help="checkpoint dir, or an experiment dir (its best/latest checkpoint)")
-    p.add_argument(
-        "--chunk-size", type=positive_int, help="encoder frames per chunk (40 ms each); default: the model's"
-    )
-    p.add_argument("--left-chunks", type=nonnegative_int, help="chunks of attention history; default: the model's")
-    p.add_argument("--decode", choices=("ctc_greedy", "ctc_beam"), help="default ctc_greedy (ctc_beam with --rescore)")
-    p.add_argument("--beam-size", type=positive_int, default=8)
-    p.add_argument("--rescore", action="store_true", help="rescore each segment's n-best with the LAS decoder")
-    p.add_argument("--rescore-ctc-weight", type=float, default=0.3)
+    add_stream_options(p)
     p.add_argument(
         "--lexicon",
         action="store_true",
@@ -123,13 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write the segments with word timings to this JSON file")
     p.add_argument("--sample-rate", type=positive_int, default=16000, help="sample rate of raw PCM on stdin")
     p.add_argument("--no-streaming", action="store_true", help="encode the whole input at once (any checkpoint)")
-    p.add_argument("--endpoint-blank", type=float, default=0.8, help="seconds of trailing blank that end a segment")
-    p.add_argument("--endpoint-silence", type=float, default=0.5, help="seconds of trailing silence that end a segment")
-    p.add_argument("--max-segment", type=float, default=20.0, help="longest segment in seconds")
-    p.add_argument("--silence-db", type=float, default=-50.0, help="audio below this level (dBFS) is silence")
     p.add_argument("--no-partials", action="store_true", help="print final segments only")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
-    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
     p.add_argument(
         "--step",
         choices=("jit", "eager", "compile"),

@@ -284,6 +284,9 @@ def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer):
     with pytest.raises(SystemExit) as e:
         main(["--checkpoint", "x", "--max-connections", "0"])
     assert e.value.code == 2 and "--max-connections" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the streaming options are usmkit-transcribe's, checks included
+        main(["--checkpoint", "x", "--left-chunks", "-1"])
+    assert e.value.code == 2 and "--left-chunks: must be >= 0" in capsys.readouterr().err
     running = start_server(recognizer)
     try:
         with pytest.raises(Exception, match="cannot listen on 127.0.0.1:"):

@@ -43,7 +43,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from usmkit.cli import UsageParser, positive_float, positive_int
+from usmkit.cli import UsageParser, add_stream_options, positive_float, positive_int
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 from usmkit.serve.batcher import Batcher, Error
 from usmkit.serve.protocol import (
@@ -379,20 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get(TOKEN_ENV),
         help=f"shared secret clients must send (?token=... or Authorization: Bearer ...); default ${TOKEN_ENV}",
     )
-    p.add_argument(
-        "--chunk-size", type=positive_int, help="encoder frames per chunk (40 ms each); default: the model's"
-    )
-    p.add_argument("--left-chunks", type=int, help="chunks of attention history; default: the model's")
-    p.add_argument("--decode", choices=("ctc_greedy", "ctc_beam"), help="default ctc_greedy (ctc_beam with --rescore)")
-    p.add_argument("--beam-size", type=positive_int, default=8)
-    p.add_argument("--rescore", action="store_true", help="rescore each segment's n-best with the LAS decoder")
-    p.add_argument("--rescore-ctc-weight", type=float, default=0.3)
-    p.add_argument("--endpoint-blank", type=float, default=0.8, help="seconds of trailing blank that end a segment")
-    p.add_argument("--endpoint-silence", type=float, default=0.5, help="seconds of trailing silence that end a segment")
-    p.add_argument("--max-segment", type=float, default=20.0, help="longest segment in seconds")
-    p.add_argument("--silence-db", type=float, default=-50.0, help="audio below this level (dBFS) is silence")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
-    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
+    add_stream_options(p)
     p.add_argument(
         "--step", choices=("jit", "eager"), default="jit", help="encoder step: traced graph or plain PyTorch"
     )
