@@ -20,7 +20,7 @@ supervisions manifest: one training set from several labeled corpora, e.g. a gen
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from lhotse import CutSet
@@ -50,32 +50,33 @@ def _parse_input(spec: str) -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
-def pooled_cuts(inputs: Sequence[str], language: str = "en") -> CutSet:
-    """The cuts of every ``manifest_dir:corpus:split`` input as audio-only cuts with corpus-prefixed ids."""
+def _inputs(inputs: Sequence[str]) -> Iterator[tuple[str, str, CutSet]]:
+    """(spec, corpus, cuts) of every ``manifest_dir:corpus:split`` input."""
     if not inputs:
         raise UsageError("pool needs inputs=[manifest_dir:corpus:split,...]")
-    pools = []
     for spec in inputs:
         manifest_dir, corpus, split = _parse_input(spec)
-        pools.append(unlabeled_cuts(load_cuts(manifest_dir, split, corpus=corpus), language, id_prefix=f"{corpus}-"))
+        yield spec, corpus, load_cuts(manifest_dir, split, corpus=corpus)
+
+
+def pooled_cuts(inputs: Sequence[str], language: str = "en") -> CutSet:
+    """The cuts of every ``manifest_dir:corpus:split`` input as audio-only cuts with corpus-prefixed ids."""
+    pools = [unlabeled_cuts(cuts, language, id_prefix=f"{corpus}-") for _, corpus, cuts in _inputs(inputs)]
     return CutSet.from_cuts(c for cuts in pools for c in cuts)
 
 
 def pooled_labeled_cuts(inputs: Sequence[str]) -> CutSet:
     """The cuts of every input with their transcripts, ids prefixed with the corpus name."""
-    if not inputs:
-        raise UsageError("pool needs inputs=[manifest_dir:corpus:split,...]")
-    cuts = []
-    for spec in inputs:
-        manifest_dir, corpus, split = _parse_input(spec)
-        for cut in load_cuts(manifest_dir, split, corpus=corpus):
+    out = []
+    for spec, corpus, cuts in _inputs(inputs):
+        for cut in cuts:
             if not cut.supervisions or not all(s.text for s in cut.supervisions):
                 raise UsageError(
                     f"pool labeled=true: cut {cut.id} of {spec} has no transcript; pool labeled splits "
                     "(train, dev, test), or leave labeled=false for an audio-only pool"
                 )
-            cuts.append(cut.with_id(f"{corpus}-{cut.id}"))
-    return CutSet.from_cuts(cuts)
+            out.append(cut.with_id(f"{corpus}-{cut.id}"))
+    return CutSet.from_cuts(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
