@@ -53,12 +53,12 @@ PY = sys.executable
 T0 = time.time()
 
 
-def sh(cmd: list[str], log: Path, env: dict | None = None) -> float:
+def sh(cmd: list[str], log: Path) -> float:
     """Run ``cmd`` (logged to ``log``), raise on failure; returns minutes."""
     print(f"[{(time.time() - T0) / 60:5.1f} min] $ {shlex.join(cmd)}", flush=True)
     start = time.time()
     with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         tail = log.read_text().splitlines()[-15:]
         raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(tail))
@@ -81,7 +81,8 @@ def after(dep: cf.Future | None, cmd: list[str], log: Path) -> float:
 
 
 def save_encoder(exp: Path, dest: Path) -> None:
-    """The encoder's weights (``init_from`` reads nothing else) of ``exp``'s last checkpoint, with its config."""
+    """The encoder's weights (``init_from`` reads nothing else) of ``exp``'s best (else latest) checkpoint,
+    with its config."""
     from safetensors.torch import load_file, save_file
 
     from usmkit.checkpoint import MODEL_FILE, resolve_checkpoint
@@ -137,9 +138,16 @@ def main() -> None:
     args = ap.parse_args()
     out, data, exp = Path(args.out), Path(args.data), Path(args.exp)
     logs = out / "logs"
+    variants = args.variants.split(",")
+    codebooks = {"cb1": 1, "cb16": 16}
+    given = dict(kv.split("=", 1) for kv in args.stage1 if "=" in kv)
+    if len(given) != len(args.stage1) or not set(given) <= set(codebooks):
+        ap.error(f"--stage1 takes NAME=DIR with NAME in {sorted(codebooks)}, got {args.stage1}")
+    stage1_dir = {name: Path(given.get(name, exp / f"stage1_{name}")) for name in codebooks}
+    wanted = {v for v in variants if v in codebooks} | ({"cb16"} if "las" in variants else set())
+    wanted -= set(given)  # the encoders pre-trained here
     for d in (out, logs, exp):
         d.mkdir(parents=True, exist_ok=True)
-    variants = args.variants.split(",")
     an4 = data / "an4"
     common = [f"model={args.model}", f"trainer.device={args.device}", "trainer.progress=false", "trainer.log_every=50"]
     if args.model_overrides:
@@ -152,21 +160,15 @@ def main() -> None:
             logs / "an4.log",
         )
     }
-    minutes["data"] += sh(
-        [
-            PY,
-            "-m",
-            "usmkit.data.recipes.kathleen",
-            f"out={data / 'kathleen'}",
-            f"corpus_dir={args.kathleen}",
-            "num_jobs=8",
-        ],
-        logs / "kathleen.log",
-    )
-    pool = [f"inputs=[{an4}:an4:unlabeled,{data / 'kathleen'}:kathleen:unlabeled]"]
-    minutes["data"] += sh(
-        [PY, "-m", "usmkit.data.recipes.pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
-    )
+    if wanted:  # the unlabeled pool, for pre-training only
+        minutes["data"] += sh(
+            [PY, "-m", "usmkit.data.recipes.kathleen", f"out={data / 'kathleen'}", f"corpus_dir={args.kathleen}", "num_jobs=8"],
+            logs / "kathleen.log",
+        )  # fmt: skip
+        pool = [f"inputs=[{an4}:an4:unlabeled,{data / 'kathleen'}:kathleen:unlabeled]"]
+        minutes["data"] += sh(
+            [PY, "-m", "usmkit.data.recipes.pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
+        )
     # the tokenizer (AN4 train text) and the fine-tuning statistics once, before runs share them
     ft = [
         "recipe=stage3_ctc", "data=an4", f"data.manifest_dir={an4}", *common, f"vocab_size={args.vocab_size}", f"data.max_duration={args.max_duration}",
@@ -188,17 +190,13 @@ def main() -> None:
         [PY, "-m", "usmkit.train", *ft, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_ft'}"],
         logs / "prep_ft.log",
     )
-    minutes["data"] += sh(
-        [PY, "-m", "usmkit.train", *pt, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_pt'}"],
-        logs / "prep_pt.log",
-    )
+    if wanted:
+        minutes["data"] += sh(
+            [PY, "-m", "usmkit.train", *pt, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_pt'}"],
+            logs / "prep_pt.log",
+        )
 
-    # 1. BEST-RQ, with the scratch fine-tuning (and the CPU path's tiny encoder) alongside
-    codebooks = {"cb1": 1, "cb16": 16}
-    given = dict(kv.split("=", 1) for kv in args.stage1)
-    stage1_dir = {name: Path(given.get(name, exp / f"stage1_{name}")) for name in codebooks}
-    wanted = {v for v in variants if v in codebooks} | ({"cb16"} if "las" in variants else set())
-    wanted -= set(given)
+    # 1. BEST-RQ, with the scratch fine-tuning alongside
     first = {
         "stage1_" + name: (
             [
@@ -235,7 +233,6 @@ def main() -> None:
         save_encoder(exp / f"stage1_{args.save_encoder}", out / "bestrq_encoder")
     pre_minutes = {k.removeprefix("stage1_"): m for k, m in minutes_of.items() if k.startswith("stage1_")}
     ft_minutes = {v: minutes_of[v] for v in finetune}
-    jobs = finetune
 
     # 3. decoding: dev for choices, test once per final configuration (the models side by side)
     def decode_variant(v: str) -> list[dict]:
@@ -262,7 +259,7 @@ def main() -> None:
                 {
                     "model": v, "decode": decode, "dev_wer": dev["wer"], "test_wer": test["wer"], "test_cer": test["cer"],
                     "eval_command": test["command"], "pretrain_minutes": round(pre_minutes.get("cb16" if v == "las" else v, 0.0), 2),
-                    "finetune_minutes": round(ft_minutes[v], 2), "finetune_command": shlex.join(jobs[v][0]),
+                    "finetune_minutes": round(ft_minutes[v], 2), "finetune_command": shlex.join(finetune[v][0]),
                 }
             )  # fmt: skip
         return rows
