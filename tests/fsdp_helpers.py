@@ -79,7 +79,7 @@ class ListLoader:
 def build_module() -> torch.nn.Module:
     """Joint CTC/LAS with intermediate CTC (its CTC head runs twice per step), no dropout: deterministic."""
     torch.manual_seed(0)
-    encoder_cfg = tiny(num_layers=2, dropout=0.0, chunk_size=8)
+    encoder_cfg = tiny(num_layers=2, dropout=0.0, chunk_size=8, zero_init_residual=False)
     task = TaskConfig(kind="las", ctc_weight=0.5, inter_ctc_weight=0.3, las=LASConfig(num_layers=1, dropout=0.0))
     return build_task(task, encoder_cfg, VOCAB)
 

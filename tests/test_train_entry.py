@@ -111,12 +111,12 @@ def greedy_eval(resumed_run, tmp_path_factory) -> dict:
 #   OMP_NUM_THREADS=1 python -m usmkit.train recipe=stage3_ctc data.manifest_dir=data/synth_tiny optim.schedule=constant \
 #       <FAST> trainer.max_steps=6 trainer.eval_every=0 trainer.save_every=3
 PINNED_LOSSES = {
-    1: 752.572509765625,
-    2: 466.1881408691406,
-    3: 142.2365264892578,
-    4: 166.73519897460938,
-    5: 199.6892852783203,
-    6: 268.4189758300781,
+    1: 760.61669921875,
+    2: 411.7982177734375,
+    3: 115.7652359008789,
+    4: 138.81446838378906,
+    5: 169.41629028320312,
+    6: 242.4856719970703,
 }
 
 

@@ -93,6 +93,18 @@ def test_training_stops_after_too_many_bad_steps(tmp_path):
         _trainer(tmp_path, 5, loader=loader, max_bad_steps=3).fit()
 
 
+def test_time_budget_stops_early_and_saves(tmp_path, monkeypatch):
+    import usmkit.trainer as trainer_module
+
+    clock = iter(range(0, 10_000, 7))  # every call of the trainer's clock: 7 s later than the one before
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: float(next(clock)))
+    out = _trainer(tmp_path, 100, max_minutes=1.0).fit()
+    assert 0 < out.step < 100
+    assert (tmp_path / "checkpoints" / f"step-{out.step:06d}").is_dir()  # saved where it stopped
+    resumed = _trainer(tmp_path, 100)
+    assert resumed.resume() and resumed.step == out.step
+
+
 def test_checkpoints_pruned_to_keep_last(tmp_path):
     t = _trainer(tmp_path, 12, keep_last=2)
     t.fit()

@@ -118,6 +118,9 @@ class OptimConfig:
 class TrainerConfig:
     exp_dir: str = "exp/run"
     max_steps: int = 1000
+    # A wall-clock budget on top of max_steps (0 = none): once this many minutes of training have passed,
+    # the run evaluates, saves and stops early, as after its last step (a job's time limit, a shared GPU).
+    max_minutes: float = 0.0
     log_every: int = 10
     eval_every: int = 200  # dev loss + dev WER; 0 disables
     save_every: int = 200
@@ -155,6 +158,8 @@ class TrainerConfig:
         for name in ("max_steps", "eval_every", "save_every", "keep_last", "dev_max_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0 (0 = off / all), got {getattr(self, name)}")
+        if not self.max_minutes >= 0:
+            raise ValueError(f"trainer.max_minutes must be >= 0 (0 = no time budget), got {self.max_minutes}")
 
 
 @dataclass(frozen=True)

@@ -438,6 +438,15 @@ class Trainer:
             (out.loss / self.optim_cfg.accum_steps).backward()
         return out, frames
 
+    def _past(self, deadline: float) -> bool:
+        """Whether the wall clock passed ``deadline``; every process stops at the same step (rank 0's clock)."""
+        past = time.perf_counter() >= deadline
+        if not self.distributed:
+            return past
+        flag = torch.tensor(float(past), device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
     def _all_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         ok = torch.isfinite(loss.detach()).float() * torch.isfinite(grad_norm).float()
         if self.distributed:
@@ -463,9 +472,14 @@ class Trainer:
         losses: list[tuple[int, float]] = []
         window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
         last_loss = float("nan")
+        deadline = time.perf_counter() + 60.0 * cfg.max_minutes if cfg.max_minutes else None
         self.module.train()
         try:
             while self.step < cfg.max_steps:
+                if deadline is not None and self._past(deadline):
+                    log.info("trainer.max_minutes=%g reached at step %d of %d: stopping", cfg.max_minutes,
+                             self.step, cfg.max_steps)  # fmt: skip
+                    break
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = torch.zeros((), device=self.device)
                 metric_sums: dict[str, torch.Tensor] = {}

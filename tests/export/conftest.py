@@ -43,7 +43,7 @@ def make_export_checkpoint(root: Path, *, causal: bool = True, chunk: int | None
             left_chunks=LEFT,
             causal_conv=causal,
             dropout=0.0,
-            overrides={"num_layers": 2},
+            overrides={"num_layers": 2, "zero_init_residual": False},  # every path contributes
         ),  # fmt: skip
         data=DataConfig(manifest_dir=str(root / "no-manifests")),
         trainer=TrainerConfig(exp_dir=str(root)),

@@ -150,7 +150,7 @@ def test_with_real_tiny_conformer():
     from usmkit.models.presets import tiny
 
     torch.manual_seed(0)
-    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=2, dropout=0.0))
+    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=2, dropout=0.0, zero_init_residual=False))
     model = AsrModel(encoder, V, AsrHeadConfig(ctc_weight=0.3, las=LASConfig(num_layers=1, num_heads=4, dropout=0.0)))
     batch = tiny_batch(F=16, T=48)
     out = model(batch)
@@ -170,7 +170,7 @@ def test_intermediate_ctc_loss_mixes_the_middle_block():
     from usmkit.models.presets import tiny
 
     torch.manual_seed(0)
-    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=4, dropout=0.0))
+    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=4, dropout=0.0, zero_init_residual=False))
     batch = tiny_batch(F=16, T=48)
     plain = AsrModel(encoder, V, AsrHeadConfig())
     inter = AsrModel(encoder, V, AsrHeadConfig(inter_ctc_weight=0.3))
@@ -202,7 +202,7 @@ def test_intermediate_ctc_config_errors():
         AsrHeadConfig(inter_ctc_weight=1.0)
     with pytest.raises(ValueError, match="forward_with_intermediate"):
         AsrModel(StandInEncoder(), V, AsrHeadConfig(inter_ctc_weight=0.3))
-    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=4, dropout=0.0))
+    encoder = ConformerEncoder(tiny(input_dim=16, num_layers=4, dropout=0.0, zero_init_residual=False))
     with pytest.raises(ValueError, match="inter_ctc_layer=4 must be below"):
         AsrModel(encoder, V, AsrHeadConfig(inter_ctc_weight=0.3, inter_ctc_layer=4))
     with pytest.raises(ValueError, match=r"must lie in 1\.\.4"):

@@ -17,6 +17,7 @@ F_BINS = 16
 
 def _encoder(**overrides) -> ConformerEncoder:
     args = dict(input_dim=F_BINS, d_model=32, num_layers=2, num_heads=2, subsampling_channels=8, dropout=0.0)
+    args |= dict(zero_init_residual=False)  # random residual branches: every path contributes
     torch.manual_seed(0)
     return ConformerEncoder(ConformerConfig(**{**args, **overrides})).eval()
 
@@ -154,6 +155,19 @@ def test_full_attention_equals_a_chunk_covering_everything():
     for chunk_size in (T, 1000):
         y, _ = enc(x, lengths, chunk_size=chunk_size, left_chunks=0)
         assert torch.equal(y, full)
+
+
+def test_zero_init_residual_starts_each_block_as_its_norm():
+    enc = _encoder(zero_init_residual=True)
+    x, lengths = _features(2, 41), torch.tensor([41, 30])
+    h, h_lens = enc.front_end(x, lengths)  # (B, T', D)
+    valid = torch.arange(h.shape[1])[None, :] < h_lens[:, None]  # (B, T')
+    out, _ = enc.run_blocks(h, h_lens, 0, 1)
+    expected = enc.blocks[0].norm(h).masked_fill(~valid[:, :, None], 0.0)
+    torch.testing.assert_close(out, expected)  # identity residual branches: only the block's LayerNorm acts
+    assert ConformerConfig(input_dim=F_BINS, d_model=32, num_layers=1, num_heads=2).zero_init_residual
+    random_branches = _encoder()  # zero_init_residual=False: the residual branches are not the identity
+    assert not torch.allclose(random_branches.run_blocks(h, h_lens, 0, 1)[0], expected)
 
 
 def test_per_call_mask_override():

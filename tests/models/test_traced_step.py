@@ -14,7 +14,7 @@ F_BINS = 16
 
 def _encoder(**overrides) -> ConformerEncoder:
     args = dict(input_dim=F_BINS, d_model=32, num_layers=2, num_heads=2, subsampling_channels=8, dropout=0.0)
-    args |= dict(causal_conv=True, chunk_size=4, left_chunks=2)
+    args |= dict(causal_conv=True, chunk_size=4, left_chunks=2, zero_init_residual=False)
     torch.manual_seed(0)
     return ConformerEncoder(ConformerConfig(**{**args, **overrides})).eval()
 

@@ -36,6 +36,10 @@ class ConformerConfig:
     subsampling_channels: int | None = None  # conv2d channels of the subsampling; None = d_model
     subsampling_factor: int = 4  # 4 (two stride-2 conv stages) or 8 (three; FastConformer's rate)
     rotary_base: float = 10000.0
+    # Every residual branch's last projection starts at zero, so each block starts as the identity
+    # (then its LayerNorm) and the encoder as front end + norms: without it, the random branches of a
+    # deep stack bury the input, and CTC stays in its all-blank phase for far longer.
+    zero_init_residual: bool = True
 
     def __post_init__(self) -> None:
         for name in ("input_dim", "d_model", "num_layers", "num_heads", "ff_mult", "conv_kernel"):

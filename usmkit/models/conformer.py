@@ -100,11 +100,20 @@ class ConformerEncoder(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform linear projections with zero bias; convolutions and norms keep PyTorch's defaults."""
+        """Xavier-uniform linear projections with zero bias; convolutions and norms keep PyTorch's defaults.
+
+        With ``zero_init_residual`` the last projection of every residual branch (both feed-forwards,
+        the attention output, the convolution module's second pointwise) starts at zero, so each block
+        starts as its final LayerNorm of the identity.
+        """
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
+        if self.cfg.zero_init_residual:
+            for block in self.blocks:
+                for last in (block.ff1.down, block.ff2.down, block.mhsa.out, block.conv.pointwise2):
+                    nn.init.zeros_(last.weight)
 
     @property
     def output_dim(self) -> int:
