@@ -27,7 +27,9 @@ def aot_eager(monkeypatch):
 
 def _model() -> AsrModel:
     torch.manual_seed(0)
-    enc = ConformerEncoder(tiny(d_model=64, num_layers=3, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1, zero_init_residual=False))
+    enc = ConformerEncoder(
+        tiny(d_model=64, num_layers=3, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1, zero_init_residual=False)
+    )
     return AsrModel(enc, vocab_size=40, cfg=AsrHeadConfig())
 
 

@@ -72,7 +72,9 @@ def test_ctc_loss_compiles_with_dynamic_shapes():
 
 def _model(las: bool) -> AsrModel:
     torch.manual_seed(0)
-    enc = ConformerEncoder(tiny(d_model=64, num_layers=2, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1, zero_init_residual=False))
+    enc = ConformerEncoder(
+        tiny(d_model=64, num_layers=2, num_heads=2, dropout=0.0, chunk_size=8, left_chunks=1, zero_init_residual=False)
+    )
     head = (
         AsrHeadConfig(ctc_weight=0.3, las=LASConfig(num_layers=1, num_heads=2, dropout=0.0)) if las else AsrHeadConfig()
     )

@@ -96,7 +96,9 @@ def test_eight_x_stream_geometry():
 
 def test_tiny_preset_streaming_config_matches_full_forward():
     torch.manual_seed(0)
-    enc = ConformerEncoder(tiny(causal_conv=True, chunk_size=4, left_chunks=2, dropout=0.0, zero_init_residual=False)).eval()
+    enc = ConformerEncoder(
+        tiny(causal_conv=True, chunk_size=4, left_chunks=2, dropout=0.0, zero_init_residual=False)
+    ).eval()
     feats = _features(1, 150, F=80)
     full, _ = enc(feats, torch.tensor([150]))
     torch.testing.assert_close(_stream(StreamingEncoder(enc), feats, seed=0), full, atol=1e-5, rtol=1e-5)

@@ -29,7 +29,13 @@ def _model(seed: int = 0, **most) -> MostModel:
     torch.manual_seed(seed)
     enc = ConformerEncoder(
         ConformerConfig(
-            input_dim=FEAT, d_model=32, num_layers=3, num_heads=2, subsampling_channels=8, dropout=0.0, chunk_size=None,
+            input_dim=FEAT,
+            d_model=32,
+            num_layers=3,
+            num_heads=2,
+            subsampling_channels=8,
+            dropout=0.0,
+            chunk_size=None,
             zero_init_residual=False,
         )
     )

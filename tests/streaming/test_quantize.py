@@ -13,7 +13,9 @@ from usmkit.streaming.quantize import quantize_linear_int8
 
 def _encoder() -> ConformerEncoder:
     torch.manual_seed(0)
-    return ConformerEncoder(tiny(chunk_size=4, left_chunks=2, causal_conv=True, dropout=0.0, zero_init_residual=False)).eval()
+    return ConformerEncoder(
+        tiny(chunk_size=4, left_chunks=2, causal_conv=True, dropout=0.0, zero_init_residual=False)
+    ).eval()
 
 
 def _stream(encoder: nn.Module, feats: torch.Tensor) -> torch.Tensor:

@@ -76,7 +76,11 @@ def make_checkpoint(
     cfg = TrainConfig(
         task=TaskConfig(kind=kind, ctc_weight=0.3 if kind == "las" else 1.0, las=LASConfig(num_layers=1)),
         model=ModelSection(
-            preset="tiny", chunk_size=chunk, left_chunks=left, causal_conv=causal, dropout=0.0,
+            preset="tiny",
+            chunk_size=chunk,
+            left_chunks=left,
+            causal_conv=causal,
+            dropout=0.0,
             overrides={"zero_init_residual": False},  # random residual branches: every path contributes
         ),  # fmt: skip
         data=DataConfig(manifest_dir=str(root / "no-manifests")),
