@@ -50,11 +50,14 @@ TEST_SETS = ("test", "test_textonly")
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--corpus", default="data/synth", help="corpus directory (built here if missing)")
-    ap.add_argument("--size", default="default", help="corpus size preset (usmkit/data/synth/plan.py)")
+    ap.add_argument("--corpus", default="data/english", help="corpus directory (built here if missing)")
+    ap.add_argument("--size", default="english", help="corpus size preset (usmkit/data/synth/plan.py)")
+    ap.add_argument("--vocab-size", type=int, default=1024, help="pieces of the corpus's tokenizer (built with it)")
+    ap.add_argument("--tokenizer", default=None, help="a sentencepiece model to use instead of the corpus's")
     ap.add_argument("--workers", type=int, default=16, help="processes for synthesis and feature extraction")
     ap.add_argument("--exp", default="exp/most_study", help="where the runs go")
     ap.add_argument("--model", default="small", help="encoder preset")
+    ap.add_argument("--model-overrides", default="{num_layers: 12}", help="model.overrides ('' for none)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--num-workers", type=int, default=3, help="loader workers per run (3 runs side by side)")
     ap.add_argument("--stage1-steps", type=int, default=800)
@@ -63,7 +66,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-control", action="store_true", help="leave out (c), the longer CTC-only run")
     ap.add_argument("--eval-every", type=int, default=200, help="dev WER every N steps (picks the best checkpoint)")
     ap.add_argument("--max-duration", type=float, default=200.0, help="seconds of audio per batch (per stream)")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        nargs=3,
+        default=(0.0, 0.0, 0.0),
+        metavar=("S1", "S2", "S3"),
+        help="trainer.max_minutes of stages 1, 2 and 3 (a safety net under a call's time limit; 0 = none)",
+    )
     ap.add_argument("--warmup", type=int, default=100, help="learning-rate warm-up steps of every stage")
     ap.add_argument("--num-codebooks", type=int, default=16, help="BEST-RQ codebooks (stages 1 and 2)")
     ap.add_argument("--codebook-size", type=int, default=8192)
@@ -103,8 +114,8 @@ def prepare_data(args: argparse.Namespace) -> dict:
     """Build the corpus, then store every split's features and the statistics once, with all workers."""
     start = time.perf_counter()
     corpus = REPO / args.corpus
-    run([sys.executable, "-m", "usmkit.data.synth", f"out={corpus}", f"size={args.size}", f"workers={args.workers}"],
-        REPO / args.exp / "logs" / "corpus.log")  # fmt: skip
+    run([sys.executable, "-m", "usmkit.data.synth", f"out={corpus}", f"size={args.size}", f"workers={args.workers}",
+         f"vocab_size={args.vocab_size}"], REPO / args.exp / "logs" / "corpus.log")  # fmt: skip
     built = time.perf_counter()
     from usmkit.data.config import DataConfig
     from usmkit.data.loader import prepare_cuts
@@ -154,6 +165,12 @@ def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
         found += sum(min(n, hyp[w]) for w, n in ref.items())
         total += sum(ref.values())
     return {"heldout_word_recall": found / max(total, 1), "heldout_words_in_refs": total}
+
+
+def steps_done(exp: Path) -> int:
+    """The last step ``exp`` logged (below its ``max_steps`` when ``trainer.max_minutes`` stopped it)."""
+    rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
+    return max((r["step"] for r in rows), default=0)
 
 
 def curve(exp: Path, prefix: str, keys: tuple[str, ...]) -> list[dict]:
@@ -225,6 +242,12 @@ def main() -> None:
     common = [f"model={args.model}", f"data.manifest_dir={args.corpus}", f"data.max_duration={args.max_duration}",
               f"data.num_workers={args.num_workers}", f"optim.lr={args.lr}", f"optim.warmup_steps={args.warmup}",
               f"trainer.device={args.device}", *args.extra]  # fmt: skip
+    if args.model_overrides:
+        common.append(f"model.overrides={args.model_overrides}")
+    if args.tokenizer:
+        common.append(f"tokenizer={args.tokenizer}")
+    s1_min, s2_min, s3_min = (f"trainer.max_minutes={m}" for m in args.minutes)
+    control_min = f"trainer.max_minutes={args.minutes[1] + args.minutes[2]}"
     bestrq = [f"task.bestrq.num_codebooks={args.num_codebooks}", f"task.bestrq.codebook_size={args.codebook_size}"]
 
     def steps(n: int) -> list[str]:
@@ -234,29 +257,33 @@ def main() -> None:
     stage1 = exp / "stage1"
     t = time.perf_counter()
     run(train_cmd("recipe=stage1", *common, *bestrq, f"trainer.max_steps={args.stage1_steps}", "trainer.eval_every=0",
-                  f"trainer.save_every={args.stage1_steps}", f"trainer.exp_dir={stage1}"), logs / "stage1.log")  # fmt: skip
+                  f"trainer.save_every={args.stage1_steps}", s1_min, f"trainer.exp_dir={stage1}"), logs / "stage1.log")  # fmt: skip
     results["phases"]["stage1_minutes"] = round((time.perf_counter() - t) / 60, 2)
     rows = curve(stage1, "train/", ("train/loss", "train/acc_mean", "train/pred_perplexity_mean"))
-    results["stage1"] = {"steps": args.stage1_steps, "final": rows[-1] if rows else None}
+    results["stage1"] = {
+        "steps": args.stage1_steps,
+        "steps_done": steps_done(stage1),
+        "final": rows[-1] if rows else None,
+    }
     save()
 
     stage2 = exp / "stage2"
     jobs: dict[str, list[tuple[list[str], Path]]] = {
-        "ctc": [(train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), f"init_from={stage1}",
+        "ctc": [(train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), s3_min, f"init_from={stage1}",
                            f"trainer.exp_dir={exp / 'ctc'}"), logs / "ctc.log")],
         "most_ctc": [
-            (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), f"init_from={stage1}",
+            (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), s2_min, f"init_from={stage1}",
                        f"task.most.text_layer={args.text_layer}", f"task.most.text_warmup_steps={args.text_warmup}",
                        f"task.most.align_warmup_steps={args.align_warmup}", *args.stage2_extra,
                        f"trainer.exp_dir={stage2}"), logs / "stage2.log"),
             (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / "stage2_eval.log"),
-            (train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), f"init_from={stage2}",
+            (train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
                        f"trainer.exp_dir={exp / 'most_ctc'}"), logs / "most_ctc.log"),
         ],
     }  # fmt: skip
     if not args.no_control:
         long = args.stage2_steps + args.stage3_steps
-        jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *steps(long), f"init_from={stage1}",
+        jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *steps(long), control_min, f"init_from={stage1}",
                                        f"trainer.exp_dir={exp / 'ctc_long'}"), logs / "ctc_long.log")]  # fmt: skip
     for name in jobs:
         jobs[name].append((eval_cmd(exp / name, exp / name / "eval.json", args.device), logs / f"{name}_eval.log"))
@@ -268,6 +295,7 @@ def main() -> None:
         results["runs"][name] = {
             "minutes": round((time.perf_counter() - t0) / 60, 2),
             "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
+            "stage3_steps_done": steps_done(exp / name),
             "commands": [shlex.join(cmd[2:]) for cmd, _ in jobs[name]],
             "sets": read_eval(exp / name / "eval.json"),
         }
@@ -275,6 +303,7 @@ def main() -> None:
         if name == "most_ctc":
             results["stage2"] = {
                 "steps": args.stage2_steps,
+                "steps_done": steps_done(stage2),
                 "sets": read_eval(stage2 / "eval.json"),  # the stage-2 model itself, through its CTC head
                 "curve": curve(stage2, "train/", STAGE2_KEYS),
             }

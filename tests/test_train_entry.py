@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -224,3 +225,32 @@ def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
     )
     with pytest.raises(UsageError, match="data.pad_to_frames"):
         compiled_lengths(cfg(pad_to_frames=0))
+
+
+def test_init_ctc_head_only_from_a_run_with_the_same_tokenizer(tmp_path):
+    from safetensors.torch import save_file
+
+    from usmkit.config import TaskConfig
+    from usmkit.data.tokenizer import Tokenizer
+    from usmkit.models.presets import tiny
+    from usmkit.tasks import build_task
+    from usmkit.train import init_ctc_head
+
+    texts = ["one two three", "four five six", "seven eight nine zero"]
+    ours = Tokenizer.train(texts, tmp_path / "ours", vocab_size=290)
+    other = Tokenizer.train([t.upper() for t in texts], tmp_path / "other", vocab_size=290)
+    assert ours.vocab_size == other.vocab_size and ours.model_proto != other.model_proto
+
+    def model(seed):
+        torch.manual_seed(seed)
+        return build_task(TaskConfig(kind="ctc"), tiny(input_dim=80), ours.vocab_size)
+
+    src = tmp_path / "run" / "checkpoints" / "step-000001"
+    src.mkdir(parents=True)
+    save_file(model(1).state_dict(), str(src / "model.safetensors"))
+    (tmp_path / "run" / "tokenizer.model").write_bytes(other.model_proto)
+    target = model(2)
+    assert init_ctc_head(target, src, ours) == []  # another tokenizer: its ids mean other pieces
+    (tmp_path / "run" / "tokenizer.model").write_bytes(ours.model_proto)
+    assert init_ctc_head(target, src, ours) == ["ctc.proj.bias", "ctc.proj.weight"]
+    torch.testing.assert_close(target.ctc.proj.weight, model(1).ctc.proj.weight)

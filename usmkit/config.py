@@ -177,6 +177,9 @@ class TrainConfig:
     tokenizer_type: Literal["unigram", "bpe"] = "unigram"
     resume: bool = False  # continue the run in trainer.exp_dir from its last checkpoint
     init_from: str | None = None  # checkpoint dir whose encoder weights start this run
+    # With init_from: also its CTC head, where it has one trained with this run's tokenizer (stage 3 from a
+    # stage-2 or CTC run keeps what the head learned); false: a new head, as from a BEST-RQ encoder.
+    init_heads: bool = True
 
 
 def tokenizer_path(cfg: TrainConfig) -> Path:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from usmkit.checkpoint import latest_checkpoint, load_weights, resolve_checkpoint
+from usmkit.checkpoint import MODEL_FILE, latest_checkpoint, load_tensors, load_weights, resolve_checkpoint, run_dir
 from usmkit.config import ConfigError, TrainConfig, from_dict, tokenizer_path
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
@@ -216,6 +216,10 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
             heads = module.init_heads_from(src)
             if rank == 0:
                 log.info("initialized %d head tensors from %s: %s", len(heads), src, ", ".join(heads) or "none fit")
+        elif cfg.init_heads and tokenizer is not None:
+            heads = init_ctc_head(module, src, tokenizer)
+            if rank == 0 and heads:
+                log.info("initialized the CTC head from %s (trained with this run's tokenizer)", src)
     if rank == 0:
         n = sum(p.numel() for p in module.parameters())
         log.info(
@@ -243,6 +247,22 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     if dist.is_initialized():
         dist.destroy_process_group()
     return summary
+
+
+def init_ctc_head(module: torch.nn.Module, src: Path, tokenizer: Tokenizer) -> list[str]:
+    """Load checkpoint ``src``'s CTC head (``ctc.*``) into ``module`` if ``src``'s run was trained with
+    ``tokenizer`` (its token ids mean the same pieces) and the shapes fit; returns the keys loaded."""
+    if getattr(module, "ctc", None) is None:
+        return []
+    stored_tokenizer = run_dir(src) / TOKENIZER_FILE
+    if not stored_tokenizer.is_file() or stored_tokenizer.read_bytes() != tokenizer.model_proto:
+        return []
+    own = module.state_dict()
+    head = {k: v for k, v in load_tensors(src / MODEL_FILE).items() if k.startswith("ctc.")}
+    if not head or any(k not in own or own[k].shape != v.shape for k, v in head.items()):
+        return []
+    module.load_state_dict(head, strict=False)
+    return sorted(head)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -154,7 +154,7 @@ def test_second_run_is_skipped(corpus: Path, capsys) -> None:
 def test_cli_help_and_bad_arguments(capsys) -> None:
     with pytest.raises(SystemExit) as ok:
         synth_main(["--help"])
-    assert ok.value.code == 0 and "size=default|tiny" in capsys.readouterr().out
+    assert ok.value.code == 0 and "default|demo|english|tiny" in capsys.readouterr().out
     for bad in (["size"], ["colour=red"], ["seed=abc"]):
         with pytest.raises(SystemExit) as err:
             synth_main(bad)

@@ -122,6 +122,7 @@ def test_stage2_weights_start_stage3_and_decode_with_evaluate(runs, caplog):
         _train("recipe=stage3_ctc", *FAST, f"data.manifest_dir={runs['corpus']}", f"init_from={stage2}",
                "trainer.max_steps=1", "trainer.eval_every=0", f"trainer.exp_dir={cwd / 'stage3'}")  # fmt: skip
     assert any("encoder tensors from" in m and str(stage2) in m for m in caplog.messages)
+    assert any("initialized the CTC head from" in m for m in caplog.messages)  # same tokenizer: the head too
     scored = evaluate(EvalConfig(checkpoint=str(stage2), test_sets=("test_textonly",)))["sets"]["test_textonly"]
     assert scored["utterances"] == 10 and 0 <= scored["cer"]
 

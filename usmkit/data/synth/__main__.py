@@ -18,8 +18,9 @@ usage: python -m usmkit.data.synth [key=value ...]
 Synthesize the embedded multi-voice corpus (espeak-ng; no download) and train its tokenizer.
 
   out=PATH            output directory (default data/synth)
-  size=default|tiny   default: ~3 h train + dev/test/test_other/test_textonly + 1 h unlabeled + 20k texts;
-                      tiny: a few dozen utterances per split (tests)
+  size=NAME           default|demo|english|tiny. default: ~3 h train in five languages + dev/test/test_other/
+                      test_textonly + 1 h unlabeled + 20k texts; demo: English, 400 words, 1.8 h (make demo);
+                      english: English, 1000 words, 5.2 h + 2.6 h unlabeled (the MOST study); tiny: tests
   seed=INT            corpus seed (default 0): same seed, same texts, voices and audio bytes
   force=true          rebuild even if out/corpus.json shows this seed and size already built
   workers=INT         synthesis processes (default 0 = all cores)

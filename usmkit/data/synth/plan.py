@@ -45,6 +45,8 @@ class SizePreset:
     evaluation split, ~1 h unlabeled, in five languages. ``demo`` is English only, over the
     ``english_vocabulary`` most frequent English words: few enough words that a tiny model trained
     for minutes on a 2-core CPU hears each of them often enough to learn it (``make demo``).
+    ``english`` is the same kind of corpus at GPU scale (1000 words, ~4.5 h of paired speech, a larger
+    ``test_textonly``): the MOST study's (``bench/most_study.py``).
     """
 
     name: str
@@ -64,6 +66,13 @@ SIZES: dict[str, SizePreset] = {
         "default",
         {"train": 3500, "dev": 240, "test": 240, "test_other": 200, "test_textonly": 200, "unlabeled": 1170},
         text_only=20000,
+    ),
+    "english": SizePreset(
+        "english",
+        {"train": 6000, "dev": 200, "test": 200, "test_other": 100, "test_textonly": 200, "unlabeled": 3000},
+        text_only=20000,
+        languages={"en": 1.0},
+        english_vocabulary=1000,
     ),
     "demo": SizePreset(
         "demo",
