@@ -73,6 +73,12 @@ def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path) -
     return {"wer": s["wer"], "cer": s["cer"], "command": shlex.join(cmd)}
 
 
+def last_step(exp: Path) -> int:
+    """The last step ``exp`` logged (below ``trainer.max_steps`` when ``trainer.max_minutes`` stopped it)."""
+    rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
+    return max((r["step"] for r in rows), default=0)
+
+
 def after(dep: cf.Future | None, cmd: list[str], log: Path) -> float:
     """``sh(cmd, log)`` once ``dep`` (if any) has finished; raises if ``dep`` failed."""
     if dep is not None:
@@ -109,6 +115,7 @@ def main() -> None:
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--finetune-steps", type=int, default=2000)
     ap.add_argument("--finetune-lr", type=float, default=2.5e-3)
+    ap.add_argument("--finetune-warmup", type=int, default=300)
     ap.add_argument("--pretrain-lr", type=float, default=2e-3)
     ap.add_argument("--max-duration", type=float, default=50.0)
     ap.add_argument("--vocab-size", type=int, default=290, help="290: the specials, byte fallback and the letters")
@@ -128,6 +135,17 @@ def main() -> None:
         "instead of pre-training them here; with --device cpu the CPU fine-tuning path",
     )
     ap.add_argument("--pretrain-max-duration", type=float, default=100.0)
+    ap.add_argument("--stage2-steps", type=int, default=400, help="MOST steps of the 'most' variant")
+    ap.add_argument("--most-from", default="cb16", help="the BEST-RQ encoder the 'most' variant starts from")
+    ap.add_argument("--text-count", type=int, default=20000, help="generated AN4-style sentences for MOST")
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        nargs=3,
+        default=(0.0, 0.0, 0.0),
+        metavar=("PRETRAIN", "STAGE2", "FINETUNE"),
+        help="trainer.max_minutes of BEST-RQ, MOST and every fine-tuning (a safety net under a time limit; 0 = none)",
+    )
     ap.add_argument(
         "--save-encoder",
         default="cb16",
@@ -145,6 +163,7 @@ def main() -> None:
         ap.error(f"--stage1 takes NAME=DIR with NAME in {sorted(codebooks)}, got {args.stage1}")
     stage1_dir = {name: Path(given.get(name, exp / f"stage1_{name}")) for name in codebooks}
     wanted = {v for v in variants if v in codebooks} | ({"cb16"} if "las" in variants else set())
+    wanted |= {args.most_from} if "most" in variants else set()
     wanted -= set(given)  # the encoders pre-trained here
     for d in (out, logs, exp):
         d.mkdir(parents=True, exist_ok=True)
@@ -169,12 +188,17 @@ def main() -> None:
         minutes["data"] += sh(
             [PY, "-m", "usmkit.data.recipes.pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
         )
+    if "most" in variants:  # MOST's text-only data: AN4 train text + sentences generated in its styles
+        minutes["data"] += sh(
+            [PY, "-m", "usmkit.data.recipes.an4_text", f"out={an4}", f"count={args.text_count}"], logs / "an4_text.log"
+        )
     # the tokenizer (AN4 train text) and the fine-tuning statistics once, before runs share them
     ft = [
         "recipe=stage3_ctc", "data=an4", f"data.manifest_dir={an4}", *common, f"vocab_size={args.vocab_size}", f"data.max_duration={args.max_duration}",
         f"data.num_workers={args.workers}", f"trainer.max_steps={args.finetune_steps}", f"optim.lr={args.finetune_lr}",
-        "optim.warmup_steps=300", "task.inter_ctc_weight=0.3", f"trainer.eval_every={max(1, args.finetune_steps // 5)}",
+        f"optim.warmup_steps={args.finetune_warmup}", "task.inter_ctc_weight=0.3", f"trainer.eval_every={max(1, args.finetune_steps // 5)}",
         f"trainer.save_every={max(1, args.finetune_steps // 5)}", "trainer.keep_last=1", "data.spec_augment.time_masks=2",
+        f"trainer.max_minutes={args.minutes[2]}",
         "data.spec_augment.freq_width=15", *args.extra.split(),
     ]  # fmt: skip
     if not args.speed_perturb:
@@ -183,7 +207,8 @@ def main() -> None:
         "recipe=stage1", "data=an4", f"data.manifest_dir={an4}", *common, "data.train_split=pool", "data.features.precomputed=true",
         "data.speed_perturb=[]", f"data.max_duration={args.pretrain_max_duration}", f"data.num_workers={args.workers}",
         f"trainer.max_steps={args.pretrain_steps}", f"optim.lr={args.pretrain_lr}", "optim.warmup_steps=500",
-        f"trainer.eval_every={args.pretrain_steps}", f"trainer.save_every={args.pretrain_steps}", "trainer.keep_last=1", *args.pretrain_extra.split(),
+        f"trainer.eval_every={args.pretrain_steps}", f"trainer.save_every={args.pretrain_steps}", "trainer.keep_last=1",
+        f"trainer.max_minutes={args.minutes[0]}", *args.pretrain_extra.split(),
     ]  # fmt: skip
     # one after the other: the feature statistics (of AN4 train, computed by the first) are the corpus's, shared by both stages
     minutes["data"] += sh(
@@ -221,17 +246,31 @@ def main() -> None:
             cmd = [c.replace("recipe=stage3_ctc", "recipe=stage3_las") for c in cmd] + [
                 f"init_from={stage1_dir['cb16']}"
             ]
+        if v == "most":  # stage 3 from the MOST model (its CTC head too: same tokenizer)
+            cmd.append(f"init_from={exp / 'stage2'}")
         finetune[v] = (cmd, logs / f"finetune_{v}.log")
+    stage2 = [
+        PY, "-m", "usmkit.train", "recipe=stage2", *[c for c in ft if not c.startswith(("recipe=", "trainer.max_steps=",
+        "trainer.eval_every=", "trainer.save_every=", "trainer.max_minutes=", "task.inter_ctc_weight="))],
+        "task.most.unlabeled_split=pool", f"task.most.text_only={an4 / 'an4_text_only.jsonl.gz'}",
+        "task.bestrq.num_codebooks=" + str(codebooks[args.most_from]), f"trainer.max_steps={args.stage2_steps}",
+        f"trainer.eval_every={max(1, args.stage2_steps // 4)}", f"trainer.save_every={max(1, args.stage2_steps // 4)}",
+        f"task.most.align_warmup_steps={args.stage2_steps // 4}", f"task.most.text_warmup_steps={args.stage2_steps // 3}",
+        f"trainer.max_minutes={args.minutes[1]}", f"init_from={stage1_dir[args.most_from]}", f"trainer.exp_dir={exp / 'stage2'}",
+    ]  # fmt: skip
     # Each fine-tuning run starts as soon as the encoder it starts from is ready.
     with cf.ThreadPoolExecutor(len(first) + len(finetune) + 1) as pool:
         futures = {name: pool.submit(sh, cmd, log) for name, (cmd, log) in first.items()}
+        if "most" in finetune:
+            futures["stage2"] = pool.submit(after, futures.get(f"stage1_{args.most_from}"), stage2, logs / "stage2.log")
         for v, (cmd, log) in finetune.items():
-            dep = futures.get("stage1_cb16" if v == "las" else f"stage1_{v}")
+            dep = futures.get({"las": "stage1_cb16", "most": "stage2"}.get(v, f"stage1_{v}"))
             futures[v] = pool.submit(after, dep, cmd, log)
         minutes_of = {name: f.result() for name, f in futures.items()}
     if args.save_encoder and f"stage1_{args.save_encoder}" in first:
         save_encoder(exp / f"stage1_{args.save_encoder}", out / "bestrq_encoder")
     pre_minutes = {k.removeprefix("stage1_"): m for k, m in minutes_of.items() if k.startswith("stage1_")}
+    pre_minutes["most"] = pre_minutes.get(args.most_from, 0.0) + minutes_of.get("stage2", 0.0)
     ft_minutes = {v: minutes_of[v] for v in finetune}
 
     # 3. decoding: dev for choices, test once per final configuration (the models side by side)
@@ -258,6 +297,7 @@ def main() -> None:
             rows.append(
                 {
                     "model": v, "decode": decode, "dev_wer": dev["wer"], "test_wer": test["wer"], "test_cer": test["cer"],
+                    "finetune_steps_done": last_step(e),
                     "eval_command": test["command"], "pretrain_minutes": round(pre_minutes.get("cb16" if v == "las" else v, 0.0), 2),
                     "finetune_minutes": round(ft_minutes[v], 2), "finetune_command": shlex.join(finetune[v][0]),
                 }
@@ -265,10 +305,17 @@ def main() -> None:
         return rows
 
     # Stored features: the first evaluation of a split stores its features, so the first variant goes alone.
-    rows = decode_variant(variants[0])
+    # The table is rewritten as each variant's rows come in (a run cut short keeps what it scored).
+    rows = []
+
+    def save(new_rows: list[dict]) -> None:
+        rows.extend(new_rows)
+        write_result(out / "an4.json", run_header(args=vars(args), minutes=minutes, rows=rows))
+
+    save(decode_variant(variants[0]))
     with cf.ThreadPoolExecutor(len(variants)) as pool:
-        rows += [r for rows_v in pool.map(decode_variant, variants[1:]) for r in rows_v]
-    write_result(out / "an4.json", run_header(args=vars(args), minutes=minutes, rows=rows))
+        for rows_v in pool.map(decode_variant, variants[1:]):
+            save(rows_v)
     print(f"\n{'model':<8} {'decode':<12} {'dev WER':>8} {'test WER':>9} {'test CER':>9}")
     for r in rows:
         print(

@@ -194,3 +194,16 @@ def _with_features(cut: MonoCut, feats) -> MonoCut:
     from dataclasses import replace
 
     return replace(cut, features=feats)
+
+
+def test_concurrent_writers_of_one_manifest_leave_a_whole_file(tmp_path):
+    """Parallel runs that fill one feature cache write its manifest at once: each renames a whole file of its
+    own, so the manifest that remains is complete (a shared temporary name let one rename another's half)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cuts = CutSet.from_cuts(_hostile_cut("file", f"/nonexistent/{i}.wav").with_id(f"cut-{i}") for i in range(3000))
+    path = manifest_path(tmp_path, "x", "cuts", "train")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: write_manifest(cuts, path), range(8)))
+    assert len(load_cuts(tmp_path, "train", corpus="x")) == 3000
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind

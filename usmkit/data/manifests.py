@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,14 @@ def write_manifest(manifest: Iterable[Any], path: str | os.PathLike[str]) -> Pat
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     base = path.parent.resolve()
-    tmp = path.with_name(f".tmp-{path.name}")
-    save_to_jsonl((_map_paths(item.to_dict(), functools.partial(_relative, base=base)) for item in manifest), tmp)
-    os.replace(tmp, path)
+    # A temporary name of this writer's own: two processes writing the same manifest at once (parallel runs
+    # filling one feature cache) each rename a whole file, never each other's half-written one.
+    tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
+    try:
+        save_to_jsonl((_map_paths(item.to_dict(), functools.partial(_relative, base=base)) for item in manifest), tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
