@@ -52,8 +52,14 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", default="data/english", help="corpus directory (built here if missing)")
     ap.add_argument("--size", default="english", help="corpus size preset (usmkit/data/synth/plan.py)")
-    ap.add_argument("--vocab-size", type=int, default=1024, help="pieces of the corpus's tokenizer (built with it)")
-    ap.add_argument("--tokenizer", default=None, help="a sentencepiece model to use instead of the corpus's")
+    ap.add_argument("--vocab-size", type=int, default=512, help="pieces of the corpus's own tokenizer (built with it)")
+    ap.add_argument(
+        "--tokenizer",
+        default="char",
+        help="'char': a character-level tokenizer of the paired transcripts (<corpus>/tokenizer_char); "
+        "'corpus': the corpus's own; else a sentencepiece model's path",
+    )
+    ap.add_argument("--inter-ctc", type=float, default=0.3, help="task.inter_ctc_weight of the stage-3 runs")
     ap.add_argument("--workers", type=int, default=16, help="processes for synthesis and feature extraction")
     ap.add_argument("--exp", default="exp/most_study", help="where the runs go")
     ap.add_argument("--model", default="small", help="encoder preset")
@@ -128,6 +134,11 @@ def prepare_data(args: argparse.Namespace) -> dict:
                                num_jobs=args.workers)  # fmt: skip
         if split == "train":
             load_or_compute_stats(cuts, data)
+            if args.tokenizer == "char":  # once, before the parallel runs read it
+                from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
+
+                texts = [s.text for c in cuts for s in c.supervisions]
+                Tokenizer.train(texts, corpus / "tokenizer_char", vocab_size=minimum_vocab_size(texts))
     return {
         "corpus_minutes": round((built - start) / 60, 2),
         "features_minutes": round((time.perf_counter() - built) / 60, 2),
@@ -244,10 +255,12 @@ def main() -> None:
               f"trainer.device={args.device}", *args.extra]  # fmt: skip
     if args.model_overrides:
         common.append(f"model.overrides={args.model_overrides}")
-    if args.tokenizer:
-        common.append(f"tokenizer={args.tokenizer}")
+    if args.tokenizer != "corpus":
+        path = REPO / args.corpus / "tokenizer_char" / "tokenizer.model" if args.tokenizer == "char" else args.tokenizer
+        common.append(f"tokenizer={path}")
     s1_min, s2_min, s3_min = (f"trainer.max_minutes={m}" for m in args.minutes)
     control_min = f"trainer.max_minutes={args.minutes[1] + args.minutes[2]}"
+    stage3 = [f"task.inter_ctc_weight={args.inter_ctc}"]
     bestrq = [f"task.bestrq.num_codebooks={args.num_codebooks}", f"task.bestrq.codebook_size={args.codebook_size}"]
 
     def steps(n: int) -> list[str]:
@@ -269,7 +282,7 @@ def main() -> None:
 
     stage2 = exp / "stage2"
     jobs: dict[str, list[tuple[list[str], Path]]] = {
-        "ctc": [(train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), s3_min, f"init_from={stage1}",
+        "ctc": [(train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage1}",
                            f"trainer.exp_dir={exp / 'ctc'}"), logs / "ctc.log")],
         "most_ctc": [
             (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), s2_min, f"init_from={stage1}",
@@ -277,13 +290,13 @@ def main() -> None:
                        f"task.most.align_warmup_steps={args.align_warmup}", *args.stage2_extra,
                        f"trainer.exp_dir={stage2}"), logs / "stage2.log"),
             (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / "stage2_eval.log"),
-            (train_cmd("recipe=stage3_ctc", *common, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
+            (train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
                        f"trainer.exp_dir={exp / 'most_ctc'}"), logs / "most_ctc.log"),
         ],
     }  # fmt: skip
     if not args.no_control:
         long = args.stage2_steps + args.stage3_steps
-        jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *steps(long), control_min, f"init_from={stage1}",
+        jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(long), control_min, f"init_from={stage1}",
                                        f"trainer.exp_dir={exp / 'ctc_long'}"), logs / "ctc_long.log")]  # fmt: skip
     for name in jobs:
         jobs[name].append((eval_cmd(exp / name, exp / name / "eval.json", args.device), logs / f"{name}_eval.log"))
