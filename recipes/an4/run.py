@@ -65,10 +65,11 @@ def sh(cmd: list[str], log: Path) -> float:
     return (time.time() - start) / 60
 
 
-def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path) -> dict:
-    out = exp / f"eval_{split}_{decode}.json"
+def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path, tag: str = "") -> dict:
+    name = f"{tag or exp.name}_{split}_{decode}"
+    out = exp.parent / f"eval_{name}.json" if tag else exp / f"eval_{split}_{decode}.json"
     cmd = [PY, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{split}]", f"decode={decode}", *extra]
-    sh([*cmd, f"output={out}"], logs / f"{exp.name}_{split}_{decode}.log")
+    sh([*cmd, f"output={out}"], logs / f"{name}.log")
     s = json.loads(out.read_text())["sets"][split]
     return {"wer": s["wer"], "cer": s["cer"], "command": shlex.join(cmd)}
 
@@ -98,6 +99,27 @@ def save_encoder(exp: Path, dest: Path) -> None:
     weights = {k: v for k, v in load_file(src / MODEL_FILE).items() if k.startswith("encoder.")}
     save_file(weights, dest / MODEL_FILE)
     (dest / "config.yaml").write_text((src / "config.yaml").read_text())
+
+
+def export_run(exp: Path, dest: Path) -> None:
+    """What decoding ``exp`` needs, nothing more: its best (else latest) checkpoint's weights and config, the
+    run's tokenizer and feature statistics, and its metrics; ``dest`` then decodes as ``exp`` would."""
+    import shutil
+
+    from usmkit.checkpoint import BEST_FILE, CONFIG_FILE, MODEL_FILE, resolve_checkpoint
+
+    src = resolve_checkpoint(exp)
+    ckpt = dest / "checkpoints" / src.name
+    ckpt.mkdir(parents=True, exist_ok=True)
+    for f in (MODEL_FILE, CONFIG_FILE):
+        shutil.copy2(src / f, ckpt / f)
+    best = src.parent / BEST_FILE  # how the copy is found: as its run's best checkpoint
+    best_json = json.loads(best.read_text()) if best.is_file() else {}
+    if best_json.get("path") != src.name:
+        best_json = {"path": src.name, "metric": "latest", "value": None, "step": None}
+    (ckpt.parent / BEST_FILE).write_text(json.dumps(best_json))
+    for f in ("tokenizer.model", "feature_stats.safetensors", "metrics.jsonl"):
+        shutil.copy2(exp / f, dest / f)
 
 
 def main() -> None:
@@ -137,6 +159,18 @@ def main() -> None:
     ap.add_argument("--pretrain-max-duration", type=float, default=100.0)
     ap.add_argument("--stage2-steps", type=int, default=400, help="MOST steps of the 'most' variant")
     ap.add_argument("--most-from", default="cb16", help="the BEST-RQ encoder the 'most' variant starts from")
+    ap.add_argument("--las-from", default="cb16", help="the BEST-RQ encoder the 'las' variant starts from")
+    ap.add_argument(
+        "--seeds", default="0", help="fine-tuning seeds (trainer.seed); a seed s > 0 runs as <variant>_s<s>"
+    )
+    ap.add_argument("--seed-variants", default="scratch,cb1", help="the variants that run every seed (others: seed 0)")
+    ap.add_argument("--train-only", action="store_true", help="stop after training (decode the runs elsewhere)")
+    ap.add_argument(
+        "--export",
+        default="",
+        help="copy each fine-tuned run's best checkpoint, tokenizer, feature stats and metrics here (to decode "
+        "the runs on another machine with usmkit.evaluate)",
+    )
     ap.add_argument("--text-count", type=int, default=20000, help="generated AN4-style sentences for MOST")
     ap.add_argument(
         "--minutes",
@@ -151,6 +185,18 @@ def main() -> None:
         default="cb16",
         help="save this BEST-RQ encoder's weights to OUT/bestrq_encoder (the CPU path's start; '' for none)",
     )
+    ap.add_argument(
+        "--decode-only",
+        action="store_true",
+        help="decode the fine-tuned runs already in --exp (e.g. an --export copy from a GPU machine), train nothing",
+    )
+    ap.add_argument(
+        "--ensembles",
+        nargs="*",
+        default=[],
+        metavar="NAME=RUN+RUN[+...]",
+        help="also decode these ensembles of fine-tuned runs (CTC + lexicon, its settings tuned on dev)",
+    )
     ap.add_argument("--extra", default="", help="more overrides for every fine-tuning run")
     ap.add_argument("--pretrain-extra", default="", help="more overrides for every BEST-RQ run")
     args = ap.parse_args()
@@ -162,9 +208,14 @@ def main() -> None:
     if len(given) != len(args.stage1) or not set(given) <= set(codebooks):
         ap.error(f"--stage1 takes NAME=DIR with NAME in {sorted(codebooks)}, got {args.stage1}")
     stage1_dir = {name: Path(given.get(name, exp / f"stage1_{name}")) for name in codebooks}
-    wanted = {v for v in variants if v in codebooks} | ({"cb16"} if "las" in variants else set())
+    seeds = [int(x) for x in args.seeds.split(",")]
+    seeded = set(args.seed_variants.split(","))
+    runs = {v if s == 0 else f"{v}_s{s}": (v, s) for v in variants for s in seeds if s == 0 or v in seeded}
+    wanted = {v for v in variants if v in codebooks} | ({args.las_from} if "las" in variants else set())
     wanted |= {args.most_from} if "most" in variants else set()
     wanted -= set(given)  # the encoders pre-trained here
+    if args.decode_only:
+        wanted = set()
     for d in (out, logs, exp):
         d.mkdir(parents=True, exist_ok=True)
     an4 = data / "an4"
@@ -188,7 +239,7 @@ def main() -> None:
         minutes["data"] += sh(
             [PY, "-m", "usmkit.data.recipes.pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
         )
-    if "most" in variants:  # MOST's text-only data: AN4 train text + sentences generated in its styles
+    if "most" in variants and not args.decode_only:  # MOST's text-only data: AN4 train text + generated sentences
         minutes["data"] += sh(
             [PY, "-m", "usmkit.data.recipes.an4_text", f"out={an4}", f"count={args.text_count}"], logs / "an4_text.log"
         )
@@ -211,10 +262,11 @@ def main() -> None:
         f"trainer.max_minutes={args.minutes[0]}", *args.pretrain_extra.split(),
     ]  # fmt: skip
     # one after the other: the feature statistics (of AN4 train, computed by the first) are the corpus's, shared by both stages
-    minutes["data"] += sh(
-        [PY, "-m", "usmkit.train", *ft, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_ft'}"],
-        logs / "prep_ft.log",
-    )
+    if not args.decode_only:
+        minutes["data"] += sh(
+            [PY, "-m", "usmkit.train", *ft, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_ft'}"],
+            logs / "prep_ft.log",
+        )
     if wanted:
         minutes["data"] += sh(
             [PY, "-m", "usmkit.train", *pt, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_pt'}"],
@@ -238,17 +290,17 @@ def main() -> None:
         if name in wanted
     }
     finetune = {}
-    for v in variants:
-        cmd = [PY, "-m", "usmkit.train", *ft, f"trainer.exp_dir={exp / v}"]
+    for name, (v, seed) in runs.items():
+        cmd = [PY, "-m", "usmkit.train", *ft, f"trainer.seed={seed}", f"trainer.exp_dir={exp / name}"]
         if v in codebooks:
             cmd.append(f"init_from={stage1_dir[v]}")
         if v == "las":
             cmd = [c.replace("recipe=stage3_ctc", "recipe=stage3_las") for c in cmd] + [
-                f"init_from={stage1_dir['cb16']}"
+                f"init_from={stage1_dir[args.las_from]}"
             ]
         if v == "most":  # stage 3 from the MOST model (its CTC head too: same tokenizer)
             cmd.append(f"init_from={exp / 'stage2'}")
-        finetune[v] = (cmd, logs / f"finetune_{v}.log")
+        finetune[name] = (cmd, logs / f"finetune_{name}.log")
     stage2 = [
         PY, "-m", "usmkit.train", "recipe=stage2", *[c for c in ft if not c.startswith(("recipe=", "trainer.max_steps=",
         "trainer.eval_every=", "trainer.save_every=", "trainer.max_minutes=", "task.inter_ctc_weight="))],
@@ -260,27 +312,39 @@ def main() -> None:
     ]  # fmt: skip
     # Each fine-tuning run starts as soon as the encoder it starts from is ready.
     with cf.ThreadPoolExecutor(len(first) + len(finetune) + 1) as pool:
+        if args.decode_only:
+            first, finetune_now = {}, {}
+        else:
+            finetune_now = finetune
         futures = {name: pool.submit(sh, cmd, log) for name, (cmd, log) in first.items()}
-        if "most" in finetune:
+        if "most" in finetune_now:
             futures["stage2"] = pool.submit(after, futures.get(f"stage1_{args.most_from}"), stage2, logs / "stage2.log")
-        for v, (cmd, log) in finetune.items():
-            dep = futures.get({"las": "stage1_cb16", "most": "stage2"}.get(v, f"stage1_{v}"))
-            futures[v] = pool.submit(after, dep, cmd, log)
+        for name, (cmd, log) in finetune_now.items():
+            v = runs[name][0]
+            dep = futures.get({"las": f"stage1_{args.las_from}", "most": "stage2"}.get(v, f"stage1_{v}"))
+            futures[name] = pool.submit(after, dep, cmd, log)
         minutes_of = {name: f.result() for name, f in futures.items()}
     if args.save_encoder and f"stage1_{args.save_encoder}" in first:
         save_encoder(exp / f"stage1_{args.save_encoder}", out / "bestrq_encoder")
     pre_minutes = {k.removeprefix("stage1_"): m for k, m in minutes_of.items() if k.startswith("stage1_")}
     pre_minutes["most"] = pre_minutes.get(args.most_from, 0.0) + minutes_of.get("stage2", 0.0)
-    ft_minutes = {v: minutes_of[v] for v in finetune}
+    pre_minutes["las"] = pre_minutes.get(args.las_from, 0.0)
+    ft_minutes = {name: minutes_of.get(name, 0.0) for name in finetune}
+    if args.export:
+        for name in finetune:
+            export_run(exp / name, Path(args.export) / name)
+    if args.train_only:
+        print(f"trained {', '.join(finetune)} in {(time.time() - T0) / 60:.1f} min (--train-only: not decoded)")
+        return
 
     # 3. decoding: dev for choices, test once per final configuration (the models side by side)
-    def decode_variant(v: str) -> list[dict]:
-        e = exp / v
-        tune_out = out / f"lexicon_{v}.json"
+    def decode_variant(name: str) -> list[dict]:
+        e, v = exp / name, runs[name][0]
+        tune_out = out / f"lexicon_{name}.json"
         sh(
             [PY, str(ROOT / "bench/lexicon_tuning.py"), "--checkpoint", str(e), "--set", "dev", "--orders", "1,2",
              "--lm-weights", "0.5,1", "--word-scores=0,1", "--output", str(tune_out)],
-            logs / f"lexicon_{v}.log",
+            logs / f"lexicon_{name}.log",
         )  # fmt: skip
         best = json.loads(tune_out.read_text())["best"]
         lex = [
@@ -296,13 +360,30 @@ def main() -> None:
             dev, test = evaluate(e, "dev", decode, extra, logs), evaluate(e, "test", decode, extra, logs)
             rows.append(
                 {
-                    "model": v, "decode": decode, "dev_wer": dev["wer"], "test_wer": test["wer"], "test_cer": test["cer"],
+                    "model": name, "decode": decode, "seed": runs[name][1], "dev_wer": dev["wer"], "test_wer": test["wer"], "test_cer": test["cer"],
                     "finetune_steps_done": last_step(e),
-                    "eval_command": test["command"], "pretrain_minutes": round(pre_minutes.get("cb16" if v == "las" else v, 0.0), 2),
-                    "finetune_minutes": round(ft_minutes[v], 2), "finetune_command": shlex.join(finetune[v][0]),
+                    "eval_command": test["command"], "pretrain_minutes": round(pre_minutes.get(v, 0.0), 2),
+                    "finetune_minutes": round(ft_minutes[name], 2), "finetune_command": shlex.join(finetune[name][0]),
                 }
             )  # fmt: skip
         return rows
+
+    def decode_ensemble(spec: str) -> list[dict]:
+        """``NAME=RUN+RUN[+...]``: the runs as one CTC ensemble (usmkit.evaluate's ``ensemble=``), lexicon
+        settings chosen on dev over the same grid as a single run's, then test once."""
+        name, members = spec.split("=", 1)
+        first_run, *others = [exp / m for m in members.split("+")]
+        ens = [f"ensemble=[{','.join(map(str, others))}]"]
+        grid = [(o, w, ws) for o in (1, 2) for w in (0.5, 1.0) for ws in (0.0, 1.0)]
+        scored = []
+        for o, w, ws in grid:
+            lex = [f"lexicon.order={o}", f"lexicon.lm_weight={w}", f"lexicon.word_score={ws}"]
+            dev = evaluate(first_run, "dev", "ctc_lexicon", [*ens, *lex], logs, tag=f"{name}_{o}_{w}_{ws}")
+            scored.append((dev["wer"], lex))
+        dev_wer, lex = min(scored, key=lambda x: x[0])
+        test = evaluate(first_run, "test", "ctc_lexicon", [*ens, *lex], logs, tag=name)
+        return [{"model": name, "decode": "ctc_lexicon", "ensemble": members.split("+"), "dev_wer": dev_wer,
+                 "test_wer": test["wer"], "test_cer": test["cer"], "eval_command": test["command"]}]  # fmt: skip
 
     # Stored features: the first evaluation of a split stores its features, so the first variant goes alone.
     # The table is rewritten as each variant's rows come in (a run cut short keeps what it scored).
@@ -312,10 +393,13 @@ def main() -> None:
         rows.extend(new_rows)
         write_result(out / "an4.json", run_header(args=vars(args), minutes=minutes, rows=rows))
 
-    save(decode_variant(variants[0]))
-    with cf.ThreadPoolExecutor(len(variants)) as pool:
-        for rows_v in pool.map(decode_variant, variants[1:]):
+    names = list(runs)
+    save(decode_variant(names[0]))
+    with cf.ThreadPoolExecutor(len(names)) as pool:
+        for rows_v in pool.map(decode_variant, names[1:]):
             save(rows_v)
+        for rows_e in pool.map(decode_ensemble, args.ensembles):
+            save(rows_e)
     print(f"\n{'model':<8} {'decode':<12} {'dev WER':>8} {'test WER':>9} {'test CER':>9}")
     for r in rows:
         print(
