@@ -63,3 +63,10 @@ def write_result(path: str | os.PathLike, result: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
+
+
+def last_step(exp_dir: Path) -> int:
+    """The last step a training run logged in its ``metrics.jsonl`` (below its ``trainer.max_steps`` when
+    ``trainer.max_minutes`` stopped it)."""
+    rows = [json.loads(x) for x in (Path(exp_dir) / "metrics.jsonl").read_text().splitlines()]
+    return max((r["step"] for r in rows), default=0)

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, result_path, run_header, write_result
+from common import REPO, last_step, result_path, run_header, write_result
 
 RESULTS = result_path("most_study")
 TEST_SETS = ("test", "test_textonly")
@@ -178,12 +178,6 @@ def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
     return {"heldout_word_recall": found / max(total, 1), "heldout_words_in_refs": total}
 
 
-def steps_done(exp: Path) -> int:
-    """The last step ``exp`` logged (below its ``max_steps`` when ``trainer.max_minutes`` stopped it)."""
-    rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
-    return max((r["step"] for r in rows), default=0)
-
-
 def curve(exp: Path, prefix: str, keys: tuple[str, ...]) -> list[dict]:
     """Every logged row of ``metrics.jsonl`` that has a ``prefix`` key, with ``keys`` (those present)."""
     rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
@@ -275,7 +269,7 @@ def main() -> None:
     rows = curve(stage1, "train/", ("train/loss", "train/acc_mean", "train/pred_perplexity_mean"))
     results["stage1"] = {
         "steps": args.stage1_steps,
-        "steps_done": steps_done(stage1),
+        "steps_done": last_step(stage1),
         "final": rows[-1] if rows else None,
     }
     save()
@@ -308,7 +302,7 @@ def main() -> None:
         results["runs"][name] = {
             "minutes": round((time.perf_counter() - t0) / 60, 2),
             "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
-            "stage3_steps_done": steps_done(exp / name),
+            "stage3_steps_done": last_step(exp / name),
             "commands": [shlex.join(cmd[2:]) for cmd, _ in jobs[name]],
             "sets": read_eval(exp / name / "eval.json"),
         }
@@ -316,7 +310,7 @@ def main() -> None:
         if name == "most_ctc":
             results["stage2"] = {
                 "steps": args.stage2_steps,
-                "steps_done": steps_done(stage2),
+                "steps_done": last_step(stage2),
                 "sets": read_eval(stage2 / "eval.json"),  # the stage-2 model itself, through its CTC head
                 "curve": curve(stage2, "train/", STAGE2_KEYS),
             }

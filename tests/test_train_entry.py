@@ -231,14 +231,14 @@ def test_init_ctc_head_only_from_a_run_with_the_same_tokenizer(tmp_path):
     from safetensors.torch import save_file
 
     from usmkit.config import TaskConfig
-    from usmkit.data.tokenizer import Tokenizer
+    from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
     from usmkit.models.presets import tiny
     from usmkit.tasks import build_task
     from usmkit.train import init_ctc_head
 
     texts = ["one two three", "four five six", "seven eight nine zero"]
-    ours = Tokenizer.train(texts, tmp_path / "ours", vocab_size=290)
-    other = Tokenizer.train([t.upper() for t in texts], tmp_path / "other", vocab_size=290)
+    ours = Tokenizer.train(texts, tmp_path / "ours", vocab_size=minimum_vocab_size(texts))
+    other = Tokenizer.train([t.upper() for t in texts], tmp_path / "other", vocab_size=minimum_vocab_size(texts))
     assert ours.vocab_size == other.vocab_size and ours.model_proto != other.model_proto
 
     def model(seed):

@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-from common import run_header, write_result  # noqa: E402
+from common import last_step, run_header, write_result  # noqa: E402
 
 PY = sys.executable
 T0 = time.time()
@@ -72,12 +72,6 @@ def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path, t
     sh([*cmd, f"output={out}"], logs / f"{name}.log")
     s = json.loads(out.read_text())["sets"][split]
     return {"wer": s["wer"], "cer": s["cer"], "command": shlex.join(cmd)}
-
-
-def last_step(exp: Path) -> int:
-    """The last step ``exp`` logged (below ``trainer.max_steps`` when ``trainer.max_minutes`` stopped it)."""
-    rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
-    return max((r["step"] for r in rows), default=0)
 
 
 def after(dep: cf.Future | None, cmd: list[str], log: Path) -> float:
