@@ -4,9 +4,10 @@
 
 Steps, each with its budget on the command line:
 
-1. the embedded corpus (``python -m usmkit.data.synth out=<corpus> size=<size> workers=<workers>``; skipped
-   when already built), its stored features and statistics (once, before any training, so parallel runs
-   only read them);
+1. the embedded corpus (``python -m usmkit.data.synth out=<corpus> size=<size> workers=<workers>``, by default
+   ``size=english``; skipped when already built), its stored features and statistics and a character-level
+   tokenizer of its paired transcripts (once, before any training, so parallel runs only read them; pieces
+   keep CTC all-blank in these budgets, bench/results/vocab_escape_english.json);
 2. stage 1, BEST-RQ on the unlabeled pool (``--stage1-steps``);
 3. side by side on the one GPU (separate processes):
    (a) ``ctc``:      stage 3 CTC from stage 1 (``--stage3-steps``);
@@ -14,7 +15,7 @@ Steps, each with its budget on the command line:
    (c) ``ctc_long``: stage 3 CTC from stage 1 for ``--stage2-steps + --stage3-steps`` (the control: as many
        supervised steps on the paired data as (b), without the text);
 4. greedy-CTC WER of every model (and of the stage-2 model itself) on ``test`` and on ``test_textonly``,
-   whose utterances each hold 1-2 of 100 words that occur in the text-only pool but never in paired speech,
+   whose utterances each hold 1-2 held-out words that occur in the text-only pool but never in paired speech,
    and the share of those held-out words each model gets right ("held-out words %").
 
 Budgets compared: (a) and (b) have equal stage-3 budgets; (b) has ``--stage2-steps`` more pre-training, in
@@ -25,10 +26,12 @@ the stage-3 dev-WER curves to ``most_study_curves.png`` beside it. The table is 
 
 CPU dry run of the whole script (tiny corpus, tiny model, a few steps; about 2 minutes on 2 cores)::
 
-    OUT=/tmp/most_dry/out PYTHONPATH=. python bench/most_study.py --size tiny --workers 2 \\
-        --corpus /tmp/most_dry/synth --exp /tmp/most_dry/exp --model tiny --device cpu --num-workers 0 \\
+    OUT=/tmp/most_dry/out PYTHONPATH=. python bench/most_study.py --size tiny --vocab-size 330 --workers 2 \\
+        --corpus /tmp/most_dry/synth --exp /tmp/most_dry/exp --model tiny --model-overrides '' --device cpu --num-workers 0 \\
         --stage1-steps 3 --stage2-steps 4 --stage3-steps 3 --eval-every 2 --text-warmup 2 --align-warmup 1 \\
         --max-duration 20 --num-codebooks 2 --codebook-size 64 --lr 1e-3 --warmup 2 --extra trainer.log_every=1
+
+The CPU-scale study of docs/most.md (tiny, about an hour on 2 cores) is the command given there.
 """
 
 from __future__ import annotations
