@@ -93,27 +93,35 @@ def read_cuts(path: str | os.PathLike[str], lazy: bool = False, allow_urls: bool
         return CutSet.from_jsonl_lazy(path).map(
             functools.partial(_resolve_cut, base=base, allow_urls=allow_urls, path=path)
         )
-    return CutSet.from_cuts([_resolve_dict(d, base, allow_urls, path) for d in _read_dicts(path)])
+    return CutSet.from_cuts([_resolve_dict(d, base, allow_urls, path) for d in read_dicts(path)])
 
 
 def write_manifest(manifest: Iterable[Any], path: str | os.PathLike[str]) -> Path:
     """Write a lhotse manifest (RecordingSet, SupervisionSet, CutSet) as JSONL with every file path
-    relative to ``path``'s directory; written to a temporary name and renamed, so never half-written."""
+    relative to ``path``'s directory, never half-written (``write_jsonl``)."""
+    path = Path(path)
+    base = path.parent.resolve()
+    return write_jsonl((_map_paths(item.to_dict(), functools.partial(_relative, base=base)) for item in manifest), path)
+
+
+def write_jsonl(records: Iterable[dict], path: str | os.PathLike[str]) -> Path:
+    """Write JSON lines (gzipped for a ``.gz`` path) to a temporary name and rename it, so ``path`` is
+    never half-written. The temporary name is this writer's own: two processes writing one file at once
+    (parallel runs filling one feature cache) each rename a whole file, never each other's half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    base = path.parent.resolve()
-    # A temporary name of this writer's own: two processes writing the same manifest at once (parallel runs
-    # filling one feature cache) each rename a whole file, never each other's half-written one.
     tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
     try:
-        save_to_jsonl((_map_paths(item.to_dict(), functools.partial(_relative, base=base)) for item in manifest), tmp)
+        save_to_jsonl(records, tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
 
 
-def _read_dicts(path: Path) -> Iterator[dict]:
+def read_dicts(path: Path) -> Iterator[dict]:
+    """The JSON lines of ``path`` (a manifest or a text-only file); unreadable ones are a ``BadInputError``
+    naming the file."""
     try:
         yield from load_jsonl(path)
     except UnicodeDecodeError as e:

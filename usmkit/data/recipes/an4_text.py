@@ -34,7 +34,6 @@ from __future__ import annotations
 import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
 
 # isort: split
-import os
 import random
 import re
 import string
@@ -43,9 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lhotse.serialization import save_to_jsonl
-
-from usmkit.data.manifests import _read_dicts, manifest_path, text_only_path  # _read_dicts: errors name the file
+from usmkit.data.manifests import manifest_path, read_dicts, text_only_path, write_jsonl
 from usmkit.data.recipes import parse_key_value_args
 from usmkit.data.recipes.an4 import CORPUS, normalize_an4
 from usmkit.data.recipes.common import RecipeError
@@ -187,7 +184,7 @@ def read_train_transcripts(out_dir: Path) -> list[str]:
             f"no AN4 training supervisions at {path}; run `python -m usmkit.data.recipes.an4 out={out_dir}` first"
         )
     texts = []
-    for line, record in enumerate(_read_dicts(path), start=1):
+    for line, record in enumerate(read_dicts(path), start=1):
         raw = record.get("text") if isinstance(record, dict) else None
         text = normalize_an4(raw) if isinstance(raw, str) else ""
         if not _NORMALIZED.fullmatch(text):
@@ -205,10 +202,7 @@ def prepare_an4_text(out_dir: str | Path, count: int = 20000, seed: int = 0) -> 
     out_dir = Path(out_dir)
     train_texts = read_train_transcripts(out_dir)
     generated = generate_sentences(train_texts, count, seed, english_words())
-    path = text_only_path(out_dir, CORPUS)
-    tmp = path.with_name(f".tmp-{path.name}")  # renamed when complete: never half-written
-    save_to_jsonl(({"text": t, "language": "en"} for t in [*train_texts, *generated]), tmp)
-    os.replace(tmp, path)
+    write_jsonl(({"text": t, "language": "en"} for t in [*train_texts, *generated]), text_only_path(out_dir, CORPUS))
     return train_texts, generated
 
 

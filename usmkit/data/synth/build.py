@@ -25,10 +25,9 @@ from typing import Any
 
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 from lhotse.audio import AudioSource
-from lhotse.serialization import save_to_jsonl
 from tqdm import tqdm
 
-from usmkit.data.manifests import manifest_path, text_only_path, write_manifest
+from usmkit.data.manifests import manifest_path, text_only_path, write_jsonl, write_manifest
 from usmkit.data.recipes import print_split_table
 from usmkit.data.synth.external import detect_external_engines
 from usmkit.data.synth.plan import AUDIO_SPLITS, CorpusPlan, Utterance, get_size, plan_corpus, shard_seed
@@ -223,7 +222,7 @@ def build_corpus(cfg: SynthConfig) -> BuildResult:
             write_manifest(supervisions, manifest_path(out, CORPUS, "supervisions", split))
         write_manifest(cuts, manifest_path(out, CORPUS, "cuts", split))
         splits[split] = _split_summary(plan.utterances[split], rendered)
-    save_to_jsonl(({"text": t, "language": lang} for t, lang in plan.text_only), text_only_path(out, CORPUS))
+    write_jsonl(({"text": t, "language": lang} for t, lang in plan.text_only), text_only_path(out, CORPUS))
 
     texts = [u.text for u in plan.utterances["train"]] + [t for t, _ in plan.text_only]
     tokenizer = Tokenizer.train(texts, out / "tokenizer", vocab_size=cfg.vocab_size)
