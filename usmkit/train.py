@@ -212,11 +212,11 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         loaded = load_weights(module, src, prefix="encoder.")
         if rank == 0:
             log.info("initialized %d encoder tensors from %s", len(loaded), src)
-        if cfg.task.kind == "most":  # stage 1's BEST-RQ heads and quantizer (or a CTC head), where they fit
+        if cfg.task.kind == "most":  # stage 1's BEST-RQ heads and quantizer (a MOST run's text encoder), where they fit
             heads = module.init_heads_from(src)
             if rank == 0:
                 log.info("initialized %d head tensors from %s: %s", len(heads), src, ", ".join(heads) or "none fit")
-        elif cfg.init_heads and tokenizer is not None:
+        if cfg.init_heads and tokenizer is not None:
             heads = init_ctc_head(module, src, tokenizer)
             if rank == 0 and heads:
                 log.info("initialized the CTC head from %s (trained with this run's tokenizer)", src)

@@ -117,16 +117,17 @@ class MostModel(nn.Module):
 
     def init_heads_from(self, ckpt_dir: str | Path) -> list[str]:
         """Load what fits of another stage's heads from a checkpoint: stage 1's BEST-RQ quantizer and
-        heads (``quantizer.*``, ``heads.*`` -> ``bestrq.*``), a CTC model's head (``ctc.*``). Tensors
-        whose shapes differ (other codebooks, another vocabulary) are left as they are. Returns the
-        keys loaded."""
+        heads (``quantizer.*``, ``heads.*`` -> ``bestrq.*``), a MOST run's text encoder. Tensors whose
+        shapes differ (other codebooks) are left as they are. Returns the keys loaded. The CTC head is
+        not among them: its token ids mean something only with its run's tokenizer, which
+        ``usmkit.train.init_ctc_head`` checks for every task."""
         weights = load_tensors(Path(ckpt_dir) / MODEL_FILE)
         own = self.state_dict()
         renamed = {}
         for key, value in weights.items():
             if key.startswith(("quantizer.", "heads.")):
                 renamed[f"bestrq.{key}"] = value
-            elif key.startswith(("ctc.", "bestrq.", "text_encoder.")) or key == "text_mask":
+            elif key.startswith(("bestrq.", "text_encoder.")) or key == "text_mask":
                 renamed[key] = value
         fitting = {k: v for k, v in renamed.items() if k in own and own[k].shape == v.shape}
         self.load_state_dict(fitting, strict=False)
