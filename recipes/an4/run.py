@@ -305,11 +305,8 @@ def main() -> None:
         f"trainer.max_minutes={args.minutes[1]}", f"init_from={stage1_dir[args.most_from]}", f"trainer.exp_dir={exp / 'stage2'}",
     ]  # fmt: skip
     # Each fine-tuning run starts as soon as the encoder it starts from is ready.
+    finetune_now = {} if args.decode_only else finetune  # (with --decode-only nothing is pre-trained either)
     with cf.ThreadPoolExecutor(len(first) + len(finetune) + 1) as pool:
-        if args.decode_only:
-            first, finetune_now = {}, {}
-        else:
-            finetune_now = finetune
         futures = {name: pool.submit(sh, cmd, log) for name, (cmd, log) in first.items()}
         if "most" in finetune_now:
             futures["stage2"] = pool.submit(after, futures.get(f"stage1_{args.most_from}"), stage2, logs / "stage2.log")
