@@ -94,12 +94,29 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--stage2-extra", nargs="*", default=[], help="more overrides for stage 2, e.g. task.most.text_ratio=2"
     )
+    ap.add_argument(
+        "--most-variants",
+        nargs="*",
+        default=["most="],
+        metavar="NAME=OVERRIDES",
+        help="stage-2 variants, each run side by side as its own (b): NAME=space-separated overrides for its "
+        "stage 2 (after --stage2-extra); 'most' keeps the names stage2 / most_ctc, another NAME gives "
+        "stage2_NAME / NAME_ctc",
+    )
     ap.add_argument("--sequential", action="store_true", help="run (a), (b), (c) one after another")
     return ap.parse_args()
 
 
 def run(cmd: list[str], log: Path) -> None:
-    """Run ``cmd`` from the repository root, its output into ``log``; a failure shows the log's tail."""
+    """Run ``cmd`` from the repository root, its output into ``log``; a failure shows the log's tail.
+
+    A command that finished once (``<log>.done`` exists) is not run again, so the study started again with
+    the same arguments, e.g. in a second call on the same machine, continues where it stopped: the
+    training runs resume from their last checkpoint (``resume=true``)."""
+    done = log.with_suffix(".done")
+    if done.exists():
+        print(f"done before: {shlex.join(cmd)}", flush=True)
+        return
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"$ {shlex.join(cmd)}", flush=True)
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -108,10 +125,11 @@ def run(cmd: list[str], log: Path) -> None:
     if proc.returncode != 0:
         tail = log.read_text().splitlines()[-40:]
         raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n" + "\n".join(tail))
+    done.touch()
 
 
 def train_cmd(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "usmkit.train", *overrides, "trainer.progress=false"]
+    return [sys.executable, "-m", "usmkit.train", *overrides, "trainer.progress=false", "resume=true"]
 
 
 def eval_cmd(exp: Path, out: Path, device: str) -> list[str]:
@@ -137,7 +155,7 @@ def prepare_data(args: argparse.Namespace) -> dict:
                                num_jobs=args.workers)  # fmt: skip
         if split == "train":
             load_or_compute_stats(cuts, data)
-            if args.tokenizer == "char":  # once, before the parallel runs read it
+            if args.tokenizer == "char" and not (corpus / "tokenizer_char" / "tokenizer.model").is_file():  # before the parallel runs
                 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 
                 texts = [s.text for c in cuts for s in c.supervisions]
@@ -202,24 +220,26 @@ def plot(results: dict, exps: dict[str, Path], png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = results["stage2"]["curve"]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     panels = (
         ("train/loss_consistency", "consistency loss (MSE)"),
         ("train/dur_abs_log_err", "duration error |log pred - log aligned|"),
-        ("train/loss_text", "text-only reconstruction"),
+        ("train/loss_text", "CTC losses: text-only (solid), paired (dashed)"),
     )
-    for ax, (key, title) in zip(axes, panels, strict=False):
-        points = [(r["step"], r[key]) for r in rows if key in r]
-        if points:
-            ax.plot(*zip(*points, strict=True), marker=".", label=key.removeprefix("train/"))
-        ax.set(xlabel="stage-2 step", title=title)
-        ax.grid(alpha=0.3)
-    ctc = [(r["step"], r["train/loss_ctc"]) for r in rows if "train/loss_ctc" in r]
-    if ctc:
-        axes[2].plot(*zip(*ctc, strict=True), marker=".", label="loss_ctc (paired)")
-        axes[2].set(title="CTC losses: text-only reconstruction, paired")
-        axes[2].legend()
+    for variant, stage2 in results["stage2"].items():
+        rows = stage2["curve"]
+        for ax, (key, title) in zip(axes, panels, strict=False):
+            points = [(r["step"], r[key]) for r in rows if key in r]
+            if points:
+                line = ax.plot(*zip(*points, strict=True), marker=".", label=variant)
+                if key == "train/loss_text":
+                    ctc = [(r["step"], r["train/loss_ctc"]) for r in rows if "train/loss_ctc" in r]
+                    if ctc:
+                        ax.plot(*zip(*ctc, strict=True), ls="--", color=line[0].get_color())
+            ax.set(xlabel="stage-2 step", title=title)
+            ax.grid(alpha=0.3)
+    for ax in axes[:3]:
+        ax.legend()
     for name, exp in exps.items():
         dev = [(r["step"], 100 * r["dev/dev_wer"]) for r in curve(exp, "dev/", ("dev/dev_wer",)) if "dev/dev_wer" in r]
         if dev:
@@ -239,6 +259,10 @@ def main() -> None:
     exp = REPO / args.exp
     logs = exp / "logs"
     results: dict = run_header(settings=vars(args), phases={}, stage1={}, stage2={}, runs={})
+    if RESULTS.is_file():  # a study continued (see run()): keep what the earlier call measured of its phases
+        earlier = json.loads(RESULTS.read_text())
+        if earlier.get("settings") == json.loads(json.dumps(results["settings"])):
+            results["earlier_calls"] = [*earlier.get("earlier_calls", []), earlier.get("phases")]
 
     def save() -> None:
         write_result(RESULTS, results)
@@ -277,20 +301,24 @@ def main() -> None:
     }
     save()
 
-    stage2 = exp / "stage2"
     jobs: dict[str, list[tuple[list[str], Path]]] = {
         "ctc": [(train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage1}",
                            f"trainer.exp_dir={exp / 'ctc'}"), logs / "ctc.log")],
-        "most_ctc": [
+    }  # fmt: skip
+    stage2_dirs: dict[str, Path] = {}  # job name -> its stage-2 run
+    for variant in args.most_variants:
+        vname, _, overrides = variant.partition("=")
+        stage2, name = (exp / "stage2", "most_ctc") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_ctc")
+        stage2_dirs[name] = stage2
+        jobs[name] = [
             (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), s2_min, f"init_from={stage1}",
                        f"task.most.text_layer={args.text_layer}", f"task.most.text_warmup_steps={args.text_warmup}",
-                       f"task.most.align_warmup_steps={args.align_warmup}", *args.stage2_extra,
-                       f"trainer.exp_dir={stage2}"), logs / "stage2.log"),
-            (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / "stage2_eval.log"),
+                       f"task.most.align_warmup_steps={args.align_warmup}", *args.stage2_extra, *overrides.split(),
+                       f"trainer.exp_dir={stage2}"), logs / f"{stage2.name}.log"),
+            (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / f"{stage2.name}_eval.log"),
             (train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
-                       f"trainer.exp_dir={exp / 'most_ctc'}"), logs / "most_ctc.log"),
-        ],
-    }  # fmt: skip
+                       f"trainer.exp_dir={exp / name}"), logs / f"{name}.log"),
+        ]  # fmt: skip
     if not args.no_control:
         long = args.stage2_steps + args.stage3_steps
         jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(long), control_min, f"init_from={stage1}",
@@ -305,19 +333,22 @@ def main() -> None:
         results["runs"][name] = {
             "minutes": round((time.perf_counter() - t0) / 60, 2),
             "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
+            "init_from": stage2_dirs[name].name if name in stage2_dirs else "stage1",
             "stage3_steps_done": last_step(exp / name),
             "commands": [shlex.join(cmd[2:]) for cmd, _ in jobs[name]],
             "sets": read_eval(exp / name / "eval.json"),
         }
         results["runs"][name]["sets"]["test_textonly"] |= heldout_recall(exp / name, REPO / args.corpus, args.device)
-        if name == "most_ctc":
-            results["stage2"] = {
+        if name in stage2_dirs:
+            stage2 = stage2_dirs[name]
+            results["stage2"][stage2.name] = {
                 "steps": args.stage2_steps,
                 "steps_done": last_step(stage2),
+                "command": shlex.join(jobs[name][0][0][2:]),
                 "sets": read_eval(stage2 / "eval.json"),  # the stage-2 model itself, through its CTC head
                 "curve": curve(stage2, "train/", STAGE2_KEYS),
             }
-            results["stage2"]["sets"]["test_textonly"] |= heldout_recall(stage2, REPO / args.corpus, args.device)
+            results["stage2"][stage2.name]["sets"]["test_textonly"] |= heldout_recall(stage2, REPO / args.corpus, args.device)
         save()
 
     t = time.perf_counter()
@@ -334,8 +365,11 @@ def main() -> None:
     results["phases"]["total_minutes"] = round((time.perf_counter() - start) / 60, 2)
     results["budgets"] = {
         "ctc": f"stage 1 {args.stage1_steps} + stage 3 {args.stage3_steps} steps",
-        "most_ctc": f"stage 1 {args.stage1_steps} + stage 2 {args.stage2_steps} (unlabeled + paired + text) "
-        f"+ stage 3 {args.stage3_steps} steps",
+        **{
+            name: f"stage 1 {args.stage1_steps} + stage 2 {args.stage2_steps} (unlabeled + paired + text) "
+            f"+ stage 3 {args.stage3_steps} steps"
+            for name in stage2_dirs
+        },
         "ctc_long": f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps",
     }
     png = plot(results, {n: exp / n for n in jobs}, RESULTS.with_name("most_study_curves.png"))
@@ -346,7 +380,7 @@ def main() -> None:
     print(
         f"\n{'model':22s} " + " ".join(f"{s + ' WER %':>18s} {'CER %':>7s}" for s in TEST_SETS) + "  held-out words %"
     )
-    table = {"stage 2 (MOST) alone": results["stage2"].get("sets", {})}
+    table = {f"{v} alone": r["sets"] for v, r in results["stage2"].items()}
     table |= {name: r["sets"] for name, r in results["runs"].items()}
     for name, sets in table.items():
         cells = " ".join(f"{100 * sets[s]['wer']:18.2f} {100 * sets[s]['cer']:7.2f}" for s in TEST_SETS if s in sets)

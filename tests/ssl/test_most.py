@@ -294,3 +294,16 @@ def test_config_is_typed_and_checked():
         MostConfig(text_ratio=0)
     with pytest.raises(ValueError, match="below the encoder's 3 blocks"):
         _model(text_layer=3)
+
+
+def test_text_detach_encoder_keeps_the_text_loss_out_of_the_text_encoder():
+    """With only the text-only loss on: detached, the text encoder gets no gradient while the shared blocks
+    above the text layer and the CTC head do; not detached, the text encoder learns from it too."""
+    only_text = {"bestrq_weight": 0.0, "ctc_weight": 0.0, "duration_weight": 0.0, "consistency_weight": 0.0}
+    for detach in (True, False):
+        model = _model(text_detach_encoder=detach, **only_text)
+        model(_most_batch()).loss.backward()
+        text_grads = [p.grad for p in model.text_encoder.parameters() if p.requires_grad]
+        assert all(g is None for g in text_grads) == detach
+        assert model.encoder.blocks[2].ff1.up.weight.grad is not None
+        assert model.ctc.proj.weight.grad is not None

@@ -24,7 +24,8 @@ active loss reads is not even loaded (``MostConfig.active_streams``):
   durations) and h_k, at every valid frame of the aligned utterances: 0 when the two agree.
 - ``text``: text-only sentences upsampled by their *predicted* durations, frames masked (spans
   replaced by a learned vector), through blocks k.. and the CTC head: CTC against their own tokens.
-  Starts after ``text_warmup_steps``.
+  Starts after ``text_warmup_steps``. With ``text_detach_encoder`` its gradient stops at the text
+  encoder's frames: the text encoder then learns only from ``duration`` and ``consistency``.
 
 Alignments: ``usmkit.ssl.alignment`` (forced alignment on the CTC posteriors of this model, or of the
 frozen ``align_from`` checkpoint). The module's state has ``encoder.*`` (what stage 3 loads with
@@ -216,6 +217,8 @@ class MostModel(nn.Module):
         states = self.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
         durations = durations_from_log(self.text_encoder.log_durations(states), batch.token_lens, cfg.max_token_frames)
         frames, lengths = self.text_encoder.frames(states, durations)  # (B, T', D), (B,)
+        if cfg.text_detach_encoder:
+            frames = frames.detach()
         valid = valid_mask(lengths, frames.shape[1])  # (B, T')
         starts = sample_span_starts(valid, cfg.text_mask_prob)
         masked = expand_spans(starts, cfg.text_mask_span, valid)  # (B, T')

@@ -57,6 +57,10 @@ class MostConfig:
     consistency_detach_speech: bool = True  # the speech side is the target: consistency moves only the text encoder
     text_mask_prob: float = 0.08  # a text frame starts a masked span with this probability
     text_mask_span: int = 4  # encoder frames per masked span (0.08 and 4 mask ~28% of the frames)
+    # The text-only loss trains the shared blocks and the CTC head but not the text encoder, which then
+    # learns only to imitate the speech encoder (consistency, duration): with its gradient the text encoder
+    # can drift into a code of its own that the shared blocks read easily but speech never produces.
+    text_detach_encoder: bool = False
     unlabeled_split: str = "unlabeled"
     text_only: str | None = None
     unlabeled_ratio: float = 1.0
