@@ -144,12 +144,19 @@ def prepare_data(args: argparse.Namespace) -> dict:
     run([sys.executable, "-m", "usmkit.data.synth", f"out={corpus}", f"size={args.size}", f"workers={args.workers}",
          f"vocab_size={args.vocab_size}"], REPO / args.exp / "logs" / "corpus.log")  # fmt: skip
     built = time.perf_counter()
+    import torch
+
     from usmkit.data.config import DataConfig
     from usmkit.data.loader import prepare_cuts
     from usmkit.data.manifests import load_cuts
     from usmkit.data.normalize import load_or_compute_stats
 
     data = DataConfig(manifest_dir=str(corpus))
+    # lhotse spawns num_jobs feature workers, each importing torch afresh: one OpenMP thread each, or
+    # num_jobs x cores threads contend for the cores (a crawl that looks like a hang on 16 cores)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
     for split in ("train", "unlabeled", "dev", *TEST_SETS):
         cuts, _ = prepare_cuts(load_cuts(corpus, split), data, split=split, require_text=split != "unlabeled",
                                num_jobs=args.workers)  # fmt: skip
@@ -160,6 +167,10 @@ def prepare_data(args: argparse.Namespace) -> dict:
 
                 texts = [s.text for c in cuts for s in c.supervisions]
                 Tokenizer.train(texts, corpus / "tokenizer_char", vocab_size=minimum_vocab_size(texts))
+    if threads is None:
+        os.environ.pop("OMP_NUM_THREADS")
+    else:
+        os.environ["OMP_NUM_THREADS"] = threads
     return {
         "corpus_minutes": round((built - start) / 60, 2),
         "features_minutes": round((time.perf_counter() - built) / 60, 2),
