@@ -162,7 +162,9 @@ def prepare_data(args: argparse.Namespace) -> dict:
                                num_jobs=args.workers)  # fmt: skip
         if split == "train":
             load_or_compute_stats(cuts, data)
-            if args.tokenizer == "char" and not (corpus / "tokenizer_char" / "tokenizer.model").is_file():  # before the parallel runs
+            if (
+                args.tokenizer == "char" and not (corpus / "tokenizer_char" / "tokenizer.model").is_file()
+            ):  # before the parallel runs
                 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 
                 texts = [s.text for c in cuts for s in c.supervisions]
@@ -359,7 +361,9 @@ def main() -> None:
                 "sets": read_eval(stage2 / "eval.json"),  # the stage-2 model itself, through its CTC head
                 "curve": curve(stage2, "train/", STAGE2_KEYS),
             }
-            results["stage2"][stage2.name]["sets"]["test_textonly"] |= heldout_recall(stage2, REPO / args.corpus, args.device)
+            results["stage2"][stage2.name]["sets"]["test_textonly"] |= heldout_recall(
+                stage2, REPO / args.corpus, args.device
+            )
         save()
 
     t = time.perf_counter()
