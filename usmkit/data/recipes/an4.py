@@ -52,9 +52,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import soundfile as sf
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 
+from usmkit.data.audio_files import write_audio
 from usmkit.data.recipes import normalize_text, parse_key_value_args, print_split_table, split_rows
 from usmkit.data.recipes.common import (
     OnError,
@@ -209,8 +209,7 @@ def load_recording(utt: An4Utterance, audio_dir: Path, drops: RecipeDrops) -> Re
             drops.drop("corrupt audio", str(utt.audio), str(e))
             return None
         flac = audio_dir / f"{utt.fileid}.flac"
-        flac.parent.mkdir(parents=True, exist_ok=True)
-        sf.write(flac, samples, rate, format="FLAC", subtype="PCM_16")
+        write_audio(flac, samples, rate, format="FLAC", subtype="PCM_16")
         recording = Recording.from_file(flac, recording_id=utt.id)
     if recording is not None and recording.sampling_rate != SAMPLE_RATE:
         recording = recording.resample(SAMPLE_RATE)

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 import torchaudio
 from tqdm import tqdm
 
+from usmkit.data.audio_files import write_audio
 from usmkit.data.synth.espeak import get_espeak
 from usmkit.data.synth.voices import VARIANTS, Voice, ordinary_voice
 
@@ -112,7 +112,7 @@ def _render_shard(task: tuple[tuple[DigitTake, ...], Path, int]) -> list[tuple[D
         wave = trim_silence(wave, FSDD_SAMPLE_RATE)
         wave = wave * (voice.peak / max(float(np.abs(wave).max()), 1e-9))
         path = out_dir / f"{take.stem}.wav"
-        sf.write(path, (wave * 32767.0).round().clip(-32768, 32767).astype(np.int16), FSDD_SAMPLE_RATE)
+        write_audio(path, (wave * 32767.0).round().clip(-32768, 32767).astype(np.int16), FSDD_SAMPLE_RATE)
         written.append((take, path))
     return written
 

@@ -38,6 +38,7 @@ from typing import Literal
 import numpy as np
 import soundfile as sf
 
+from usmkit.data.audio_files import write_audio
 from usmkit.data.recipes import parse_key_value_args
 from usmkit.data.recipes.common import RecipeDrops, RecipeError, drops_footer
 from usmkit.data.recipes.sphere import SphereError, read_sphere
@@ -105,8 +106,7 @@ def transcode(src: Path, dst: Path, settings: PackSettings) -> None:
     else:  # the lossy encoders take float samples in [-1, 1)
         scale = 2.0**31 if samples.dtype == np.int32 else 2.0**15
         samples = samples.astype(np.float32) / scale
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(dst, samples, rate, **{k: v for k, v in kwargs.items() if v is not None})
+    write_audio(dst, samples, rate, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 @dataclass(frozen=True)

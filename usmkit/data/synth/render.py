@@ -11,10 +11,10 @@ from functools import cache
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 import torch
 import torchaudio
 
+from usmkit.data.audio_files import write_audio
 from usmkit.data.synth.espeak import get_espeak
 from usmkit.data.synth.external import synthesize_external
 from usmkit.data.synth.plan import Utterance
@@ -91,7 +91,6 @@ def render_shard(task: ShardTask) -> list[Rendered]:
             )
         audio = to_16k(samples, sample_rate, utterance.voice.peak)
         path = audio_path(task.audio_dir, utterance)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        sf.write(path, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
+        write_audio(path, audio, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
         rendered.append(Rendered(utterance.id, path, int(audio.shape[0])))
     return rendered
