@@ -18,6 +18,11 @@ Steps, each with its budget on the command line:
    whose utterances each hold 1-2 held-out words that occur in the text-only pool but never in paired speech,
    and the share of those held-out words each model gets right ("held-out words %").
 
+``--most-variants NAME=OVERRIDES ...`` runs several stage-2 variants as (b), side by side (e.g.
+``det=task.most.text_detach_encoder=true``). The same command run again continues the study: every
+finished step left ``<log>.done`` and is skipped, and the training runs resume from their checkpoints
+(``resume=true``), so a study longer than one GPU call runs as two calls on one machine.
+
 Budgets compared: (a) and (b) have equal stage-3 budgets; (b) has ``--stage2-steps`` more pre-training, in
 which it also sees the paired data (CTC loss) besides unlabeled audio and text; (c) gives CTC alone those
 steps. Results go to ``bench/results/most_study.json`` (``$OUT/most_study.json`` when ``$OUT`` is set),
