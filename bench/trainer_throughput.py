@@ -9,13 +9,16 @@ data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the
 bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp]``:
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
-- ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``.
+- ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``;
+- ``_p64``: ``data.pad_to_frames=64 data.num_buckets=30`` instead of ``data.pad_to_frames=256``: 13%
+  of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``bench/padding_waste.py``).
 
-``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list.
+``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
+``--compare-padding`` ``large`` and ``large_p64``.
 
 Measured from the trainer's own ``metrics.jsonl`` (one row per ``trainer.log_every`` steps), in steady
 state: the windows of the second half of the run, when the padded lengths have been compiled.
@@ -65,16 +68,21 @@ SIZES = {
     "usm2b": (135, 200, 5),
 }
 DEFAULT_VARIANTS = "base,large,usm600m,usm2b_ac"
+PADDING = {  # batch padding: 4 padded lengths with ~30% padding, or 11 with ~13% (bench/results/padding_waste.json)
+    "p256": ["data.pad_to_frames=256"],
+    "p64": ["data.pad_to_frames=64", "data.num_buckets=30"],
+}
 HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=10)
 PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 
 def parse_variant(name: str) -> tuple[str, int, bool, bool]:
-    """``SIZE[_s8][_ac][_fsdp]`` -> (size, subsampling factor, activation checkpointing, fsdp)."""
+    """``SIZE[_s8][_ac][_fsdp][_p64]`` -> (size, subsampling factor, activation checkpointing, fsdp)
+    (``_p64`` is read by ``command``)."""
     size, *flags = name.split("_")
-    unknown = set(flags) - {"s8", "ac", "fsdp"}
+    unknown = set(flags) - {"s8", "ac", "fsdp", "p64"}
     if size not in SIZES or unknown:
-        raise SystemExit(f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp] with SIZE in {sorted(SIZES)}")
+        raise SystemExit(f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64] with SIZE in {sorted(SIZES)}")
     return size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags
 
 
@@ -166,7 +174,7 @@ def command(name: str, args, exp: Path) -> list[str]:
     overrides = [
         "recipe=stage3_ctc", f"model={size}", f"data.manifest_dir={args.manifest_dir}",
         f"data.max_duration={args.max_duration or max_duration}", f"data.num_workers={args.num_workers}",
-        "data.pad_to_frames=256", "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
+        *PADDING["p64" if name.endswith("_p64") else "p256"], "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
         "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false", f"trainer.exp_dir={exp}",
     ]  # fmt: skip
     if args.dry_run:  # compiling on a CPU takes minutes (bench/compile_scope.py); fp32 as CPU runs train
@@ -254,6 +262,7 @@ def main() -> None:
         "--variants", default=None, help=f"comma-separated SIZE[_s8][_ac][_fsdp] (default {DEFAULT_VARIANTS})"
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
+    ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")
     ap.add_argument("--manifest-dir", default="data/synth")
     ap.add_argument("--synth-workers", type=int, default=16)
     ap.add_argument("--num-workers", type=int, default=10, help="data.num_workers of every variant")
@@ -266,11 +275,16 @@ def main() -> None:
         variants = (args.variants or "tiny,tiny_fsdp").split(",")
         args.num_workers = min(args.num_workers, 1)
     else:
-        variants = (args.variants or ("large,large_s8" if args.compare_subsampling else DEFAULT_VARIANTS)).split(",")
+        default = "large,large_s8" if args.compare_subsampling else DEFAULT_VARIANTS
+        variants = (args.variants or ("large,large_p64" if args.compare_padding else default)).split(",")
     for v in variants:
         parse_variant(v)
     json_path = Path(
-        args.json or result_path("trainer_throughput", "subsampling" if args.compare_subsampling else None)
+        args.json
+        or result_path(
+            "trainer_throughput",
+            "subsampling" if args.compare_subsampling else "padding" if args.compare_padding else None,
+        )
     )
     t0 = time.time()
     ensure_corpus(args)
