@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch._dynamo
 from common import result_path, run_header, write_result
+from profile_step import category
 from train_throughput import SHAPES, OursCTC, make_batch, make_step, measure_peak, timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -92,13 +93,6 @@ def time_linear(d_in: int, d_out: int, M: int, recipe: str | None, steps: int, d
     return statistics.median(timed(step, steps))
 
 
-def category(name: str) -> str:
-    for cat, pattern in CATEGORIES:
-        if re.search(pattern, name, re.IGNORECASE):
-            return cat
-    return "other"
-
-
 def kernel_breakdown(step, steps: int = 5) -> dict[str, float]:
     """GPU ms per step by kernel category (``torch.profiler``, CUDA activity)."""
     from torch.profiler import ProfilerActivity, profile
@@ -111,7 +105,7 @@ def kernel_breakdown(step, steps: int = 5) -> dict[str, float]:
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
         if t > 0:
-            totals[category(evt.key)] += t / 1e3 / steps
+            totals[category(evt.key, CATEGORIES)] += t / 1e3 / steps
     return {k: round(v, 2) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 

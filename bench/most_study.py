@@ -159,9 +159,9 @@ def prepare_data(args: argparse.Namespace) -> dict:
     data = DataConfig(manifest_dir=str(corpus))
     # lhotse spawns num_jobs feature workers, each importing torch afresh: one OpenMP thread each, or
     # num_jobs x cores threads contend for the cores (a crawl that looks like a hang on 16 cores)
-    threads = os.environ.get("OMP_NUM_THREADS")
+    threads, torch_threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
     os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # lhotse warns of such a deadlock while this process has several threads
     for split in ("train", "unlabeled", "dev", *TEST_SETS):
         cuts, _ = prepare_cuts(load_cuts(corpus, split), data, split=split, require_text=split != "unlabeled",
                                num_jobs=args.workers)  # fmt: skip
@@ -178,6 +178,7 @@ def prepare_data(args: argparse.Namespace) -> dict:
         os.environ.pop("OMP_NUM_THREADS")
     else:
         os.environ["OMP_NUM_THREADS"] = threads
+    torch.set_num_threads(torch_threads)
     return {
         "corpus_minutes": round((built - start) / 60, 2),
         "features_minutes": round((time.perf_counter() - built) / 60, 2),

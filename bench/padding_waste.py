@@ -17,7 +17,6 @@ Sequence packing or finer buckets pay only where the waste is large; the table s
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -27,16 +26,15 @@ from common import result_path, run_header, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import usmkit.entrypoint  # noqa: E402, F401  (first: the OpenMP wait policy)
+
+# isort: split
+from lhotse.utils import compute_num_frames  # noqa: E402
+
 from usmkit.data.config import DataConfig  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.data.sampling import make_sampler  # noqa: E402
 
 HOP_S = 0.01  # feature frame shift (data.features.frame_shift_ms=10)
-
-
-def frames(duration: float) -> int:
-    """Feature frames of a cut (lhotse's count: rounded duration / hop)."""
-    return int(math.floor(duration / HOP_S + 0.5))
 
 
 def waste(cuts, cfg: DataConfig) -> dict:
@@ -45,7 +43,7 @@ def waste(cuts, cfg: DataConfig) -> dict:
     valid = padded = batches = utts = 0
     shapes = set()
     for batch in make_sampler(cuts, cfg, train=True, seed=0):
-        lengths = [frames(c.duration) for c in batch]
+        lengths = [compute_num_frames(c.duration, HOP_S, c.sampling_rate) for c in batch]
         T = max(lengths)
         if cfg.pad_to_frames:
             T = -(-T // cfg.pad_to_frames) * cfg.pad_to_frames

@@ -51,8 +51,9 @@ CATEGORIES = [  # first match wins
 ]
 
 
-def category(name: str) -> str:
-    for cat, pattern in CATEGORIES:
+def category(name: str, categories: list[tuple[str, str]] = CATEGORIES) -> str:
+    """The first of ``categories`` (name, regex) whose pattern the kernel ``name`` matches, else "other"."""
+    for cat, pattern in categories:
         if re.search(pattern, name, re.IGNORECASE):
             return cat
     return "other"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import os
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from lhotse import CutSet
 from lhotse.serialization import deserialize_item, load_jsonl, save_to_jsonl
 
+from usmkit.atomic_files import replaced_atomically
 from usmkit.data.validate import BadInputError, check_sources
 
 KINDS: tuple[str, ...] = ("recordings", "supervisions", "cuts")
@@ -105,18 +105,12 @@ def write_manifest(manifest: Iterable[Any], path: str | os.PathLike[str]) -> Pat
 
 
 def write_jsonl(records: Iterable[dict], path: str | os.PathLike[str]) -> Path:
-    """Write JSON lines (gzipped for a ``.gz`` path) to a temporary name and rename it, so ``path`` is
-    never half-written. The temporary name is this writer's own: two processes writing one file at once
-    (parallel runs filling one feature cache) each rename a whole file, never each other's half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
-    try:
+    """Write JSON lines (gzipped for a ``.gz`` path), never half-written (``replaced_atomically``: two
+    processes writing one file at once, e.g. parallel runs filling one feature cache, each rename a
+    whole file, never each other's half)."""
+    with replaced_atomically(path) as tmp:
         save_to_jsonl(records, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return Path(path)
 
 
 def read_dicts(path: Path) -> Iterator[dict]:
