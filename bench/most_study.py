@@ -19,7 +19,10 @@ Steps, each with its budget on the command line:
    and the share of those held-out words each model gets right ("held-out words %").
 
 ``--most-variants NAME=OVERRIDES ...`` runs several stage-2 variants as (b), side by side (e.g.
-``det=task.most.text_detach_encoder=true``). The same command run again continues the study: every
+``det=task.most.text_detach_encoder=true``); ``--joint NAME ...`` fine-tunes those variants jointly instead of
+with CTC alone (stage 3 = the stage-2 objective without BEST-RQ: paired CTC plus the text-only loss, so
+what text taught is still trained while the paired data is). ``--results NAME`` writes
+``most_study_NAME.json`` (a second study beside the first). The same command run again continues the study: every
 finished step left ``<log>.done`` and is skipped, and the training runs resume from their checkpoints
 (``resume=true``), so a study longer than one GPU call runs as two calls on one machine.
 
@@ -52,7 +55,6 @@ from pathlib import Path
 
 from common import REPO, last_step, result_path, run_header, write_result
 
-RESULTS = result_path("most_study")
 TEST_SETS = ("test", "test_textonly")
 
 
@@ -108,8 +110,22 @@ def parse_args() -> argparse.Namespace:
         "stage 2 (after --stage2-extra); 'most' keeps the names stage2 / most_ctc, another NAME gives "
         "stage2_NAME / NAME_ctc",
     )
+    ap.add_argument(
+        "--joint",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="variants whose stage 3 is joint fine-tuning instead of CTC alone: recipe=stage2 from their stage 2 "
+        "with task.most.bestrq_weight=0 (paired CTC, duration, consistency and the text-only loss, from step 0); "
+        "their runs are named NAME_joint",
+    )
+    ap.add_argument("--results", default="", help="results name suffix: bench/results/most_study_<NAME>.json")
     ap.add_argument("--sequential", action="store_true", help="run (a), (b), (c) one after another")
-    return ap.parse_args()
+    args = ap.parse_args()
+    unknown = set(args.joint) - {v.partition("=")[0] for v in args.most_variants}
+    if unknown:
+        ap.error(f"--joint {' '.join(sorted(unknown))}: not among --most-variants")
+    return args
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -275,6 +291,7 @@ def plot(results: dict, exps: dict[str, Path], png: Path) -> Path:
 
 def main() -> None:
     args = parse_args()
+    RESULTS = result_path("most_study", args.results or None)
     exp = REPO / args.exp
     logs = exp / "logs"
     results: dict = run_header(settings=vars(args), phases={}, stage1={}, stage2={}, runs={})
@@ -327,16 +344,24 @@ def main() -> None:
     stage2_dirs: dict[str, Path] = {}  # job name -> its stage-2 run
     for variant in args.most_variants:
         vname, _, overrides = variant.partition("=")
-        stage2, name = (exp / "stage2", "most_ctc") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_ctc")
+        joint = vname in args.joint
+        suffix = "joint" if joint else "ctc"
+        stage2, name = (exp / "stage2", f"most_{suffix}") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_{suffix}")
         stage2_dirs[name] = stage2
+        most = [f"task.most.text_layer={args.text_layer}", *args.stage2_extra, *overrides.split()]
+        # joint fine-tuning: the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over
+        finetune = (train_cmd("recipe=stage2", *common, *most, "task.most.bestrq_weight=0", "task.most.text_warmup_steps=0",
+                              "task.most.align_warmup_steps=0", *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
+                              f"trainer.exp_dir={exp / name}")
+                    if joint else
+                    train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
+                              f"trainer.exp_dir={exp / name}"))  # fmt: skip
         jobs[name] = [
             (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), s2_min, f"init_from={stage1}",
-                       f"task.most.text_layer={args.text_layer}", f"task.most.text_warmup_steps={args.text_warmup}",
-                       f"task.most.align_warmup_steps={args.align_warmup}", *args.stage2_extra, *overrides.split(),
-                       f"trainer.exp_dir={stage2}"), logs / f"{stage2.name}.log"),
+                       f"task.most.text_warmup_steps={args.text_warmup}", f"task.most.align_warmup_steps={args.align_warmup}",
+                       *most, f"trainer.exp_dir={stage2}"), logs / f"{stage2.name}.log"),
             (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / f"{stage2.name}_eval.log"),
-            (train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
-                       f"trainer.exp_dir={exp / name}"), logs / f"{name}.log"),
+            (finetune, logs / f"{name}.log"),
         ]  # fmt: skip
     if not args.no_control:
         long = args.stage2_steps + args.stage3_steps
@@ -388,12 +413,12 @@ def main() -> None:
         "ctc": f"stage 1 {args.stage1_steps} + stage 3 {args.stage3_steps} steps",
         **{
             name: f"stage 1 {args.stage1_steps} + stage 2 {args.stage2_steps} (unlabeled + paired + text) "
-            f"+ stage 3 {args.stage3_steps} steps"
+            f"+ stage 3 {args.stage3_steps} steps" + (" (paired + text)" if name.endswith("_joint") else "")
             for name in stage2_dirs
         },
         "ctc_long": f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps",
     }
-    png = plot(results, {n: exp / n for n in jobs}, RESULTS.with_name("most_study_curves.png"))
+    png = plot(results, {n: exp / n for n in jobs}, RESULTS.with_name(f"{RESULTS.stem}_curves.png"))
     results["figure"] = png.name
     save()
 

@@ -9,13 +9,14 @@ data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the
 bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64]``:
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
 - ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``;
 - ``_p64``: ``data.pad_to_frames=64 data.num_buckets=30`` instead of ``data.pad_to_frames=256``: 13%
-  of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``bench/padding_waste.py``).
+  of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``bench/padding_waste.py``);
+- ``_dSECONDS``: ``data.max_duration=SECONDS`` (audio per batch) instead of the size's default (``SIZES``).
 
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
 ``--compare-padding`` ``large`` and ``large_p64``.
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import statistics
@@ -78,11 +80,13 @@ PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 def parse_variant(name: str) -> tuple[str, int, bool, bool]:
     """``SIZE[_s8][_ac][_fsdp][_p64]`` -> (size, subsampling factor, activation checkpointing, fsdp)
-    (``_p64`` is read by ``command``)."""
+    (``_p64`` and ``_dSECONDS`` are read by ``command``)."""
     size, *flags = name.split("_")
-    unknown = set(flags) - {"s8", "ac", "fsdp", "p64"}
+    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64"}
     if size not in SIZES or unknown:
-        raise SystemExit(f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64] with SIZE in {sorted(SIZES)}")
+        raise SystemExit(
+            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] with SIZE in {sorted(SIZES)}"
+        )
     return size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags
 
 
@@ -171,10 +175,13 @@ def _env(**extra: str) -> dict[str, str]:
 def command(name: str, args, exp: Path) -> list[str]:
     size, factor, ac, fsdp = parse_variant(name)
     _, max_duration, log_every = SIZES[size]
+    max_duration = next((int(f[1:]) for f in name.split("_")[1:] if re.fullmatch(r"d\d+", f)), None) or (
+        args.max_duration or max_duration
+    )
     overrides = [
         "recipe=stage3_ctc", f"model={size}", f"data.manifest_dir={args.manifest_dir}",
-        f"data.max_duration={args.max_duration or max_duration}", f"data.num_workers={args.num_workers}",
-        *PADDING["p64" if name.endswith("_p64") else "p256"], "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
+        f"data.max_duration={max_duration}", f"data.num_workers={args.num_workers}",
+        *PADDING["p64" if "p64" in name.split("_") else "p256"], "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
         "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false", f"trainer.exp_dir={exp}",
     ]  # fmt: skip
     if args.dry_run:  # compiling on a CPU takes minutes (bench/compile_scope.py); fp32 as CPU runs train
@@ -259,7 +266,7 @@ def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--variants", default=None, help=f"comma-separated SIZE[_s8][_ac][_fsdp] (default {DEFAULT_VARIANTS})"
+        "--variants", default=None, help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] (default {DEFAULT_VARIANTS})"
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
     ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")
