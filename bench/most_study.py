@@ -346,7 +346,9 @@ def main() -> None:
         vname, _, overrides = variant.partition("=")
         joint = vname in args.joint
         suffix = "joint" if joint else "ctc"
-        stage2, name = (exp / "stage2", f"most_{suffix}") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_{suffix}")
+        stage2, name = (
+            (exp / "stage2", f"most_{suffix}") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_{suffix}")
+        )
         stage2_dirs[name] = stage2
         most = [f"task.most.text_layer={args.text_layer}", *args.stage2_extra, *overrides.split()]
         # joint fine-tuning: the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over

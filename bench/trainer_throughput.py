@@ -266,7 +266,9 @@ def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--variants", default=None, help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] (default {DEFAULT_VARIANTS})"
+        "--variants",
+        default=None,
+        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] (default {DEFAULT_VARIANTS})",
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
     ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")
