@@ -104,7 +104,7 @@ def test_two_processes_match_one_process(reference, two_processes):
     "scope", [None, pytest.param("blocks", marks=pytest.mark.slow), pytest.param("whole", marks=pytest.mark.slow)]
 )  # compiled: 15-40 s each on 2 cores
 def test_activation_checkpointing_and_compiled_blocks_under_fsdp(reference, tmp_path, scope):
-    """activation checkpointing, then compiled (each block, or the whole step), then sharded: the
+    """compiled blocks then checkpointed (or checkpointed blocks in a compiled step), then sharded: the
     order the trainer applies."""
     ref_losses, ref_exp = reference
     options = dict(compile=True, compile_scope=scope, aot_eager=True) if scope else {}

@@ -11,8 +11,10 @@ dropout draws the same masks and the gradients equal the plain step's.
 
 Like ``usmkit.compile_blocks`` it replaces each unit's ``forward`` in place (the task names the
 units: ``TrainSpec.checkpoint_units``), so parameter names, state dicts and checkpoints are unchanged.
-Apply it before ``compile_blocks``: the compiled forward then traces the checkpoint and inductor
-plans the recomputation.
+Apply it after ``compile_blocks``: the checkpoint then wraps the compiled forward, which runs once in
+the forward pass and again in the backward. (Compiling a forward that holds the checkpoint fails in
+inductor's partitioner when the block has dropout.) A whole-model ``torch.compile`` applied afterwards
+traces the checkpointed blocks.
 """
 
 from __future__ import annotations

@@ -265,11 +265,11 @@ class Trainer:
         check_options(cfg, optim_cfg, self.device, self.distributed)
         self.sharded = cfg.strategy == "fsdp"
         groups = param_groups(self.module, spec.param_groups)
-        # The order torchtitan applies them in: activation checkpointing, compile per block, then shard
-        # (FSDP's gather and free run in hooks around each compiled block).
-        if cfg.activation_checkpointing:
-            n = checkpoint_blocks(spec.checkpoint_units)
-            log.info("recomputing the activations of %d blocks in the backward (trainer.activation_checkpointing)", n)
+        # Compile per block, checkpoint each block's (compiled) forward, then shard (FSDP's gather and free
+        # run in hooks around each block). Checkpointing goes around the compiled forward, which runs again
+        # in the backward: compiling a forward that holds the checkpoint instead fails in inductor's
+        # partitioner for blocks with dropout (tests/test_activation_checkpoint.py). The whole-step compile
+        # (below) traces the checkpointed blocks.
         compile_mode = "reduce-overhead" if cfg.compile_mode == "reduce-overhead" else None
         self.cuda_graphs = compile_mode == "reduce-overhead"  # each step then marks a new graph replay
         if cfg.compile and cfg.compile_scope == "blocks":
@@ -278,6 +278,9 @@ class Trainer:
             # dynamic (those the sampler varies) are left dynamic (see _forward_backward).
             n = compile_blocks(spec.compile_units, compile_mode)
             log.info("compiling %d blocks of the model one by one (trainer.compile_scope=blocks)", n)
+        if cfg.activation_checkpointing:
+            n = checkpoint_blocks(spec.checkpoint_units)
+            log.info("recomputing the activations of %d blocks in the backward (trainer.activation_checkpointing)", n)
         self.step_module: torch.nn.Module = self.module
         if self.sharded:
             names = {id(p): name for name, p in self.module.named_parameters()}
