@@ -131,16 +131,3 @@ def test_blocks_replayed_as_cuda_graphs_match_plain_compiled_blocks():
         for a, b in zip(grads_g, grads_p, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
-
-
-def test_the_trainer_keeps_a_graph_for_each_of_many_padded_lengths(tmp_path, aot_eager, monkeypatch):
-    """More padded lengths than dynamo's default limit of 8 graphs per function: each still compiles
-    instead of the blocks running eagerly from the ninth length on."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    model = _model()
-    cfg = TrainerConfig(exp_dir=str(tmp_path), compile=True, compile_scope="blocks", progress=False)
-    Trainer(cfg, OptimConfig(), model, _Loader(), "x: 1\n", spec=train_spec(model, OptimConfig()))
-    lengths = range(16, 16 * 13, 16)  # 12 padded lengths
-    for T in lengths:
-        model(_batch(2, T=T, seed=T)).loss.backward()
-    assert counters["stats"]["unique_graphs"] == 2 * len(lengths), dict(counters["stats"])  # blocks, front end

@@ -53,11 +53,6 @@ from usmkit.sharded_checkpoint import checkpoint_strategy, load_sharded_checkpoi
 
 log = logging.getLogger(__name__)
 
-# Graphs torch.compile may keep per compiled function: one per padded length (data.pad_to_frames and the
-# longest utterance set how many; 64-frame padding of 30 s utterances gives 47). Dynamo's default of 8
-# would run the blocks of every further length eagerly.
-MAX_COMPILED_LENGTHS = 64
-
 
 class TrainingDiverged(UsageError):
     """Too many consecutive steps with a non-finite loss or gradient."""
@@ -276,8 +271,6 @@ class Trainer:
         # partitioner for blocks with dropout (tests/test_activation_checkpoint.py). The whole-step compile
         # (below) traces the checkpointed blocks.
         compile_mode = "reduce-overhead" if cfg.compile_mode == "reduce-overhead" else None
-        if cfg.compile:  # one graph per padded length: past dynamo's limit a function runs eagerly, silently slow
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_COMPILED_LENGTHS)
         self.cuda_graphs = compile_mode == "reduce-overhead"  # each step then marks a new graph replay
         if cfg.compile and cfg.compile_scope == "blocks":
             # Static shapes step faster than fully dynamic ones (bench/train_throughput.py); the time
