@@ -244,7 +244,7 @@ def curve(exp: Path, prefix: str, keys: tuple[str, ...]) -> list[dict]:
     ]
 
 
-STAGE2_KEYS = ("train/loss_consistency", "train/dur_abs_log_err", "train/loss_duration", "train/loss_text",
+STAGE2_KEYS = ("train/loss_consistency", "train/consistency_rel", "train/dur_abs_log_err", "train/loss_duration", "train/loss_text",
                "train/loss_ctc", "train/loss_bestrq", "train/align_ok_frac", "train/dur_mean_frames")  # fmt: skip
 
 

@@ -160,6 +160,36 @@ def test_consistency_loss_is_zero_when_the_text_encoder_gives_the_speech_encoder
     assert model(batch).metrics["loss_consistency"].item() > 0
 
 
+def test_relative_consistency_is_0_for_the_speech_frames_and_1_for_their_mean(monkeypatch):
+    """``consistency_rel``: the consistency MSE over the variance of the speech encoder's valid frames."""
+    model = _model().eval()
+    seen = {}
+    run_blocks = model.encoder.run_blocks
+
+    def spy(x, lengths, start, stop, *args, **kwargs):
+        out = run_blocks(x, lengths, start, stop, *args, **kwargs)
+        if (start, stop) == (0, model.text_layer):
+            seen["h_k"], seen["lengths"] = out[0].detach(), lengths
+        return out
+
+    def speech_frames(states, durations, num_frames=None):
+        return seen["h_k"].clone(), seen["lengths"]
+
+    def mean_frames(states, durations, num_frames=None):
+        h, lengths = seen["h_k"], seen["lengths"]
+        valid = torch.arange(h.shape[1]) < lengths[:, None]  # (B, T')
+        return h[valid].mean(0).expand_as(h).clone(), lengths
+
+    monkeypatch.setattr(model.encoder, "run_blocks", spy)
+    batch = _most_batch().paired
+    monkeypatch.setattr(model.text_encoder, "frames", speech_frames)
+    metrics = model(batch).metrics
+    assert metrics["align_ok_frac"].item() == 1.0  # every frame of the batch counts
+    assert metrics["consistency_rel"].item() == 0.0
+    monkeypatch.setattr(model.text_encoder, "frames", mean_frames)
+    assert model(batch).metrics["consistency_rel"].item() == pytest.approx(1.0, rel=1e-5)
+
+
 @pytest.mark.parametrize("off", LOSSES)
 def test_a_loss_switched_off_is_not_computed_and_leaves_the_others_unchanged(off):
     """Weight 0: the term is absent, the total is the others' weighted sum, and every other term is bit-identical

@@ -209,7 +209,13 @@ class MostModel(nn.Module):
             target = h_k.detach() if cfg.consistency_detach_speech else h_k
             frame_valid = (valid_mask(lengths, h_k.shape[1]) & ok[:, None]).float()  # (B, T')
             sq = (text_frames.float() - target.float()).pow(2).mean(-1)  # (B, T')
-            terms["consistency"] = (sq * frame_valid).sum() / frame_valid.sum().clamp(min=1)
+            n = frame_valid.sum().clamp(min=1)
+            terms["consistency"] = (sq * frame_valid).sum() / n
+            with torch.no_grad():  # the MSE relative to the speech states' variance: 1 = no better than their mean
+                t = target.detach().float()
+                mean = (t * frame_valid[:, :, None]).sum((0, 1)) / n  # (D,)
+                var = ((t - mean).pow(2).mean(-1) * frame_valid).sum() / n
+                metrics["consistency_rel"] = terms["consistency"].detach() / var.clamp(min=1e-12)
 
     def _text_loss(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """CTC reconstruction of masked text-only sentences through blocks k..; (loss, masked fraction)."""
