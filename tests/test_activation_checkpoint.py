@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from toy_batches import FixedLoader, ctc_batch
 
 from usmkit.activation_checkpoint import _CheckpointedForward, checkpoint_blocks
 from usmkit.compile_blocks import _TrainingForward, compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
-from usmkit.data.batch import Batch
 from usmkit.models.asr import AsrHeadConfig, AsrModel
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
@@ -25,17 +25,7 @@ def _model(dropout: float = 0.1) -> AsrModel:
     return AsrModel(enc, vocab_size=40, cfg=AsrHeadConfig())
 
 
-def _batch(B: int, T: int = 64, U: int = 5, seed: int = 0) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(T // 2, T + 1, (B,), generator=g)
-    lens[0] = T
-    return Batch(
-        features=torch.randn(B, T, 80, generator=g), feature_lens=lens,
-        tokens=torch.randint(4, 40, (B, U), generator=g), token_lens=torch.full((B,), U),
-    )  # fmt: skip
-
-
-def _loss_and_grads(model: AsrModel, batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _loss_and_grads(model: AsrModel, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
     model.train()
     model.zero_grad()
     torch.manual_seed(1)  # the dropout masks
@@ -47,35 +37,18 @@ def _loss_and_grads(model: AsrModel, batch: Batch) -> tuple[torch.Tensor, list[t
 def test_checkpointed_blocks_with_dropout_give_the_plain_gradients():
     plain, checkpointed = _model(), _model()
     assert checkpoint_blocks(compile_units(checkpointed)) == 3  # 2 blocks + the front end
-    batch = _batch(3)
+    batch = ctc_batch(3)
     (loss_p, grads_p), (loss_c, grads_c) = _loss_and_grads(plain, batch), _loss_and_grads(checkpointed, batch)
     torch.testing.assert_close(loss_c, loss_p, rtol=0, atol=0)
     for a, b in zip(grads_c, grads_p, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
-class _Loader:
-    def __init__(self):
-        self.batches = [_batch(B, seed=B) for B in (2, 3, 2)]
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def set_epoch(self, e):
-        pass
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, sd):
-        pass
-
-
 def _trainer(tmp_path, name: str, model: AsrModel, **options) -> Trainer:
     cfg = TrainerConfig(exp_dir=str(tmp_path / name), max_steps=3, log_every=1, eval_every=0, save_every=100,
                         progress=False, **options)  # fmt: skip
     optim = OptimConfig(lr=1e-3, warmup_steps=2)
-    return Trainer(cfg, optim, model, _Loader(), "x: 1\n", spec=train_spec(model, optim))
+    return Trainer(cfg, optim, model, FixedLoader((2, 3, 2)), "x: 1\n", spec=train_spec(model, optim))
 
 
 def test_the_trainer_checkpoints_around_the_compiled_blocks(tmp_path):
@@ -109,7 +82,7 @@ def test_checkpoint_over_a_compiled_forward_recomputes_the_same_dropout_masks(mo
     compile_blocks(compile_units(compiled))
     compile_blocks(compile_units(checkpointed))
     checkpoint_blocks(compile_units(checkpointed))
-    batch = _batch(3)
+    batch = ctc_batch(3)
     (loss_p, grads_p), (loss_c, grads_c) = _loss_and_grads(compiled, batch), _loss_and_grads(checkpointed, batch)
     torch.testing.assert_close(loss_c, loss_p, rtol=0, atol=0)
     for a, b in zip(grads_c, grads_p, strict=True):

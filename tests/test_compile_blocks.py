@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 from torch._dynamo.utils import counters
+from toy_batches import FixedLoader, ctc_batch
 
 from usmkit.compile_blocks import compile_blocks
 from usmkit.config import OptimConfig, TrainerConfig
-from usmkit.data.batch import Batch
 from usmkit.models.asr import AsrHeadConfig, AsrModel
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
@@ -33,22 +33,12 @@ def _model() -> AsrModel:
     return AsrModel(enc, vocab_size=40, cfg=AsrHeadConfig())
 
 
-def _batch(B: int, T: int = 64, U: int = 5, seed: int = 0) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(T // 2, T + 1, (B,), generator=g)
-    lens[0] = T
-    return Batch(
-        features=torch.randn(B, T, 80, generator=g), feature_lens=lens,
-        tokens=torch.randint(4, 40, (B, U), generator=g), token_lens=torch.full((B,), U),
-    )  # fmt: skip
-
-
 def test_compiled_blocks_match_eager_over_batch_sizes_with_one_graph_each(aot_eager):
     model = _model()
     eager = copy.deepcopy(model)
     assert compile_blocks(compile_units(model)) == 4  # 3 blocks + the subsampling front end
     for B, seed in ((3, 0), (5, 1), (2, 2)):  # batch sizes vary, the padded length does not
-        batch = _batch(B, seed=seed)
+        batch = ctc_batch(B, seed=seed)
         out, ref = model(batch), eager(batch)
         out.loss.backward()
         ref.loss.backward()
@@ -65,7 +55,7 @@ def test_evaluation_runs_the_eager_forward(aot_eager):
     compile_blocks(compile_units(model))
     model.eval()
     with torch.no_grad():
-        model(_batch(3))
+        model(ctc_batch(3))
     assert counters["stats"]["unique_graphs"] == 0, dict(counters["stats"])
 
 
@@ -74,24 +64,7 @@ def test_a_model_without_blocks_is_refused(tmp_path):
     assert compile_units(model) == ()
     cfg = TrainerConfig(exp_dir=str(tmp_path), compile=True, compile_scope="blocks", progress=False)
     with pytest.raises(ValueError, match="no blocks to compile.*compile_scope=whole"):
-        Trainer(cfg, OptimConfig(), model, _Loader(), "x: 1\n", spec=train_spec(model, OptimConfig()))
-
-
-class _Loader:
-    def __init__(self):
-        self.batches = [_batch(B, seed=B) for B in (2, 3, 4, 2)]
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def set_epoch(self, e):
-        pass
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, sd):
-        pass
+        Trainer(cfg, OptimConfig(), model, FixedLoader((2, 3, 4, 2)), "x: 1\n", spec=train_spec(model, OptimConfig()))
 
 
 def test_trainer_with_compile_scope_blocks_trains_like_eager(tmp_path, aot_eager):
@@ -102,7 +75,7 @@ def test_trainer_with_compile_scope_blocks_trains_like_eager(tmp_path, aot_eager
             compile=scope != "eager", compile_scope="blocks",
         )  # fmt: skip
         model, optim = _model(), OptimConfig(lr=1e-3, warmup_steps=2)
-        trainer = Trainer(cfg, optim, model, _Loader(), "x: 1\n", spec=train_spec(model, optim))
+        trainer = Trainer(cfg, optim, model, FixedLoader((2, 3, 4, 2)), "x: 1\n", spec=train_spec(model, optim))
         losses[scope] = [loss for _, loss in trainer.fit().losses]
     assert len(losses["blocks"]) == 4
     torch.testing.assert_close(losses["blocks"], losses["eager"], rtol=1e-4, atol=1e-5)
@@ -118,7 +91,7 @@ def test_blocks_replayed_as_cuda_graphs_match_plain_compiled_blocks():
     compile_blocks(compile_units(plain))
     compile_blocks(compile_units(graphed), mode="reduce-overhead")
     for B, seed in ((3, 0), (3, 1), (5, 2), (5, 3)):
-        batch = _batch(B, seed=seed).to(torch.device("cuda"))
+        batch = ctc_batch(B, seed=seed).to(torch.device("cuda"))
         results = []
         for model in (plain, graphed):
             model.zero_grad()

@@ -129,10 +129,8 @@ def test_predicted_durations_are_whole_clipped_frames_and_the_error_metrics():
 # ---- the losses
 
 
-def test_consistency_loss_is_zero_when_the_text_encoder_gives_the_speech_encoders_frames(monkeypatch):
-    """Replace the text encoder's frames by the speech encoder's block-k input (garbage in padded frames):
-    the consistency loss is exactly 0; any change at a valid frame makes it positive."""
-    model = _model().eval()
+def _record_block_k_input(model, monkeypatch) -> dict:
+    """Make ``model`` record the speech encoder's block-k input (``h_k``) and lengths of each forward."""
     seen = {}
     run_blocks = model.encoder.run_blocks
 
@@ -142,12 +140,21 @@ def test_consistency_loss_is_zero_when_the_text_encoder_gives_the_speech_encoder
             seen["h_k"], seen["lengths"] = out[0].detach(), lengths
         return out
 
+    monkeypatch.setattr(model.encoder, "run_blocks", spy)
+    return seen
+
+
+def test_consistency_loss_is_zero_when_the_text_encoder_gives_the_speech_encoders_frames(monkeypatch):
+    """Replace the text encoder's frames by the speech encoder's block-k input (garbage in padded frames):
+    the consistency loss is exactly 0; any change at a valid frame makes it positive."""
+    model = _model().eval()
+    seen = _record_block_k_input(model, monkeypatch)
+
     def agreeing_frames(states, durations, num_frames=None):
         h = seen["h_k"].clone()
         pad = torch.arange(h.shape[1]) >= seen["lengths"][:, None]
         return h + 5.0 * pad[:, :, None], seen["lengths"]
 
-    monkeypatch.setattr(model.encoder, "run_blocks", spy)
     monkeypatch.setattr(model.text_encoder, "frames", agreeing_frames)
     batch = _most_batch().paired
     assert model(batch).metrics["loss_consistency"].item() == 0.0
@@ -163,14 +170,7 @@ def test_consistency_loss_is_zero_when_the_text_encoder_gives_the_speech_encoder
 def test_relative_consistency_is_0_for_the_speech_frames_and_1_for_their_mean(monkeypatch):
     """``consistency_rel``: the consistency MSE over the variance of the speech encoder's valid frames."""
     model = _model().eval()
-    seen = {}
-    run_blocks = model.encoder.run_blocks
-
-    def spy(x, lengths, start, stop, *args, **kwargs):
-        out = run_blocks(x, lengths, start, stop, *args, **kwargs)
-        if (start, stop) == (0, model.text_layer):
-            seen["h_k"], seen["lengths"] = out[0].detach(), lengths
-        return out
+    seen = _record_block_k_input(model, monkeypatch)
 
     def speech_frames(states, durations, num_frames=None):
         return seen["h_k"].clone(), seen["lengths"]
@@ -180,7 +180,6 @@ def test_relative_consistency_is_0_for_the_speech_frames_and_1_for_their_mean(mo
         valid = torch.arange(h.shape[1]) < lengths[:, None]  # (B, T')
         return h[valid].mean(0).expand_as(h).clone(), lengths
 
-    monkeypatch.setattr(model.encoder, "run_blocks", spy)
     batch = _most_batch().paired
     monkeypatch.setattr(model.text_encoder, "frames", speech_frames)
     metrics = model(batch).metrics
