@@ -210,6 +210,43 @@ def test_torchrun_two_processes(corpus, tmp_path):
     assert len(_losses(exp)) == 2  # only rank 0 logs
 
 
+def test_ddp_is_released_before_the_process_group_is_destroyed(corpus, tmp_path, monkeypatch):
+    """At the end of a DDP run nothing holds DDP's reducer when the process group is destroyed: were the
+    reducer the group's last owner, the group's destructor would run holding the GIL and could hang the
+    exit (gloo's threads take the GIL to release a finished collective's tensors)."""
+    import gc
+
+    import torch.distributed as dist
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from torch.nn.parallel import DistributedDataParallel
+
+    from usmkit.config import TrainConfig, from_dict
+    from usmkit.train import run
+
+    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
+        dcfg = compose("train", overrides=_train_args(corpus, tmp_path / "exp", "trainer.max_steps=2",
+                                                      "trainer.eval_every=0", "trainer.device=cpu"))  # fmt: skip
+    container = OmegaConf.to_container(dcfg, resolve=True)
+    alive_at_destroy = []
+    destroy = dist.destroy_process_group
+
+    def checked_destroy(*args, **kwargs):
+        gc.collect()
+        alive_at_destroy.append(sum(type(o) is DistributedDataParallel for o in gc.get_objects()))
+        destroy(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "destroy_process_group", checked_destroy)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        summary = run(from_dict(TrainConfig, container), OmegaConf.to_yaml(container))
+    finally:
+        if dist.is_initialized():
+            destroy()
+    assert summary["step"] == 2
+    assert alive_at_destroy == [0]
+
+
 def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
     from usmkit.config import TrainConfig, from_dict
     from usmkit.errors import UsageError

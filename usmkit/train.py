@@ -12,6 +12,7 @@ import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy befo
 
 # isort: split
 import functools
+import gc
 import logging
 import math
 import os
@@ -245,6 +246,12 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     if rank == 0:
         log.info("done: %s", summary)
     if dist.is_initialized():
+        # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
+        # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
+        # releasing a finished collective's tensor waits for that GIL (a hang at exit). The group itself
+        # is destroyed with the GIL released.
+        del trainer
+        gc.collect()
         dist.destroy_process_group()
     return summary
 
