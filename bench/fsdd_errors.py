@@ -21,8 +21,7 @@ from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
-from usmkit.data.manifests import load_cuts  # noqa: E402
+from usmkit.data.loader import split_loader  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.inference import transcribe_batches  # noqa: E402
 from usmkit.runs import load_trained  # noqa: E402
@@ -37,11 +36,8 @@ def main() -> None:
     module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cpu")
     data = cfg.data
     stats = checkpoint_feature_stats(ckpt, data)
-    cuts, _ = prepare_cuts(
-        load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True
-    )
     decoder = build_word_decoder(EvalConfig(checkpoint=args.checkpoint, decode="ctc_lexicon"), cfg, tokenizer)
-    loader = make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False)
+    loader, _ = split_loader(data, args.set, tokenizer=tokenizer, stats=stats)
     records, _ = transcribe_batches(module, loader, tokenizer, word_decoder=decoder)
     wrong = [r for r in records if r["ref"] != r["hyp"]]
     pairs = collections.Counter((r["ref"], r["hyp"]) for r in wrong).most_common()

@@ -22,8 +22,7 @@ from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from usmkit.data.loader import make_loader, prepare_cuts  # noqa: E402
-from usmkit.data.manifests import load_cuts  # noqa: E402
+from usmkit.data.loader import split_loader  # noqa: E402
 from usmkit.decoding.ctc_lexicon import LexiconConfig  # noqa: E402
 from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
@@ -45,12 +44,10 @@ def main() -> None:
     module, cfg, tokenizer, ckpt = load_trained(args.checkpoint, "cuda" if torch.cuda.is_available() else "cpu")
     data = replace(cfg.data, max_duration=200.0)
     stats = checkpoint_feature_stats(ckpt, data)
-    cuts, _ = prepare_cuts(
-        load_cuts(data.manifest_dir, args.set, corpus=data.corpus), data, split=args.set, require_text=True
-    )
+    loader, _ = split_loader(data, args.set, tokenizer=tokenizer, stats=stats)
     refs, emissions = [], []
     with torch.no_grad():
-        for batch in make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False):
+        for batch in loader:
             batch = batch.to(next(module.parameters()).device)
             enc, lens = module.encode(batch.features, batch.feature_lens)
             emissions.append((module.ctc(enc).float().cpu(), lens.cpu()))

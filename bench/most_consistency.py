@@ -27,8 +27,7 @@ KEYS = ("consistency_rel", "loss_consistency", "dur_abs_log_err", "align_ok_frac
 
 
 def measure(checkpoint: str, split: str, device: str) -> dict:
-    from usmkit.data.loader import make_loader, prepare_cuts
-    from usmkit.data.manifests import load_cuts
+    from usmkit.data.loader import split_loader
     from usmkit.runs import load_trained
     from usmkit.streaming.features import checkpoint_feature_stats
 
@@ -36,10 +35,7 @@ def measure(checkpoint: str, split: str, device: str) -> dict:
     if cfg.task.kind != "most":
         raise SystemExit(f"{checkpoint}: a {cfg.task.kind!r} run, not MOST (stage 2)")
     data = replace(cfg.data, num_workers=0)
-    cuts, _ = prepare_cuts(
-        load_cuts(data.manifest_dir, split, corpus=data.corpus), data, split=split, require_text=True
-    )
-    loader = make_loader(cuts, data, tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data), train=False)
+    loader, _ = split_loader(data, split, tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data))
     sums = dict.fromkeys(KEYS, 0.0)
     frames = 0
     with torch.no_grad():

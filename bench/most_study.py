@@ -212,8 +212,7 @@ def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
     from collections import Counter
     from dataclasses import replace
 
-    from usmkit.data.loader import make_loader, prepare_cuts
-    from usmkit.data.manifests import load_cuts
+    from usmkit.data.loader import split_loader
     from usmkit.inference import transcribe_batches
     from usmkit.runs import load_trained
     from usmkit.streaming.features import checkpoint_feature_stats
@@ -221,9 +220,8 @@ def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
 
     words = set(json.loads((corpus / "corpus.json").read_text())["heldout_words"])
     module, cfg, tokenizer, path = load_trained(str(ckpt), resolve_device(device))
-    data = replace(cfg.data, num_workers=0)
-    cuts, _ = prepare_cuts(load_cuts(corpus, "test_textonly"), data, split="test_textonly", require_text=True)
-    loader = make_loader(cuts, data, tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data), train=False)
+    data = replace(cfg.data, num_workers=0, manifest_dir=str(corpus))
+    loader, _ = split_loader(data, "test_textonly", tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data))
     records, _ = transcribe_batches(module, loader, tokenizer)
     found = total = 0
     for r in records:

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from usmkit.config import from_dict
-from usmkit.data.loader import make_loader, prepare_cuts
+from usmkit.data.loader import split_loader
 from usmkit.data.manifests import available_splits, load_cuts, manifest_path
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.errors import UsageError, strip_debug_from_sys_argv, user_errors
@@ -113,15 +113,9 @@ def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
         "sets": {},
     }
     for name in cfg.test_sets:
-        cuts, report = prepare_cuts(
-            load_cuts(data.manifest_dir, name, corpus=data.corpus, allow_urls=data.allow_urls),
-            data,
-            split=name,
-            require_text=True,
-        )
+        loader, report = split_loader(data, name, tokenizer=tokenizer, stats=stats)
         if report.num_skipped:
             log.warning("%s: %s", name, report.summary())
-        loader = make_loader(cuts, data, tokenizer=tokenizer, stats=stats, train=False)
         records, seconds = transcribe_batches(
             module,
             loader,

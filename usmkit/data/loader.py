@@ -26,6 +26,7 @@ from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
 from usmkit.data.dataset import AsrDataset, TextEncoder
 from usmkit.data.features import feature_storage_dir, precompute_features
+from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
 from usmkit.data.sampling import labeled_subset, language_balanced, make_sampler
 from usmkit.data.validate import ValidationReport, validate_cuts
@@ -211,6 +212,20 @@ def make_loader(
         seed=seed + rank,
     )
     return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)
+
+
+def split_loader(
+    cfg: DataConfig, split: str, *, tokenizer: TextEncoder | None, stats: FeatureStats | None
+) -> tuple[AsrLoader, ValidationReport]:
+    """The evaluation loader over transcribed ``split`` of ``cfg``'s corpus (every cut once, no
+    augmentation), and the report of the cuts ``prepare_cuts`` left out."""
+    cuts, report = prepare_cuts(
+        load_cuts(cfg.manifest_dir, split, corpus=cfg.corpus, allow_urls=cfg.allow_urls),
+        cfg,
+        split=split,
+        require_text=True,
+    )
+    return make_loader(cuts, cfg, tokenizer=tokenizer, stats=stats, train=False), report
 
 
 def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:
