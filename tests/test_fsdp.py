@@ -16,6 +16,7 @@ import fsdp_helpers
 import pytest
 import torch
 import torch.multiprocessing as mp
+from composed_config import train_config
 from safetensors.torch import load_file
 
 from usmkit import checkpoint as ck
@@ -241,15 +242,7 @@ def test_torchrun_fsdp_resumes_on_another_number_of_processes(synth_corpus, tmp_
 
 
 def _config(*overrides: str):
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from usmkit.config import TrainConfig, from_dict
-
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        dcfg = compose("train", overrides=[*FAST, *overrides])
-    container = OmegaConf.to_container(dcfg, resolve=True)
-    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)
+    return train_config(*FAST, *overrides)
 
 
 @pytest.mark.parametrize(

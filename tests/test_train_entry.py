@@ -217,17 +217,14 @@ def test_ddp_is_released_before_the_process_group_is_destroyed(corpus, tmp_path,
     import gc
 
     import torch.distributed as dist
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from composed_config import train_config
     from torch.nn.parallel import DistributedDataParallel
 
-    from usmkit.config import TrainConfig, from_dict
     from usmkit.train import run
 
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        dcfg = compose("train", overrides=_train_args(corpus, tmp_path / "exp", "trainer.max_steps=2",
-                                                      "trainer.eval_every=0", "trainer.device=cpu"))  # fmt: skip
-    container = OmegaConf.to_container(dcfg, resolve=True)
+    cfg, yaml_text = train_config(
+        *_train_args(corpus, tmp_path / "exp", "trainer.max_steps=2", "trainer.eval_every=0", "trainer.device=cpu")
+    )
     alive_at_destroy = []
     destroy = dist.destroy_process_group
 
@@ -239,7 +236,7 @@ def test_ddp_is_released_before_the_process_group_is_destroyed(corpus, tmp_path,
     monkeypatch.setattr(dist, "destroy_process_group", checked_destroy)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        summary = run(from_dict(TrainConfig, container), OmegaConf.to_yaml(container))
+        summary = run(cfg, yaml_text)
     finally:
         if dist.is_initialized():
             destroy()

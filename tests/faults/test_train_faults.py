@@ -15,11 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from composed_config import train_config
 
 from usmkit import checkpoint as ck
-from usmkit.config import ConfigError, TrainConfig, from_dict
+from usmkit.config import ConfigError, TrainConfig
 from usmkit.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,10 +47,7 @@ def corpus(synth_corpus, tmp_path_factory) -> Path:
 
 
 def config(corpus: Path, exp: Path, *extra: str) -> tuple[TrainConfig, str]:
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        dcfg = compose("train", overrides=[*FAST, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", *extra])
-    container = OmegaConf.to_container(dcfg, resolve=True)
-    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)
+    return train_config(*FAST, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", *extra)
 
 
 def train(corpus: Path, exp: Path, *extra: str) -> dict:

@@ -16,10 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from composed_config import train_config
 
-from usmkit.config import TrainConfig, from_dict
 from usmkit.evaluate import EvalConfig, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,10 +40,7 @@ def _train(*overrides: str) -> dict:
     """``python -m usmkit.train <overrides>``, in this process."""
     from usmkit.train import run
 
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        dcfg = compose("train", overrides=list(overrides))
-    container = OmegaConf.to_container(dcfg, resolve=True)
-    return run(from_dict(TrainConfig, container), OmegaConf.to_yaml(container))
+    return run(*train_config(*overrides))
 
 
 def _rows(exp: Path) -> list[dict]:
