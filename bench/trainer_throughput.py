@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import result_path, run_header, write_result
@@ -78,16 +79,28 @@ HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=
 PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 
-def parse_variant(name: str) -> tuple[str, int, bool, bool]:
-    """``SIZE[_s8][_ac][_fsdp][_p64]`` -> (size, subsampling factor, activation checkpointing, fsdp)
-    (``_p64`` and ``_dSECONDS`` are read by ``command``)."""
+@dataclass(frozen=True)
+class Variant:
+    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS]``, parsed."""
+
+    size: str
+    factor: int  # subsampling
+    ac: bool  # activation checkpointing
+    fsdp: bool
+    padding: str  # a PADDING key
+    max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
+
+
+def parse_variant(name: str) -> Variant:
     size, *flags = name.split("_")
+    durations = [int(f[1:]) for f in flags if re.fullmatch(r"d\d+", f)]
     unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64"}
-    if size not in SIZES or unknown:
+    if size not in SIZES or unknown or len(durations) > 1:
         raise SystemExit(
             f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] with SIZE in {sorted(SIZES)}"
         )
-    return size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags
+    return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
+                   "p64" if "p64" in flags else "p256", durations[0] if durations else None)  # fmt: skip
 
 
 def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
@@ -173,26 +186,24 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def command(name: str, args, exp: Path) -> list[str]:
-    size, factor, ac, fsdp = parse_variant(name)
-    _, max_duration, log_every = SIZES[size]
-    max_duration = next((int(f[1:]) for f in name.split("_")[1:] if re.fullmatch(r"d\d+", f)), None) or (
-        args.max_duration or max_duration
-    )
+    v = parse_variant(name)
+    _, default_duration, log_every = SIZES[v.size]
+    max_duration = v.max_duration or args.max_duration or default_duration
     overrides = [
-        "recipe=stage3_ctc", f"model={size}", f"data.manifest_dir={args.manifest_dir}",
+        "recipe=stage3_ctc", f"model={v.size}", f"data.manifest_dir={args.manifest_dir}",
         f"data.max_duration={max_duration}", f"data.num_workers={args.num_workers}",
-        *PADDING["p64" if "p64" in name.split("_") else "p256"], "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
+        *PADDING[v.padding], "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
         "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false", f"trainer.exp_dir={exp}",
     ]  # fmt: skip
     if args.dry_run:  # compiling on a CPU takes minutes (bench/compile_scope.py); fp32 as CPU runs train
         overrides += ["trainer.device=cpu", "trainer.precision=fp32", "trainer.compile=false"]
     else:
         overrides += ["trainer.precision=bf16", "trainer.compile=true"]
-    if factor == 8:
+    if v.factor == 8:
         overrides += ["model.subsampling_factor=8", "model.chunk_size=100"]
-    if ac:
+    if v.ac:
         overrides.append("trainer.activation_checkpointing=true")
-    if fsdp:
+    if v.fsdp:
         overrides.append("trainer.strategy=fsdp")
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
     else:
@@ -201,8 +212,8 @@ def command(name: str, args, exp: Path) -> list[str]:
 
 
 def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None) -> dict:
-    size, factor, ac, fsdp = parse_variant(name)
-    budget = SIZES[size][0] * args.budget_scale
+    v = parse_variant(name)
+    budget = SIZES[v.size][0] * args.budget_scale
     exp = work / name
     metrics = exp / "metrics.jsonl"
     log_path = work / f"{name}.log"
@@ -255,7 +266,7 @@ def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler
         result["peak_mem_gib"] = round(max(mem), 1)
     if gpu is not None:
         result["gpu_busy"] = gpu.mean(rows[len(rows) // 2 - 1][1], steady[-1][1])  # from the window before
-    flops = flops_per_audio_second(size, factor)
+    flops = flops_per_audio_second(v.size, v.factor)
     result["gflop_per_audio_s"] = round(flops / 1e9, 1)
     if peak:
         result["mfu"] = round(flops * audio / peak, 3)
