@@ -265,11 +265,9 @@ class Trainer:
         check_options(cfg, optim_cfg, self.device, self.distributed)
         self.sharded = cfg.strategy == "fsdp"
         groups = param_groups(self.module, spec.param_groups)
-        # Compile per block, checkpoint each block's (compiled) forward, then shard (FSDP's gather and free
-        # run in hooks around each block). Checkpointing goes around the compiled forward, which runs again
-        # in the backward: compiling a forward that holds the checkpoint instead fails in inductor's
-        # partitioner for blocks with dropout (tests/test_activation_checkpoint.py). The whole-step compile
-        # (below) traces the checkpointed blocks.
+        # Compile per block, checkpoint around each compiled block (why that order: usmkit.activation_checkpoint),
+        # then shard (FSDP's gather and free run in hooks around each block). The whole-step compile (below)
+        # traces the checkpointed blocks.
         compile_mode = "reduce-overhead" if cfg.compile_mode == "reduce-overhead" else None
         self.cuda_graphs = compile_mode == "reduce-overhead"  # each step then marks a new graph replay
         if cfg.compile and cfg.compile_scope == "blocks":

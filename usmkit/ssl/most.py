@@ -212,10 +212,10 @@ class MostModel(nn.Module):
             n = frame_valid.sum().clamp(min=1)
             terms["consistency"] = (sq * frame_valid).sum() / n
             with torch.no_grad():  # the MSE relative to the speech states' variance: 1 = no better than their mean
-                t = target.detach().float()
+                t = target.float()
                 mean = (t * frame_valid[:, :, None]).sum((0, 1)) / n  # (D,)
                 var = ((t - mean).pow(2).mean(-1) * frame_valid).sum() / n
-                metrics["consistency_rel"] = terms["consistency"].detach() / var.clamp(min=1e-12)
+                metrics["consistency_rel"] = terms["consistency"] / var.clamp(min=1e-12)
 
     def _text_loss(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """CTC reconstruction of masked text-only sentences through blocks k..; (loss, masked fraction)."""
