@@ -242,8 +242,9 @@ def curve(exp: Path, prefix: str, keys: tuple[str, ...]) -> list[dict]:
     ]
 
 
-STAGE2_KEYS = ("train/loss_consistency", "train/consistency_rel", "train/dur_abs_log_err", "train/loss_duration", "train/loss_text",
-               "train/loss_ctc", "train/loss_bestrq", "train/align_ok_frac", "train/dur_mean_frames")  # fmt: skip
+STAGE2_KEYS = ("train/loss_consistency", "train/consistency_rel", "train/dur_abs_log_err", "train/loss_duration",
+               "train/loss_text", "train/loss_ctc", "train/loss_bestrq", "train/align_ok_frac",
+               "train/dur_mean_frames")  # fmt: skip
 
 
 def plot(results: dict, exps: dict[str, Path], png: Path) -> Path:
