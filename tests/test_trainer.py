@@ -87,6 +87,23 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     assert all(torch.isfinite(p).all() for p in _trainer(tmp_path / "x", 0).module.parameters())
 
 
+def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(tmp_path):
+    poisoned = lambda: ToyLoader(poison=(2,))  # noqa: E731
+    probe = _trainer(tmp_path / "probe", 6, loader=poisoned()).fit()
+    (bad,) = set(range(1, 7)) - {step for step, _ in probe.losses}  # the step that drew the poisoned batch
+    before = _trainer(tmp_path / "before", bad - 1, loader=poisoned())
+    before.fit()
+    through = _trainer(tmp_path / "through", bad, loader=poisoned())
+    out = through.fit()
+    assert out.bad_steps == 1 and out.step == bad
+    for p, q in zip(before.module.parameters(), through.module.parameters(), strict=True):
+        assert torch.equal(p, q)
+        if bad > 1:
+            a, b = before.optimizer.state[p], through.optimizer.state[q]
+            assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+            assert float(b["step"]) == bad - 1  # the skipped update is not counted by AdamW
+
+
 def test_training_stops_after_too_many_bad_steps(tmp_path):
     loader = ToyLoader(n=3, poison=(0, 1, 2))
     with pytest.raises(TrainingDiverged, match="3 consecutive steps"):

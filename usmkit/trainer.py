@@ -103,6 +103,32 @@ class TrainSpec:
 
 
 @dataclass
+class StepRecord:
+    """One optimizer step's loss and whether its update was applied, copied to the host without waiting:
+    the values are read once ``ready`` (a CUDA event after the copy) has passed, a step later."""
+
+    step: int
+    values: torch.Tensor  # (2,) float32 on the host (pinned when copied from CUDA): loss, 1.0 if applied
+    ready: torch.cuda.Event | None
+
+    @classmethod
+    def of(cls, step: int, loss: torch.Tensor, applied: torch.Tensor) -> StepRecord:
+        values = torch.stack([loss.detach().float(), applied.float()])  # (2,)
+        if values.device.type != "cuda":
+            return cls(step, values.cpu(), None)
+        ready = torch.cuda.Event()
+        host = values.to("cpu", non_blocking=True)  # into pinned memory
+        ready.record()
+        return cls(step, host, ready)
+
+    def read(self) -> tuple[float, bool]:
+        if self.ready is not None:
+            self.ready.synchronize()  # waits for this step's work only, not for the steps queued after it
+        loss, applied = self.values.tolist()
+        return loss, applied == 1.0
+
+
+@dataclass
 class TrainResult:
     step: int
     last_loss: float
@@ -181,7 +207,21 @@ def make_optimizer(groups: Sequence[ParamGroup], cfg: OptimConfig) -> torch.opti
             {"params": decay, "weight_decay": cfg.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-    return torch.optim.AdamW(torch_groups, lr=cfg.lr, betas=cfg.betas, fused=None)
+    # Fused: one kernel per parameter list, and it reads ``found_inf`` on the device, so a non-finite step
+    # is skipped without the host waiting for the gradient norm (``Trainer.fit``).
+    return torch.optim.AdamW(torch_groups, lr=cfg.lr, betas=cfg.betas, fused=True)
+
+
+def keep_fused(optimizer: torch.optim.Optimizer) -> None:
+    """Make a loaded optimizer state fused again: ``load_state_dict`` takes the saved groups' options,
+    and a state saved by an unfused AdamW keeps its step counts on the host, where the fused kernel
+    refuses them."""
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = True, None
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if state and "step" in state:
+                state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
 
 
 def make_scheduler(
@@ -381,10 +421,12 @@ class Trainer:
                 f"resume with trainer.strategy={saved}, or start a new run from its weights with init_from={path}"
             )
         if self.sharded:  # every process: checks, weights and optimizer state at this run's sharding
-            return load_sharded_checkpoint(path, self.module, self.optimizer)
-        state = load_train_state(path)  # checks both tensor files' SHA-256 first
-        load_weights(self.module, path)
-        self.optimizer.load_state_dict(state["optimizer"])
+            state = load_sharded_checkpoint(path, self.module, self.optimizer)
+        else:
+            state = load_train_state(path)  # checks both tensor files' SHA-256 first
+            load_weights(self.module, path)
+            self.optimizer.load_state_dict(state["optimizer"])
+        keep_fused(self.optimizer)
         return state
 
     def save(self) -> Path | None:
@@ -448,11 +490,38 @@ class Trainer:
         dist.broadcast(flag, src=0)
         return bool(flag.item())
 
-    def _all_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    def _finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """1.0 where the loss and the gradient norm are finite on every process, else 0.0; on the device."""
         ok = torch.isfinite(loss.detach()).float() * torch.isfinite(grad_norm).float()
         if self.distributed:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # one bad rank skips the step everywhere
-        return bool(ok.item())
+        return ok
+
+    def _settle(self, pending: list[StepRecord], losses: list[tuple[int, float]], keep: int = 0) -> None:
+        """Read the records of finished steps, all but the last ``keep``: losses of the applied steps, and
+        the count of skipped ones (non-finite), which stops the run after ``max_bad_steps`` in a row."""
+        while len(pending) > keep:
+            record = pending.pop(0)
+            loss, applied = record.read()
+            if applied:
+                self.bad_steps_in_row = 0
+                losses.append((record.step, loss))
+                continue
+            self.bad_steps_total += 1
+            self.bad_steps_in_row += 1
+            log.warning(
+                "step %d: non-finite loss or gradient (loss=%s); its update was skipped (%d in a row, %d in all)",
+                record.step,
+                loss,
+                self.bad_steps_in_row,
+                self.bad_steps_total,
+            )
+            if self.bad_steps_in_row >= self.cfg.max_bad_steps:
+                raise TrainingDiverged(
+                    f"{self.bad_steps_in_row} consecutive steps had a non-finite loss or gradient "
+                    f"(last at step {record.step}); stopping. Lower optim.lr, raise optim.warmup_steps, "
+                    f"check the data, or resume from the last checkpoint in {self.ckpt_root}."
+                )
 
     def fit(self) -> TrainResult:
         cfg = self.cfg
@@ -473,6 +542,7 @@ class Trainer:
         losses: list[tuple[int, float]] = []
         window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
         last_loss = float("nan")
+        pending: list[StepRecord] = []  # steps whose loss and finiteness the host has not read yet
         deadline = time.perf_counter() + 60.0 * cfg.max_minutes if cfg.max_minutes else None
         self.module.train()
         try:
@@ -485,7 +555,7 @@ class Trainer:
                 loss_sum = torch.zeros((), device=self.device)
                 metric_sums: dict[str, torch.Tensor] = {}
                 for micro in range(self.optim_cfg.accum_steps):
-                    # The step ends in a device sync (loss.item()), so the device idles while the host waits here.
+                    # The host runs up to a step ahead of the device, so the device works while it waits here.
                     wait_start = time.perf_counter()
                     batch = next(batches)
                     window_wait += time.perf_counter() - wait_start
@@ -500,31 +570,26 @@ class Trainer:
                     grad_norm = clip_grad_norm(self.module.parameters(), clip)
                 else:
                     grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
-                if not self._all_finite(loss, grad_norm):
-                    self.bad_steps_total += 1
-                    self.bad_steps_in_row += 1
-                    log.warning(
-                        "step %d: non-finite loss or gradient (loss=%s); step skipped (%d in a row, %d in all)",
-                        self.step + 1,
-                        loss.item(),
-                        self.bad_steps_in_row,
-                        self.bad_steps_total,
-                    )
-                    if self.bad_steps_in_row >= cfg.max_bad_steps:
-                        raise TrainingDiverged(
-                            f"{self.bad_steps_in_row} consecutive steps had a non-finite loss or gradient "
-                            f"(last at step {self.step + 1}); stopping. Lower optim.lr, raise optim.warmup_steps, "
-                            f"check the data, or resume from the last checkpoint in {self.ckpt_root}."
-                        )
-                    continue
-                self.bad_steps_in_row = 0
+                # A non-finite step is skipped by the optimizer on the device (its ``found_inf``): the host
+                # learns of it a step later, so it never waits here for the gradient norm.
+                applied = self._finite(loss, grad_norm)
+                self.optimizer.found_inf = 1.0 - applied
                 self.optimizer.step()
                 self.scheduler.step()
                 self.step += 1
-                last_loss = loss.item()
-                losses.append((self.step, last_loss))
+                pending.append(StepRecord.of(self.step, loss, applied))
+                self._settle(pending, losses, keep=1)
+                logging_now = self.step % cfg.log_every == 0 or self.step == cfg.max_steps
+                if (
+                    logging_now
+                    or (cfg.eval_every and self.step % cfg.eval_every == 0)
+                    or (cfg.save_every and self.step % cfg.save_every == 0)
+                ):
+                    self._settle(pending, losses)  # the counts a checkpoint or a log line records
+                if losses:
+                    last_loss = losses[-1][1]
 
-                if main and (self.step % cfg.log_every == 0 or self.step == cfg.max_steps):
+                if main and logging_now:
                     elapsed = time.perf_counter() - window_start
                     fps = window_frames / max(elapsed, 1e-9)
                     wait = window_wait / max(elapsed, 1e-9)
@@ -551,6 +616,8 @@ class Trainer:
                     self._evaluate(writer, metrics_log)
                 if cfg.save_every and self.step % cfg.save_every == 0:
                     self.save()
+            self._settle(pending, losses)
+            last_loss = losses[-1][1] if losses else last_loss
             if cfg.eval_every and self.step % cfg.eval_every != 0:
                 self._evaluate(writer, metrics_log)
             if not cfg.save_every or self.step % cfg.save_every != 0:
