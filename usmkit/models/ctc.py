@@ -62,10 +62,17 @@ def ctc_loss(
 # Wrapping it as a custom op with static output shapes hides that from the tracer: the forward
 # returns only the per-utterance loss (B,), and the backward recomputes log_alpha inside a second
 # custom op (one extra CTC forward, small next to the encoder) instead of saving it.
-# Both ops are tagged cudagraph_unsafe: aten's CUDA CTC copies the length tensors to the host (a
+# Both ops are tagged cudagraph_unsafe: aten's CUDA CTC needs the lengths on the host (a
 # synchronization a CUDA graph cannot capture). Under ``mode="reduce-overhead"`` inductor then
 # partitions the graph around them: the encoder replays as CUDA graphs, the CTC ops run eagerly.
 _CUDAGRAPH_UNSAFE = (torch.Tag.cudagraph_unsafe,)
+
+
+def _host_lengths(lengths: torch.Tensor, token_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both length vectors on the host in one copy: aten's CTC reads them there. (Passed as tensors to
+    the ``int[]`` overload, each element would be read by its own device sync.)"""
+    both = torch.stack([lengths, token_lens]).cpu()  # (2, B)
+    return both[0], both[1]
 
 
 @torch.library.custom_op("usmkit::ctc_nll", mutates_args=(), tags=_CUDAGRAPH_UNSAFE)
@@ -73,7 +80,8 @@ def ctc_nll(
     log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
     """log_probs (T, B, V) fp32, tokens (B, U) >= 0 -> per-utterance negative log-likelihood (B,)."""
-    nll, _ = torch.ops.aten._ctc_loss(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
+    lengths, token_lens = _host_lengths(lengths, token_lens)
+    nll, _ = torch.ops.aten._ctc_loss.Tensor(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
     # zero_infinity: an impossible alignment (too few frames) contributes 0, as F.ctc_loss does.
     return torch.where(torch.isinf(nll), torch.zeros_like(nll), nll)
 
@@ -87,8 +95,9 @@ def _(log_probs, tokens, lengths, token_lens):
 def ctc_nll_backward(
     grad: torch.Tensor, log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
-    nll, log_alpha = torch.ops.aten._ctc_loss(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
-    grad_lp = torch.ops.aten._ctc_loss_backward(
+    lengths, token_lens = _host_lengths(lengths, token_lens)
+    nll, log_alpha = torch.ops.aten._ctc_loss.Tensor(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
+    grad_lp = torch.ops.aten._ctc_loss_backward.Tensor(
         grad.contiguous(), log_probs, tokens, lengths, token_lens, nll, log_alpha, BLANK_ID, True
     )
     # Contiguous, as the fake kernel promises: the CPU kernel returns a contiguous (T, B, V) tensor
