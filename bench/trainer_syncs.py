@@ -7,7 +7,7 @@
 Runs ``usmkit.train.run`` in this process for ``--steps`` optimizer steps under
 ``torch.cuda.set_sync_debug_mode("warn")``: every call that makes the host wait for the device (an
 ``.item()``, a device-to-host copy, a stream synchronize) warns. Each warning is attributed to the step
-the trainer is in and to its call site: the innermost frame in ``usmkit/`` and the innermost frame
+the trainer is in (a checkpoint's, at the end, to none) and to its call site: the innermost frame in ``usmkit/`` and the innermost frame
 overall. Steps before ``--skip`` (compiling the first padded lengths) are left out of the per-step table.
 A sync every ``trainer.log_every`` steps (reading the logged scalars) is expected; one in every step
 stops the host from queueing the next step while the device works.
@@ -73,7 +73,14 @@ def main() -> None:
         step[0] = self.step + 1
         return forward_backward(self, batch, sync)
 
+    save = trainer_module.Trainer.save
+
+    def saving(self):  # a checkpoint's syncs (reading every tensor) are not a step's
+        step[0] = -1
+        return save(self)
+
     trainer_module.Trainer._forward_backward = counted
+    trainer_module.Trainer.save = saving
     syncs: collections.Counter[tuple[int, str]] = collections.Counter()
 
     def show(message, category, filename, lineno, file=None, line=None):
