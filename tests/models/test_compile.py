@@ -120,6 +120,29 @@ def test_whole_model_compiles_fullgraph_without_recompiling(las):
 
 
 @pytest.mark.gpu
+def test_ctc_loss_syncs_with_the_host_as_often_whatever_the_batch_size():
+    """The lengths reach aten's CTC in one copy per call, not one sync per utterance."""
+    import warnings
+
+    def syncs(B):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(B, 40, 10, generator=g).cuda().requires_grad_()
+        lengths = torch.full((B,), 40).cuda()
+        tokens = torch.randint(1, 10, (B, 6), generator=g).cuda()
+        token_lens = torch.full((B,), 6).cuda()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                ctc_loss(x.log_softmax(-1), lengths, tokens, token_lens).backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(w.message) for w in caught)
+
+    assert 0 < syncs(4) == syncs(64)
+
+
+@pytest.mark.gpu
 def test_whole_model_replays_as_cuda_graphs_like_the_default_compiled_model():
     """mode="reduce-overhead" (trainer.compile_mode): the CTC ops, which sync with the host, are left
     out of the CUDA graphs (graph partition). Over two batch shapes, each seen twice (a recording,

@@ -68,10 +68,10 @@ def ctc_loss(
 _CUDAGRAPH_UNSAFE = (torch.Tag.cudagraph_unsafe,)
 
 
-def _host_lengths(lengths: torch.Tensor, token_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both length vectors on the host in one copy: aten's CTC reads them there. (Passed as tensors to
-    the ``int[]`` overload, each element would be read by its own device sync.)"""
-    both = torch.stack([lengths, token_lens]).cpu()  # (2, B)
+def _host_lengths(lengths: torch.Tensor, token_lens: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Both length vectors as host lists, in one device-to-host copy (one sync). aten's CTC reads its
+    ``int[]`` lengths on the host; a device tensor passed there is read one element, one sync, at a time."""
+    both = torch.stack([lengths, token_lens]).cpu().tolist()  # [[B], [B]]
     return both[0], both[1]
 
 
@@ -80,8 +80,8 @@ def ctc_nll(
     log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
     """log_probs (T, B, V) fp32, tokens (B, U) >= 0 -> per-utterance negative log-likelihood (B,)."""
-    lengths, token_lens = _host_lengths(lengths, token_lens)
-    nll, _ = torch.ops.aten._ctc_loss.Tensor(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
+    il, tl = _host_lengths(lengths, token_lens)
+    nll, _ = torch.ops.aten._ctc_loss(log_probs, tokens, il, tl, BLANK_ID, True)
     # zero_infinity: an impossible alignment (too few frames) contributes 0, as F.ctc_loss does.
     return torch.where(torch.isinf(nll), torch.zeros_like(nll), nll)
 
@@ -95,10 +95,10 @@ def _(log_probs, tokens, lengths, token_lens):
 def ctc_nll_backward(
     grad: torch.Tensor, log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
-    lengths, token_lens = _host_lengths(lengths, token_lens)
-    nll, log_alpha = torch.ops.aten._ctc_loss.Tensor(log_probs, tokens, lengths, token_lens, BLANK_ID, True)
-    grad_lp = torch.ops.aten._ctc_loss_backward.Tensor(
-        grad.contiguous(), log_probs, tokens, lengths, token_lens, nll, log_alpha, BLANK_ID, True
+    il, tl = _host_lengths(lengths, token_lens)
+    nll, log_alpha = torch.ops.aten._ctc_loss(log_probs, tokens, il, tl, BLANK_ID, True)
+    grad_lp = torch.ops.aten._ctc_loss_backward(
+        grad.contiguous(), log_probs, tokens, il, tl, nll, log_alpha, BLANK_ID, True
     )
     # Contiguous, as the fake kernel promises: the CPU kernel returns a contiguous (T, B, V) tensor
     # whatever log_probs' strides (here a transposed view), so ``empty_like`` would promise the wrong
