@@ -64,9 +64,8 @@ class ToyTask(torch.nn.Module):
 
 
 def _trainer(tmp_path, max_steps, loader=None, spec=None, **kw):
-    cfg = TrainerConfig(
-        exp_dir=str(tmp_path), max_steps=max_steps, log_every=1, eval_every=0, save_every=4, progress=False, **kw
-    )
+    kw = {"log_every": 1, "eval_every": 0, "save_every": 4, "progress": False} | kw
+    cfg = TrainerConfig(exp_dir=str(tmp_path), max_steps=max_steps, **kw)
     return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), ToyTask(), loader or ToyLoader(), "x: 1\n", spec=spec)
 
 
@@ -120,6 +119,32 @@ def test_time_budget_stops_early_and_saves(tmp_path, monkeypatch):
     assert (tmp_path / "checkpoints" / f"step-{out.step:06d}").is_dir()  # saved where it stopped
     resumed = _trainer(tmp_path, 100)
     assert resumed.resume() and resumed.step == out.step
+
+
+def test_several_processes_agree_on_the_time_budget_only_at_log_steps(tmp_path, monkeypatch):
+    """Agreeing on rank 0's clock is a collective and a device sync: asked every ``log_every`` steps."""
+    import torch.distributed as dist
+
+    import usmkit.trainer as trainer_module
+
+    clock = iter(range(0, 10_000, 7))
+    monkeypatch.setattr(trainer_module.time, "perf_counter", lambda: float(next(clock)))
+    asked_at = []
+    broadcast = dist.broadcast
+
+    def counted(tensor, src, *args, **kwargs):
+        asked_at.append(trainer.step)
+        return broadcast(tensor, src, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "broadcast", counted)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        trainer = _trainer(tmp_path / "exp", 100, max_minutes=1.0, log_every=4)
+        out = trainer.fit()
+    finally:
+        dist.destroy_process_group()
+    assert 0 < out.step < 100 and out.step % 4 == 0
+    assert asked_at and all(step % 4 == 0 for step in asked_at)
 
 
 def test_checkpoints_pruned_to_keep_last(tmp_path):

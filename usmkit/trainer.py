@@ -482,10 +482,13 @@ class Trainer:
         return out, frames
 
     def _past(self, deadline: float) -> bool:
-        """Whether the wall clock passed ``deadline``; every process stops at the same step (rank 0's clock)."""
+        """Whether the wall clock passed ``deadline``; every process stops at the same step (rank 0's clock).
+        With several processes, asked only every ``log_every`` steps: agreeing on it is a device sync."""
         past = time.perf_counter() >= deadline
         if not self.distributed:
             return past
+        if self.step % self.cfg.log_every:
+            return False
         flag = torch.tensor(float(past), device=self.device)
         dist.broadcast(flag, src=0)
         return bool(flag.item())
