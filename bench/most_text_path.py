@@ -1,0 +1,135 @@
+"""Which directions a trained MOST model's text path carries its content in: those speech uses, or others.
+
+    PYTHONPATH=. python bench/most_text_path.py CHECKPOINT [CHECKPOINT ...] [--split dev] [--energy 0.99]
+
+For each stage-2 checkpoint, on the paired utterances of ``--split`` (evaluation mode, durations from
+CTC forced alignment as in training), the block-k inputs of both paths are decoded through the shared
+blocks k.. and the CTC head (greedy), and scored against the transcripts (CER):
+
+- ``speech``: the speech encoder's block-k input, as the model runs;
+- ``text``: the text encoder's frames at the aligned durations (what the text-only loss trains on);
+- ``text_in_speech_space``: the text frames projected onto the principal subspace of the speech
+  states (the top components holding ``--energy`` of their variance, about the speech mean);
+- ``text_outside_speech_space``: what the projection removes, added to the speech mean;
+- ``speech_in_speech_space``: the speech states through the same projection (what it costs speech).
+
+If the text path decodes well only outside the speech subspace, the shared blocks learned to read text
+from directions speech never occupies, and what they learn from text cannot reach speech.
+Results go to ``bench/results/most_text_path.json`` (``$OUT`` when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import result_path, run_header, write_result  # noqa: E402
+
+INPUTS = ("speech", "text", "text_in_speech_space", "text_outside_speech_space", "speech_in_speech_space")
+
+
+def block_inputs(module, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """speech (B, T', D), text (B, T', D), lengths (B,), frame mask (B, T') of the utterances aligned."""
+    from usmkit.ssl.alignment import forced_durations
+    from usmkit.ssl.masking import valid_mask
+
+    k = module.text_layer
+    x, lengths = module.encoder.front_end(batch.features, batch.feature_lens)  # (B, T', D), (B,)
+    h_k, _ = module.encoder.run_blocks(x, lengths, 0, k)
+    enc, _ = module.encoder.run_blocks(h_k, lengths, k, len(module.encoder.blocks))
+    durations, ok = forced_durations(module.ctc(enc), lengths, batch.tokens, batch.token_lens)
+    states = module.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
+    text, _ = module.text_encoder.frames(states, durations, num_frames=h_k.shape[1])  # (B, T', D)
+    mask = valid_mask(lengths, h_k.shape[1]) & ok[:, None]  # (B, T')
+    return h_k, text, lengths, mask
+
+
+def speech_subspace(frames: torch.Tensor, energy: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean (D,) and orthonormal basis (D, m) of the top principal components of frames (N, D) that
+    hold ``energy`` of their variance."""
+    mean = frames.mean(0)
+    _, s, vh = torch.linalg.svd(frames - mean, full_matrices=False)
+    share = (s**2).cumsum(0) / (s**2).sum()
+    m = int((share < energy).sum()) + 1
+    return mean, vh[:m].T
+
+
+def measure(checkpoint: str, split: str, energy: float, device: str) -> dict:
+    import jiwer
+
+    from usmkit.data.loader import split_loader
+    from usmkit.decoding import ctc_greedy
+    from usmkit.runs import load_trained
+    from usmkit.streaming.features import checkpoint_feature_stats
+
+    module, cfg, tokenizer, path = load_trained(checkpoint, device)
+    if cfg.task.kind != "most":
+        raise SystemExit(f"{checkpoint}: a {cfg.task.kind!r} run, not MOST (stage 2)")
+    data = replace(cfg.data, num_workers=0)
+    loader, _ = split_loader(data, split, tokenizer=tokenizer, stats=checkpoint_feature_stats(path, data))
+    batches = []
+    with torch.no_grad():
+        for batch in loader:
+            batch = batch.to(device)
+            batches.append((batch, *block_inputs(module, batch)))
+        speech_frames = torch.cat([h[m] for _, h, _, _, m in batches])  # (N, D)
+        mean, basis = speech_subspace(speech_frames.float(), energy)
+
+        def inside(x):
+            return mean + ((x - mean) @ basis) @ basis.T
+
+        refs: list[str] = []
+        hyps: dict[str, list[str]] = {name: [] for name in INPUTS}
+        for batch, h_k, text, lengths, mask in batches:
+            keep = mask.any(1)  # utterances whose alignment succeeded
+            variants = {
+                "speech": h_k,
+                "text": text,
+                "text_in_speech_space": inside(text),
+                "text_outside_speech_space": text - inside(text) + mean,
+                "speech_in_speech_space": inside(h_k),
+            }
+            refs += [t for t, kept in zip(batch.texts, keep.tolist(), strict=True) if kept]
+            for name, x in variants.items():
+                enc, _ = module.encoder.run_blocks(x, lengths, module.text_layer, len(module.encoder.blocks))
+                ids = ctc_greedy(module.ctc(enc), lengths)
+                hyps[name] += [tokenizer.decode(i) for i, kept in zip(ids, keep.tolist(), strict=True) if kept]
+    cer = {name: round(100 * jiwer.cer(refs, hyps[name]), 2) for name in INPUTS}
+    return {
+        "checkpoint": str(path),
+        "text_layer": module.text_layer,
+        "text_detach_encoder": cfg.task.most.text_detach_encoder,
+        "split": split,
+        "utterances": len(refs),
+        "speech_subspace_dims": f"{basis.shape[1]} of {basis.shape[0]}",
+        "cer": cer,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoints", nargs="+")
+    ap.add_argument("--split", default="dev")
+    ap.add_argument("--energy", type=float, default=0.99, help="share of the speech states' variance kept")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    runs = [measure(c, args.split, args.energy, args.device) for c in args.checkpoints]
+    result = run_header(split=args.split, energy=args.energy, runs=runs)
+    path = write_result(args.json or result_path("most_text_path"), result)
+    print(f"CER % on {args.split} ({args.energy:.0%} of the speech variance kept)")
+    print(f"{'checkpoint':36s} {'dims':>10s} " + " ".join(f"{n[:22]:>22s}" for n in INPUTS))
+    for r in runs:
+        row = " ".join(f"{r['cer'][n]:22.2f}" for n in INPUTS)
+        print(f"{r['checkpoint'][-36:]:36s} {r['speech_subspace_dims']:>10s} {row}")
+    print(f"JSON: {path}")
+
+
+if __name__ == "__main__":
+    main()
