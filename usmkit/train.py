@@ -176,6 +176,7 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         stats.save(exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
         if tokenizer is not None:  # so does the tokenizer the run loaded (the corpus's may be retrained)
             (exp_dir / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+    pin = device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait for the device
     if cfg.task.kind == "most":  # three streams in every step: unlabeled audio, paired, text-only
         from usmkit.ssl.alignment import check_aligner
         from usmkit.ssl.most_data import build_most_loader
@@ -183,7 +184,9 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         if cfg.task.most.align_from:
             check_aligner(cfg.task.most.align_from, tokenizer)
         audio_only_cuts = functools.partial(prepare, require_text=False)
-        loader = build_most_loader(cfg, train_cuts, audio_only_cuts, tokenizer, stats, rank=rank, world_size=world)
+        loader = build_most_loader(
+            cfg, train_cuts, audio_only_cuts, tokenizer, stats, rank=rank, world_size=world, pin_memory=pin
+        )
     else:
         loader = make_loader(
             train_cuts,
@@ -194,6 +197,7 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
             rank=rank,
             world_size=world,
             seed=cfg.trainer.seed,
+            pin_memory=pin,
         )
     dev_eval = None
     if cfg.trainer.eval_every and data.dev_split:

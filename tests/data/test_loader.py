@@ -205,3 +205,34 @@ def test_resume_gives_the_same_augmented_features(audio_corpus, stats, tiny_toke
     assert [b.cut_ids for b in got] == [b.cut_ids for b in reference]
     for a, b in zip(got, reference, strict=True):
         assert torch.equal(a.features, b.features)
+
+
+def test_batches_pin_through_the_data_loaders_pin_function(
+    audio_corpus, stats, tiny_tokenizer, build_config, monkeypatch
+):
+    """``make_loader(pin_memory=True)`` asks its DataLoader to pin, and the DataLoader's pin function reaches
+    every tensor of a ``Batch`` through ``Batch.pin_memory`` (faked here: this machine may have no GPU)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from usmkit.data.batch import Batch
+
+    cfg = build_config()
+    assert make_loader(
+        audio_corpus, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, pin_memory=True
+    )._loader.pin_memory
+    batch = next(iter(make_loader(audio_corpus, cfg, tokenizer=tiny_tokenizer, stats=stats, train=False)))
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: pinned.append(self) or self.clone())
+    out = pin_memory(batch)
+    assert type(out) is Batch and len(pinned) == 4
+    assert all(
+        torch.equal(getattr(out, f), getattr(batch, f)) for f in ("features", "feature_lens", "tokens", "token_lens")
+    )
+    assert (out.texts, out.cut_ids, out.languages) == (batch.texts, batch.cut_ids, batch.languages)
+
+
+@pytest.mark.gpu
+def test_a_pinned_batch_is_page_locked(audio_corpus, stats, tiny_tokenizer, build_config):
+    batch = next(iter(make_loader(audio_corpus, build_config(), tokenizer=tiny_tokenizer, stats=stats, train=False)))
+    out = batch.pin_memory()
+    assert out.features.is_pinned() and out.tokens.is_pinned() and torch.equal(out.features, batch.features)

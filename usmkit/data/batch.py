@@ -29,6 +29,17 @@ class Batch:
         """Valid (unpadded) feature frames in the batch."""
         return int(self.feature_lens.sum())
 
+    def pin_memory(self) -> Batch:
+        """The tensors in page-locked host memory (what ``DataLoader(pin_memory=True)`` calls), so that
+        ``to(cuda)`` copies without the host waiting for the device."""
+        return replace(
+            self,
+            features=self.features.pin_memory(),
+            feature_lens=self.feature_lens.pin_memory(),
+            tokens=self.tokens.pin_memory(),
+            token_lens=self.token_lens.pin_memory(),
+        )
+
     def to(self, device: torch.device | str) -> Batch:
         return replace(
             self,

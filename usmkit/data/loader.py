@@ -112,7 +112,15 @@ class AsrLoader:
     with any number of workers.
     """
 
-    def __init__(self, dataset: AsrDataset, sampler: DynamicBucketingSampler, *, num_workers: int, seed: int) -> None:
+    def __init__(
+        self,
+        dataset: AsrDataset,
+        sampler: DynamicBucketingSampler,
+        *,
+        num_workers: int,
+        seed: int,
+        pin_memory: bool = False,
+    ) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self._tracker = _SnapshotSampler(sampler, seed)
@@ -123,6 +131,7 @@ class AsrLoader:
             batch_size=None,
             num_workers=num_workers,
             persistent_workers=num_workers > 0,
+            pin_memory=pin_memory,
             # Its own generator: each iter() draws a worker base seed from it, never from the global RNG,
             # which the trainer restores on resume (the workers' draws are re-seeded per batch anyway).
             generator=torch.Generator().manual_seed(seed),
@@ -172,6 +181,7 @@ def make_loader(
     world_size: int = 1,
     seed: int = 0,
     speaker_norms: dict[str, SpeakerNorm] | None = None,
+    pin_memory: bool = False,
 ) -> AsrLoader:
     """Loader over ``cuts`` (already through ``prepare_cuts``).
 
@@ -180,7 +190,8 @@ def make_loader(
     perturbation and SpecAugment. Evaluation: every cut once, in bucket order, no augmentation.
     With ``cfg.speaker_mean_norm`` the speakers' norms (means, and with ``cfg.speaker_var_norm``
     variances) come from ``speaker_norms`` when given (to build loaders over the same cuts
-    repeatedly), else from ``cuts``.
+    repeatedly), else from ``cuts``. ``pin_memory``: batches arrive in page-locked memory (for a CUDA
+    trainer, whose host runs ahead of the device: a copy from pageable memory can wait for it).
     """
     if cfg.features.precomputed:
         bare = next((c.id for c in cuts if not c.has_features), None)
@@ -211,7 +222,7 @@ def make_loader(
         speaker_norms=speaker_norms,
         seed=seed + rank,
     )
-    return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank)
+    return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank, pin_memory=pin_memory)
 
 
 def split_loader(

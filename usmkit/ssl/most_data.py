@@ -51,11 +51,13 @@ def build_most_loader(
     *,
     rank: int = 0,
     world_size: int = 1,
+    pin_memory: bool = False,
 ) -> StreamMixer:
     """The mixer over the streams ``cfg.task.most`` needs.
 
     ``paired_cuts``: the training split, prepared with transcripts; ``prepare_audio_only(split)``
-    prepares the unlabeled split's cuts (validated without transcripts).
+    prepares the unlabeled split's cuts (validated without transcripts). ``pin_memory``: the audio
+    streams' batches arrive in page-locked memory (``make_loader``).
     """
     most, data, seed = cfg.task.most, cfg.data, cfg.trainer.seed
     active = most.active_streams()
@@ -74,6 +76,7 @@ def build_most_loader(
             rank=rank,
             world_size=world_size,
             seed=seed,
+            pin_memory=pin_memory,
         )
     if "paired" in active:
         streams["paired"] = make_loader(
@@ -85,6 +88,7 @@ def build_most_loader(
             rank=rank,
             world_size=world_size,
             seed=seed + 1,
+            pin_memory=pin_memory,
         )
     if "text" in active:
         path = most.text_only or text_only_path(data.manifest_dir, data.corpus)
