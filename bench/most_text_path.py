@@ -11,7 +11,10 @@ blocks k.. and the CTC head (greedy), and scored against the transcripts (CER):
 - ``text_in_speech_space``: the text frames projected onto the principal subspace of the speech
   states (the top components holding ``--energy`` of their variance, about the speech mean);
 - ``text_outside_speech_space``: what the projection removes, added to the speech mean;
-- ``speech_in_speech_space``: the speech states through the same projection (what it costs speech).
+- ``speech_in_speech_space``: the speech states through the same projection (what it costs speech);
+- ``text_plus_residual_noise``: the text frames plus Gaussian noise with the per-dimension variance of
+  speech minus text (over the split's aligned frames): whether what separates text from speech
+  decodes like noise.
 
 If the text path decodes well only outside the speech subspace, the shared blocks learned to read text
 from directions speech never occupies, and what they learn from text cannot reach speech.
@@ -31,7 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import result_path, run_header, write_result  # noqa: E402
 
-INPUTS = ("speech", "text", "text_in_speech_space", "text_outside_speech_space", "speech_in_speech_space")
+INPUTS = (
+    "speech",
+    "text",
+    "text_in_speech_space",
+    "text_outside_speech_space",
+    "speech_in_speech_space",
+    "text_plus_residual_noise",
+)
 
 
 def block_inputs(module, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -80,6 +90,8 @@ def measure(checkpoint: str, split: str, energy: float, device: str) -> dict:
             batches.append((batch, *block_inputs(module, batch)))
         speech_frames = torch.cat([h[m] for _, h, _, _, m in batches])  # (N, D)
         mean, basis = speech_subspace(speech_frames.float(), energy)
+        residual_std = torch.cat([(h - t)[m] for _, h, t, _, m in batches]).float().std(0)  # (D,)
+        noise = torch.Generator(device=device).manual_seed(0)
 
         def inside(x):
             return mean + ((x - mean) @ basis) @ basis.T
@@ -94,6 +106,8 @@ def measure(checkpoint: str, split: str, energy: float, device: str) -> dict:
                 "text_in_speech_space": inside(text),
                 "text_outside_speech_space": text - inside(text) + mean,
                 "speech_in_speech_space": inside(h_k),
+                "text_plus_residual_noise": text
+                + residual_std * torch.randn(text.shape, generator=noise, device=text.device),
             }
             refs += [t for t, kept in zip(batch.texts, keep.tolist(), strict=True) if kept]
             for name, x in variants.items():
@@ -124,10 +138,10 @@ def main() -> None:
     result = run_header(split=args.split, energy=args.energy, runs=runs)
     path = write_result(args.json or result_path("most_text_path"), result)
     print(f"CER % on {args.split} ({args.energy:.0%} of the speech variance kept)")
-    print(f"{'checkpoint':36s} {'dims':>10s} " + " ".join(f"{n[:22]:>22s}" for n in INPUTS))
     for r in runs:
-        row = " ".join(f"{r['cer'][n]:22.2f}" for n in INPUTS)
-        print(f"{r['checkpoint'][-36:]:36s} {r['speech_subspace_dims']:>10s} {row}")
+        print(f"{r['checkpoint']} (speech subspace: {r['speech_subspace_dims']} dimensions)")
+        for n in INPUTS:
+            print(f"  {n:28s} {r['cer'][n]:6.2f}")
     print(f"JSON: {path}")
 
 

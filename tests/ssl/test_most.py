@@ -336,3 +336,33 @@ def test_text_detach_encoder_keeps_the_text_loss_out_of_the_text_encoder():
         assert all(g is None for g in text_grads) == detach
         assert model.encoder.blocks[2].ff1.up.weight.grad is not None
         assert model.ctc.proj.weight.grad is not None
+
+
+def test_text_noise_follows_the_spread_of_speech_around_text(monkeypatch):
+    """``text_noise``: where the text path reproduces speech on the paired frames there is no spread and
+    no noise (the text-only loss is as without it); with a spread the text-only loss changes; 0 = off."""
+    only = {"bestrq_weight": 0.0, "ctc_weight": 0.0, "duration_weight": 0.0, "text_mask_prob": 0.0}
+
+    def text_loss(noise: float, spread: float) -> float:
+        model = _model(text_noise=noise, **only).eval()
+        seen = _record_block_k_input(model, monkeypatch)
+        frames = model.text_encoder.frames
+
+        def paired_like_speech(states, durations, num_frames=None):
+            if num_frames is None:  # the text-only batch: its own frames
+                return frames(states, durations)
+            h = seen["h_k"].clone()
+            return h + spread * torch.randn(h.shape, generator=torch.Generator().manual_seed(1)), seen["lengths"]
+
+        monkeypatch.setattr(model.text_encoder, "frames", paired_like_speech)
+        torch.manual_seed(0)
+        return model(_most_batch()).metrics["loss_text"].item()
+
+    plain = text_loss(0.0, 0.0)
+    assert text_loss(1.0, 0.0) == plain
+    assert text_loss(0.0, 0.5) == plain
+    assert text_loss(1.0, 0.5) != plain
+    with pytest.raises(ValueError, match="text_noise"):
+        MostConfig(text_noise=1.0, consistency_weight=0.0)
+    with pytest.raises(ValueError, match="text_noise"):
+        MostConfig(text_noise=-1.0)

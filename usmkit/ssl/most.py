@@ -25,7 +25,9 @@ active loss reads is not even loaded (``MostConfig.active_streams``):
 - ``text``: text-only sentences upsampled by their *predicted* durations, frames masked (spans
   replaced by a learned vector), through blocks k.. and the CTC head: CTC against their own tokens.
   Starts after ``text_warmup_steps``. With ``text_detach_encoder`` its gradient stops at the text
-  encoder's frames: the text encoder then learns only from ``duration`` and ``consistency``.
+  encoder's frames: the text encoder then learns only from ``duration`` and ``consistency``. With
+  ``text_noise`` the frames get Gaussian noise scaled to the spread of speech around text (per
+  dimension, over the step's aligned paired frames).
 
 Alignments: ``usmkit.ssl.alignment`` (forced alignment on the CTC posteriors of this model, or of the
 frozen ``align_from`` checkpoint). The module's state has ``encoder.*`` (what stage 3 loads with
@@ -148,12 +150,13 @@ class MostModel(nn.Module):
             terms["bestrq"] = out.loss
             for k in ("acc_mean", "perplexity_mean", "pred_perplexity_mean", "mask_frac"):
                 metrics[f"bestrq_{k}"] = out.metrics[k]
+        residual_std = None  # (D,) speech minus text on this step's aligned frames, once there are some
         if batch.paired is not None:
             align_on = cfg.needs_alignment and (step is None or step >= cfg.align_warmup_steps)
-            self._paired_losses(batch.paired, align_on, terms, metrics)
+            residual_std = self._paired_losses(batch.paired, align_on, terms, metrics)
         text_on = step is None or step >= cfg.text_warmup_steps
         if cfg.text_weight > 0 and batch.text is not None and text_on:
-            terms["text"], metrics["text_mask_frac"] = self._text_loss(batch.text)
+            terms["text"], metrics["text_mask_frac"] = self._text_loss(batch.text, residual_std)
 
         device = next(self.parameters()).device
         loss = torch.zeros((), device=device)
@@ -173,8 +176,10 @@ class MostModel(nn.Module):
 
     def _paired_losses(
         self, batch: Batch, align_on: bool, terms: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]
-    ) -> None:
-        """CTC, duration and consistency terms of a paired batch, into ``terms`` / ``metrics``."""
+    ) -> torch.Tensor | None:
+        """CTC, duration and consistency terms of a paired batch, into ``terms`` / ``metrics``; returns the
+        per-dimension standard deviation (D,) of speech minus text at the aligned frames (None without
+        the consistency loss)."""
         cfg, k = self.cfg, self.text_layer
         own_alignment = align_on and cfg.align_from is None
         x, lengths = self.encoder.front_end(batch.features, batch.feature_lens)  # (B, T', D), (B,)
@@ -186,7 +191,7 @@ class MostModel(nn.Module):
             if cfg.ctc_weight > 0:
                 terms["ctc"] = ctc_loss(log_probs, lengths, batch.tokens, batch.token_lens)
         if not align_on:
-            return
+            return None
         if own_alignment:
             durations, ok = forced_durations(log_probs.detach(), lengths, batch.tokens, batch.token_lens)
         else:
@@ -216,15 +221,24 @@ class MostModel(nn.Module):
                 mean = (t * frame_valid[:, :, None]).sum((0, 1)) / n  # (D,)
                 var = ((t - mean).pow(2).mean(-1) * frame_valid).sum() / n
                 metrics["consistency_rel"] = terms["consistency"] / var.clamp(min=1e-12)
+                diff = text_frames.float() - t  # (B, T', D)
+                diff_mean = (diff * frame_valid[:, :, None]).sum((0, 1)) / n  # (D,)
+                return ((diff - diff_mean).pow(2) * frame_valid[:, :, None]).sum((0, 1)).div(n).sqrt()
+        return None
 
-    def _text_loss(self, batch: TextBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """CTC reconstruction of masked text-only sentences through blocks k..; (loss, masked fraction)."""
+    def _text_loss(
+        self, batch: TextBatch, residual_std: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """CTC reconstruction of masked text-only sentences through blocks k..; (loss, masked fraction).
+        ``residual_std`` (D,): the spread of speech around text that ``text_noise`` scales."""
         cfg = self.cfg
         states = self.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
         durations = durations_from_log(self.text_encoder.log_durations(states), batch.token_lens, cfg.max_token_frames)
         frames, lengths = self.text_encoder.frames(states, durations)  # (B, T', D), (B,)
         if cfg.text_detach_encoder:
             frames = frames.detach()
+        if cfg.text_noise > 0 and residual_std is not None:
+            frames = frames + torch.randn_like(frames) * (cfg.text_noise * residual_std).to(frames.dtype)
         valid = valid_mask(lengths, frames.shape[1])  # (B, T')
         starts = sample_span_starts(valid, cfg.text_mask_prob)
         masked = expand_spans(starts, cfg.text_mask_span, valid)  # (B, T')

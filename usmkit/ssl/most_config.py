@@ -61,6 +61,10 @@ class MostConfig:
     # learns only to imitate the speech encoder (consistency, duration): with its gradient the text encoder
     # can drift into a code of its own that the shared blocks read easily but speech never produces.
     text_detach_encoder: bool = False
+    # Gaussian noise on the text-only loss's frames, per dimension ``text_noise`` x the standard deviation
+    # of speech minus text over the step's aligned paired frames (0 = none): speech's spread around what
+    # text predicts, so the shared blocks learn to read text frames as unsure as speech frames are.
+    text_noise: float = 0.0
     unlabeled_split: str = "unlabeled"
     text_only: str | None = None
     unlabeled_ratio: float = 1.0
@@ -98,6 +102,13 @@ class MostConfig:
         if self.text_seconds_per_token is not None and not self.text_seconds_per_token > 0:
             raise ValueError(
                 f"task.most.text_seconds_per_token must be > 0 or null (measured), got {self.text_seconds_per_token}"
+            )
+        if not self.text_noise >= 0:
+            raise ValueError(f"task.most.text_noise must be >= 0 (0 = none), got {self.text_noise}")
+        if self.text_noise > 0 and not (self.consistency_weight > 0 and self.text_weight > 0):
+            raise ValueError(
+                "task.most.text_noise > 0 scales with the consistency loss's residual and acts on the text-only "
+                "loss: both need a weight > 0"
             )
         if not self.unlabeled_split or "/" in self.unlabeled_split:
             raise ValueError(f"task.most.unlabeled_split must be a split name, got {self.unlabeled_split!r}")
