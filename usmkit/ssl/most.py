@@ -64,6 +64,14 @@ log = logging.getLogger(__name__)
 DECODE_MODES: tuple[str, ...] = ("ctc_greedy", "ctc_beam")
 
 
+def _frame_moments(x: torch.Tensor, weight: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-dimension mean and variance (D,) of x (B, T, D) over the frames where weight (B, T) is 1; n
+    their number."""
+    w = weight[:, :, None]
+    mean = (x * w).sum((0, 1)) / n
+    return mean, ((x - mean).pow(2) * w).sum((0, 1)) / n
+
+
 class MostModel(nn.Module):
     """The shared encoder, its CTC head, the text encoder and the BEST-RQ objective; ``forward(batch) -> StepOutput``.
 
@@ -178,8 +186,8 @@ class MostModel(nn.Module):
         self, batch: Batch, align_on: bool, terms: dict[str, torch.Tensor], metrics: dict[str, torch.Tensor]
     ) -> torch.Tensor | None:
         """CTC, duration and consistency terms of a paired batch, into ``terms`` / ``metrics``; returns the
-        per-dimension standard deviation (D,) of speech minus text at the aligned frames (None without
-        the consistency loss)."""
+        per-dimension standard deviation (D,) of speech minus text at the aligned frames when
+        ``text_noise`` needs it, else None."""
         cfg, k = self.cfg, self.text_layer
         own_alignment = align_on and cfg.align_from is None
         x, lengths = self.encoder.front_end(batch.features, batch.feature_lens)  # (B, T', D), (B,)
@@ -216,14 +224,13 @@ class MostModel(nn.Module):
             sq = (text_frames.float() - target.float()).pow(2).mean(-1)  # (B, T')
             n = frame_valid.sum().clamp(min=1)
             terms["consistency"] = (sq * frame_valid).sum() / n
-            with torch.no_grad():  # the MSE relative to the speech states' variance: 1 = no better than their mean
+            with torch.no_grad():
                 t = target.float()
-                mean = (t * frame_valid[:, :, None]).sum((0, 1)) / n  # (D,)
-                var = ((t - mean).pow(2).mean(-1) * frame_valid).sum() / n
-                metrics["consistency_rel"] = terms["consistency"] / var.clamp(min=1e-12)
-                diff = text_frames.float() - t  # (B, T', D)
-                diff_mean = (diff * frame_valid[:, :, None]).sum((0, 1)) / n  # (D,)
-                return ((diff - diff_mean).pow(2) * frame_valid[:, :, None]).sum((0, 1)).div(n).sqrt()
+                _, var = _frame_moments(t, frame_valid, n)
+                # The MSE relative to the speech states' variance: 1 = no closer than their mean.
+                metrics["consistency_rel"] = terms["consistency"] / var.mean().clamp(min=1e-12)
+                if cfg.text_noise > 0:
+                    return _frame_moments(text_frames.float() - t, frame_valid, n)[1].sqrt()
         return None
 
     def _text_loss(
