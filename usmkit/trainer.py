@@ -544,7 +544,6 @@ class Trainer:
         batches = self._batches()
         losses: list[tuple[int, float]] = []
         window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
-        last_loss = float("nan")
         pending: list[StepRecord] = []  # steps whose loss and finiteness the host has not read yet
         deadline = time.perf_counter() + 60.0 * cfg.max_minutes if cfg.max_minutes else None
         self.module.train()
@@ -583,16 +582,13 @@ class Trainer:
                 pending.append(StepRecord.of(self.step, loss, applied))
                 self._settle(pending, losses, keep=1)
                 logging_now = self.step % cfg.log_every == 0 or self.step == cfg.max_steps
-                if (
-                    logging_now
-                    or (cfg.eval_every and self.step % cfg.eval_every == 0)
-                    or (cfg.save_every and self.step % cfg.save_every == 0)
-                ):
+                eval_now = bool(cfg.eval_every) and self.step % cfg.eval_every == 0
+                save_now = bool(cfg.save_every) and self.step % cfg.save_every == 0
+                if logging_now or eval_now or save_now:
                     self._settle(pending, losses)  # the counts a checkpoint or a log line records
-                if losses:
-                    last_loss = losses[-1][1]
 
                 if main and logging_now:
+                    last_loss = _last_loss(losses)
                     elapsed = time.perf_counter() - window_start
                     fps = window_frames / max(elapsed, 1e-9)
                     wait = window_wait / max(elapsed, 1e-9)
@@ -615,12 +611,11 @@ class Trainer:
                 if progress:
                     progress.update(1)
 
-                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                if eval_now:
                     self._evaluate(writer, metrics_log)
-                if cfg.save_every and self.step % cfg.save_every == 0:
+                if save_now:
                     self.save()
             self._settle(pending, losses)
-            last_loss = losses[-1][1] if losses else last_loss
             if cfg.eval_every and self.step % cfg.eval_every != 0:
                 self._evaluate(writer, metrics_log)
             if not cfg.save_every or self.step % cfg.save_every != 0:
@@ -632,7 +627,7 @@ class Trainer:
                 writer.close()
             if metrics_log:
                 metrics_log.close()
-        return TrainResult(self.step, last_loss, self.best, self.bad_steps_total, losses)
+        return TrainResult(self.step, _last_loss(losses), self.best, self.bad_steps_total, losses)
 
     def _health_check(self, scalars: dict[str, float]) -> None:
         """Warn once if the task says its training went wrong (a module's optional ``health_check``)."""
@@ -687,6 +682,11 @@ class Trainer:
                 write_best(self.ckpt_root, path, best["metric"], best["value"], best["step"])
         if self.distributed:
             dist.barrier()
+
+
+def _last_loss(losses: list[tuple[int, float]]) -> float:
+    """The loss of the last applied step (NaN before any)."""
+    return losses[-1][1] if losses else float("nan")
 
 
 def truncate_metrics(path: Path, step: int) -> int:
