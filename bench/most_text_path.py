@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/most_text_path.py CHECKPOINT [CHECKPOINT ...] [--split dev] [--energy 0.99]
 
 For each stage-2 checkpoint, on the paired utterances of ``--split`` (evaluation mode, durations from
-CTC forced alignment as in training), the block-k inputs of both paths are decoded through the shared
+forced alignment on the model's own CTC head, as in training without ``align_from``), the block-k inputs of both paths are decoded through the shared
 blocks k.. and the CTC head (greedy), and scored against the transcripts (CER):
 
 - ``speech``: the speech encoder's block-k input, as the model runs;

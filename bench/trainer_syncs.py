@@ -7,8 +7,9 @@
 Runs ``usmkit.train.run`` in this process for ``--steps`` optimizer steps under
 ``torch.cuda.set_sync_debug_mode("warn")``: every call that makes the host wait for the device (an
 ``.item()``, a device-to-host copy, a stream synchronize) warns. Each warning is attributed to the step
-the trainer is in (a checkpoint's, at the end, to none) and to its call site: the innermost frame in ``usmkit/`` and the innermost frame
-overall. Steps before ``--skip`` (compiling the first padded lengths) are left out of the per-step table.
+the trainer is in (the final checkpoint's to none) and to its call site: the innermost frame in
+``usmkit/`` and the two innermost frames. Steps before ``--skip`` (compiling the first padded lengths)
+are left out of the per-step table.
 A sync every ``trainer.log_every`` steps (reading the logged scalars) is expected; one in every step
 stops the host from queueing the next step while the device works.
 """
