@@ -121,7 +121,8 @@ def test_whole_model_compiles_fullgraph_without_recompiling(las):
 
 @pytest.mark.gpu
 def test_ctc_loss_syncs_with_the_host_as_often_whatever_the_batch_size():
-    """The lengths reach aten's CTC in one copy per call, not one sync per utterance."""
+    """The lengths reach aten's CTC in one copy per call, not one sync per utterance: 16 times the
+    utterances cost no more syncs."""
     import warnings
 
     def syncs(B):
@@ -139,7 +140,8 @@ def test_ctc_loss_syncs_with_the_host_as_often_whatever_the_batch_size():
                 torch.cuda.set_sync_debug_mode("default")
         return sum("synchronizing" in str(w.message) for w in caught)
 
-    assert 0 < syncs(4) == syncs(64)
+    syncs(4)  # the first CUDA call's one-time syncs (lazy initialisation) are not the CTC op's
+    assert 0 < syncs(64) <= syncs(4)
 
 
 @pytest.mark.gpu
