@@ -341,6 +341,7 @@ def main() -> None:
                            f"trainer.exp_dir={exp / 'ctc'}"), logs / "ctc.log")],
     }  # fmt: skip
     stage2_dirs: dict[str, Path] = {}  # job name -> its stage-2 run
+    stage2_overrides: dict[str, str] = {}  # job name -> its variant's stage-2 overrides
     for variant in args.most_variants:
         vname, _, overrides = variant.partition("=")
         joint = vname in args.joint
@@ -349,6 +350,7 @@ def main() -> None:
             (exp / "stage2", f"most_{suffix}") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_{suffix}")
         )
         stage2_dirs[name] = stage2
+        stage2_overrides[name] = overrides
         most = [f"task.most.text_layer={args.text_layer}", *args.stage2_extra, *overrides.split()]
         # joint fine-tuning: the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over
         finetune = (train_cmd("recipe=stage2", *common, *most, "task.most.bestrq_weight=0", "task.most.text_warmup_steps=0",
@@ -413,12 +415,13 @@ def main() -> None:
     results["budgets"] = {
         "ctc": f"stage 1 {args.stage1_steps} + stage 3 {args.stage3_steps} steps",
         **{
-            name: f"stage 1 {args.stage1_steps} + stage 2 {args.stage2_steps} (unlabeled + paired + text) "
+            name: f"stage 1 {args.stage1_steps} + stage 2 {args.stage2_steps} ({stage2_overrides[name] or 'as configured'}) "
             f"+ stage 3 {args.stage3_steps} steps" + (" (paired + text)" if name.endswith("_joint") else "")
             for name in stage2_dirs
         },
-        "ctc_long": f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps",
     }
+    if not args.no_control:
+        results["budgets"]["ctc_long"] = f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps"
     png = plot(results, {n: exp / n for n in jobs}, RESULTS.with_name(f"{RESULTS.stem}_curves.png"))
     results["figure"] = png.name
     save()
