@@ -5,6 +5,7 @@ Shapes: B batch, T feature frames, F feature bins (80), U tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -29,22 +30,20 @@ class Batch:
         """Valid (unpadded) feature frames in the batch."""
         return int(self.feature_lens.sum())
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """The batch with ``fn`` applied to each of its tensors."""
+        return replace(
+            self,
+            features=fn(self.features),
+            feature_lens=fn(self.feature_lens),
+            tokens=fn(self.tokens),
+            token_lens=fn(self.token_lens),
+        )
+
     def pin_memory(self) -> Batch:
         """The tensors in page-locked host memory (what ``DataLoader(pin_memory=True)`` calls), so that
         ``to(cuda)`` copies without the host waiting for the device."""
-        return replace(
-            self,
-            features=self.features.pin_memory(),
-            feature_lens=self.feature_lens.pin_memory(),
-            tokens=self.tokens.pin_memory(),
-            token_lens=self.token_lens.pin_memory(),
-        )
+        return self._map(torch.Tensor.pin_memory)
 
     def to(self, device: torch.device | str) -> Batch:
-        return replace(
-            self,
-            features=self.features.to(device, non_blocking=True),
-            feature_lens=self.feature_lens.to(device, non_blocking=True),
-            tokens=self.tokens.to(device, non_blocking=True),
-            token_lens=self.token_lens.to(device, non_blocking=True),
-        )
+        return self._map(lambda t: t.to(device, non_blocking=True))
