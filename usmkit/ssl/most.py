@@ -64,12 +64,11 @@ log = logging.getLogger(__name__)
 DECODE_MODES: tuple[str, ...] = ("ctc_greedy", "ctc_beam")
 
 
-def _frame_moments(x: torch.Tensor, weight: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-dimension mean and variance (D,) of x (B, T, D) over the frames where weight (B, T) is 1; n
-    their number."""
+def _frame_variance(x: torch.Tensor, weight: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Per-dimension variance (D,) of x (B, T, D) over the frames where weight (B, T) is 1; n their number."""
     w = weight[:, :, None]
-    mean = (x * w).sum((0, 1)) / n
-    return mean, ((x - mean).pow(2) * w).sum((0, 1)) / n
+    mean = (x * w).sum((0, 1)) / n  # (D,)
+    return ((x - mean).pow(2) * w).sum((0, 1)) / n
 
 
 class MostModel(nn.Module):
@@ -226,11 +225,11 @@ class MostModel(nn.Module):
             terms["consistency"] = (sq * frame_valid).sum() / n
             with torch.no_grad():
                 t = target.float()
-                _, var = _frame_moments(t, frame_valid, n)
                 # The MSE relative to the speech states' variance: 1 = no closer than their mean.
-                metrics["consistency_rel"] = terms["consistency"] / var.mean().clamp(min=1e-12)
+                var = _frame_variance(t, frame_valid, n).mean()
+                metrics["consistency_rel"] = terms["consistency"] / var.clamp(min=1e-12)
                 if cfg.text_noise > 0:
-                    return _frame_moments(text_frames.float() - t, frame_valid, n)[1].sqrt()
+                    return _frame_variance(text_frames.float() - t, frame_valid, n).sqrt()
         return None
 
     def _text_loss(
