@@ -19,8 +19,10 @@ Steps, each with its budget on the command line:
    and the share of those held-out words each model gets right ("held-out words %").
 
 ``--most-variants NAME=OVERRIDES ...`` runs several stage-2 variants as (b), side by side (e.g.
-``det=task.most.text_detach_encoder=true``); ``--joint NAME ...`` fine-tunes those variants jointly instead of
-with CTC alone (stage 3 = the stage-2 objective without BEST-RQ: paired CTC plus the text-only loss, so
+``det=task.most.text_detach_encoder=true``); ``--align-from-ctc NAME ...`` makes those variants align the
+paired data with (a), the finished stage-3 model from stage 1 (``task.most.align_from``, from their first
+step: ``task.most.align_warmup_steps=0``), so their stage 2 starts once (a) has trained; ``--joint NAME ...``
+fine-tunes those variants jointly instead of with CTC alone (stage 3 = the stage-2 objective without BEST-RQ: paired CTC plus the text-only loss, so
 what text taught is still trained while the paired data is). ``--results NAME`` writes
 ``most_study_NAME.json`` (a second study beside the first). The same command run again continues the study: every
 finished step left ``<log>.done`` and is skipped, and the training runs resume from their checkpoints
@@ -119,12 +121,23 @@ def parse_args() -> argparse.Namespace:
         "with task.most.bestrq_weight=0 (paired CTC, duration, consistency and the text-only loss, from step 0); "
         "their runs are named NAME_joint",
     )
+    ap.add_argument(
+        "--align-from-ctc",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="variants whose stage 2 aligns the paired data with the trained (a) (task.most.align_from, no "
+        "alignment warm-up) instead of with its own CTC head; they start when (a) has trained",
+    )
     ap.add_argument("--results", default="", help="results name suffix: bench/results/most_study_<NAME>.json")
     ap.add_argument("--sequential", action="store_true", help="run (a), (b), (c) one after another")
     args = ap.parse_args()
-    unknown = set(args.joint) - {v.partition("=")[0] for v in args.most_variants}
-    if unknown:
-        ap.error(f"--joint {' '.join(sorted(unknown))}: not among --most-variants")
+    names = {v.partition("=")[0] for v in args.most_variants}
+    for flag, chosen in (("--joint", args.joint), ("--align-from-ctc", args.align_from_ctc)):
+        if unknown := set(chosen) - names:
+            ap.error(f"{flag} {' '.join(sorted(unknown))}: not among --most-variants")
+    if args.align_from_ctc and args.sequential:
+        ap.error("--align-from-ctc waits for (a) to train while the other runs go on: leave out --sequential")
     return args
 
 
@@ -342,6 +355,7 @@ def main() -> None:
     }  # fmt: skip
     stage2_dirs: dict[str, Path] = {}  # job name -> its stage-2 run
     stage2_overrides: dict[str, str] = {}  # job name -> its variant's stage-2 overrides
+    after_ctc: set[str] = set()  # jobs whose stage 2 aligns with (a), so waits for its training
     for variant in args.most_variants:
         vname, _, overrides = variant.partition("=")
         joint = vname in args.joint
@@ -350,6 +364,11 @@ def main() -> None:
             (exp / "stage2", f"most_{suffix}") if vname == "most" else (exp / f"stage2_{vname}", f"{vname}_{suffix}")
         )
         stage2_dirs[name] = stage2
+        align_warmup = args.align_warmup
+        if vname in args.align_from_ctc:
+            after_ctc.add(name)
+            overrides = f"task.most.align_from={exp / 'ctc'} {overrides}".strip()
+            align_warmup = 0
         stage2_overrides[name] = overrides
         most = [f"task.most.text_layer={args.text_layer}", *args.stage2_extra, *overrides.split()]
         # joint fine-tuning: the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over
@@ -361,7 +380,7 @@ def main() -> None:
                               f"trainer.exp_dir={exp / name}"))  # fmt: skip
         jobs[name] = [
             (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), s2_min, f"init_from={stage1}",
-                       f"task.most.text_warmup_steps={args.text_warmup}", f"task.most.align_warmup_steps={args.align_warmup}",
+                       f"task.most.text_warmup_steps={args.text_warmup}", f"task.most.align_warmup_steps={align_warmup}",
                        *most, f"trainer.exp_dir={stage2}"), logs / f"{stage2.name}.log"),
             (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / f"{stage2.name}_eval.log"),
             (finetune, logs / f"{name}.log"),
@@ -373,10 +392,22 @@ def main() -> None:
     for name in jobs:
         jobs[name].append((eval_cmd(exp / name, exp / name / "eval.json", args.device), logs / f"{name}_eval.log"))
 
+    import threading
+
+    ctc_trained = threading.Event()  # set once (a)'s training has finished (or failed: then the waiters fail too)
+
     def one(name: str) -> None:
         t0 = time.perf_counter()
-        for cmd, log in jobs[name]:
-            run(cmd, log)
+        if name in after_ctc:
+            ctc_trained.wait()
+        try:
+            for cmd, log in jobs[name]:
+                run(cmd, log)
+                if name == "ctc":
+                    ctc_trained.set()
+        finally:
+            if name == "ctc":
+                ctc_trained.set()
         results["runs"][name] = {
             "minutes": round((time.perf_counter() - t0) / 60, 2),
             "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
