@@ -9,13 +9,15 @@ data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the
 bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS]``:
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
 - ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``;
 - ``_p64``: ``data.pad_to_frames=64 data.num_buckets=30`` instead of ``data.pad_to_frames=256``: 13%
   of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``bench/padding_waste.py``);
+- ``_xs``: the CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (segments
+  that grow in place, so batches of changing shapes need not free the cache and wait for the device);
 - ``_dSECONDS``: ``data.max_duration=SECONDS`` (audio per batch) instead of the size's default (``SIZES``).
 
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
@@ -31,6 +33,9 @@ state: the windows of the second half of the run, when the padded lengths have b
 - ``gpu_busy``: ``nvidia-smi``'s ``utilization.gpu`` (time with a kernel running), sampled every 200 ms
   over the steady windows.
 - ``peak_mem_gib``: ``torch.cuda.max_memory_allocated`` (``train/max_mem_gib``).
+- ``alloc_retries_steady`` ("cache frees"): how often, in steady state, the caching allocator found no
+  free block, released its cache and retried (``num_alloc_retries``, ``train/alloc_retries``); each
+  release frees device memory, which waits for the GPU to finish its work.
 - ``mfu``: model FLOPs per audio second (forward + backward of the encoder and CTC head, counted by
   ``torch.utils.flop_counter`` on fake tensors for a 2.56 s utterance, plus the chunk attention, which
   the counter leaves out; activation checkpointing's recomputation is not counted) x audio seconds per
@@ -81,26 +86,27 @@ PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 @dataclass(frozen=True)
 class Variant:
-    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS]``, parsed."""
+    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS]``, parsed."""
 
     size: str
     factor: int  # subsampling
     ac: bool  # activation checkpointing
     fsdp: bool
     padding: str  # a PADDING key
+    expandable: bool  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
 
 
 def parse_variant(name: str) -> Variant:
     size, *flags = name.split("_")
     durations = [int(f[1:]) for f in flags if re.fullmatch(r"d\d+", f)]
-    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64"}
+    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64", "xs"}
     if size not in SIZES or unknown or len(durations) > 1:
         raise SystemExit(
-            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] with SIZE in {sorted(SIZES)}"
+            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS] with SIZE in {sorted(SIZES)}"
         )
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
-                   "p64" if "p64" in flags else "p256", durations[0] if durations else None)  # fmt: skip
+                   "p64" if "p64" in flags else "p256", "xs" in flags, durations[0] if durations else None)  # fmt: skip
 
 
 def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
@@ -219,6 +225,8 @@ def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler
     log_path = work / f"{name}.log"
     cmd = command(name, args, exp)
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor_{name}"))
+    if v.expandable:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     if args.dry_run:  # the CPU trains: one thread, as CPU runs train (on a GPU the host's threads init the model)
         env["OMP_NUM_THREADS"] = "1"
     seen: list[tuple[dict, float]] = []  # (metrics row, time.time() when it appeared)
@@ -264,6 +272,10 @@ def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler
     mem = [r["train/max_mem_gib"] for r, _ in rows if "train/max_mem_gib" in r]
     if mem:
         result["peak_mem_gib"] = round(max(mem), 1)
+    retries = [(r["step"], r["train/alloc_retries"]) for r, _ in rows if "train/alloc_retries" in r]
+    if retries:  # the allocator's cache frees in steady state (each one waits for the device)
+        result["alloc_retries"] = retries[-1][1]
+        result["alloc_retries_steady"] = retries[-1][1] - retries[len(retries) // 2 - 1][1]
     if gpu is not None:
         result["gpu_busy"] = gpu.mean(rows[len(rows) // 2 - 1][1], steady[-1][1])  # from the window before
     flops = flops_per_audio_second(v.size, v.factor)
@@ -279,7 +291,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default=None,
-        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_dSECONDS] (default {DEFAULT_VARIANTS})",
+        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS] (default {DEFAULT_VARIANTS})",
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
     ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")
@@ -330,7 +342,7 @@ def main() -> None:
             gpu.stop()
     result["total_s"] = round(time.time() - t0, 1)
     write_result(json_path, result)
-    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s}"
+    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s} {'cache frees':>11s}"
     print("\n" + head)
     for name, r in result["variants"].items():
         if "error" in r:
@@ -343,7 +355,8 @@ def main() -> None:
         print(
             f"{name:14s} {cell('audio_h_per_gpu_h', 'd'):>13s} {cell('loader_wait', '.1%'):>11s} "
             f"{cell('gpu_busy', '.0%'):>8s} {cell('peak_mem_gib', '.1f'):>8s} {cell('mfu', '.1%'):>6s} "
-            f"{cell('ceiling_audio_h_per_gpu_h', 'd'):>8s} {cell('first_log_s', '.0f'):>9s}"
+            f"{cell('ceiling_audio_h_per_gpu_h', 'd'):>8s} {cell('first_log_s', '.0f'):>9s} "
+            f"{cell('alloc_retries_steady', '.0f'):>11s}"
         )
     print(f"total {result['total_s']:.0f} s (corpus and features {prep_s:.0f} s); JSON: {json_path}")
 

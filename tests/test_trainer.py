@@ -1,5 +1,6 @@
 """The loop on a toy task: exact resume, non-finite steps, and divergence."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -295,5 +296,8 @@ def test_cuda_graph_steps_match_the_default_compiled_steps(tmp_path):
         trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), EncoderHeadTask(), loader, "x: 1\n", spec=spec)
         losses[mode] = [loss for _, loss in trainer.fit().losses]
         assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+        rows = [json.loads(x) for x in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+        logged = [r for r in rows if "train/loss" in r]  # the allocator's counters ride on each log line
+        assert logged and all(r["train/max_mem_gib"] > 0 and r["train/alloc_retries"] >= 0 for r in logged)
     assert len(losses["default"]) == 10
     torch.testing.assert_close(losses["reduce-overhead"], losses["default"], rtol=1e-5, atol=1e-6)

@@ -601,8 +601,11 @@ class Trainer:
                         "train/loader_wait": wait,  # share of the window's wall time spent waiting for batches
                         "train/bad_steps": float(self.bad_steps_total),
                     }
-                    if self.device.type == "cuda":  # the allocator's counter: no device sync
-                        scalars["train/max_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                    if self.device.type == "cuda":  # the allocator's counters: no device sync
+                        stats = torch.cuda.memory_stats(self.device)
+                        scalars["train/max_mem_gib"] = stats.get("allocated_bytes.all.peak", 0) / 2**30
+                        # times the allocator freed its cache to retry an allocation (each waits for the device)
+                        scalars["train/alloc_retries"] = float(stats.get("num_alloc_retries", 0))
                     scalars |= {f"train/{k}": float(v) / self.optim_cfg.accum_steps for k, v in metric_sums.items()}
                     self._log(writer, metrics_log, scalars)
                     self._health_check(scalars)
