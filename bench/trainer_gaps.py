@@ -10,9 +10,11 @@ warm-up steps, ``--steps`` steps run under ``torch.profiler`` (CPU and CUDA). Fr
 
 - ``busy``: the share of the profiled steps' wall time with a kernel, copy or memset running on the GPU
   (the union of their intervals), the same quantity ``nvidia-smi``'s utilization samples;
+- ``host_ms_per_step_by_phase``: the host's wall time in each phase;
 - ``gaps``: every idle interval between them, put down to (a) the trainer's phase the host was in when it
   launched the work that ended the gap (``next_batch``: taking the loader's next batch; ``forward_backward``;
-  ``settle``: reading an earlier step's loss; ``other``: gradient clipping, the optimizer, logging), and
+  ``settle``: reading an earlier step's loss; those ``--annotate`` names, innermost first; ``other``: gradient
+  clipping, the optimizer, logging), and
   (b) the innermost operator on the launching thread (the autograd thread launches the backward).
 
 A gap the host ends late is launch-bound time (Python, dispatch, compiled-graph guards between kernels);
@@ -97,6 +99,9 @@ def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
     busy_us = sum(end - start for start, end in busy)
     first_after = sorted((e["ts"], e) for e in device)
     first_ts = [t for t, _ in first_after]
+    host_ms: collections.Counter[str] = collections.Counter()  # each phase's host time in the window
+    for start, end, name in phase_spans:
+        host_ms[name] += max(0.0, min(end, hi) - max(start, lo)) / 1e3
     by_phase: collections.Counter[str] = collections.Counter()
     by_op: collections.Counter[str] = collections.Counter()
     by_kernel: collections.Counter[str] = collections.Counter()
@@ -131,11 +136,32 @@ def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
         "busy": round(busy_us / window, 4),
         "idle_ms_per_step": round((window - busy_us) / 1e3 / len(steps), 2),
         "gaps_per_step": round(n_gaps / len(steps), 1),
+        "host_ms_per_step_by_phase": {k: round(v / len(steps), 2) for k, v in host_ms.most_common()},
         "gap_ms_launched_late": round(late / 1e3, 3),
         "gap_ms_by_phase": top(by_phase),
         "gap_ms_by_launching_op": top(by_op),
         "gap_ms_by_next_kernel": top(by_kernel),
     }
+
+
+def _annotate(target: str, record_function) -> None:
+    """Wrap ``module:attr[.attr]`` (a function or a method) in ``record_function("usmkit.<last attr>")``."""
+    import functools
+    import importlib
+
+    module_name, _, path = target.partition(":")
+    *owners, name = path.split(".")
+    owner = importlib.import_module(module_name)
+    for attr in owners:
+        owner = getattr(owner, attr)
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def timed(*a, **k):
+        with record_function(f"usmkit.{name}"):
+            return fn(*a, **k)
+
+    setattr(owner, name, timed)
 
 
 def main() -> None:
@@ -144,6 +170,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="profiled steps")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--trace", type=Path, default=None, help="keep the Chrome trace here")
+    ap.add_argument(
+        "--annotate",
+        nargs="*",
+        default=[],
+        metavar="MODULE:ATTR",
+        help="more phases: functions or methods to time by name, e.g. usmkit.ssl.most:forced_durations "
+        "(the name the caller looks up) or usmkit.ssl.most:MostModel._text_loss",
+    )
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
 
@@ -197,6 +231,8 @@ def main() -> None:
     Trainer._forward_backward, Trainer._settle, Trainer._batches = (
         annotated_forward_backward, annotated_settle, annotated_batches,
     )  # fmt: skip
+    for target in args.annotate:
+        _annotate(target, record_function)
     t0 = time.perf_counter()
     prof.start()
     try:
@@ -209,6 +245,9 @@ def main() -> None:
     print(f"{result['steps']} steps of {result['step_ms']} ms: GPU busy {result['busy']:.1%}, "
           f"idle {result['idle_ms_per_step']} ms per step in {result['gaps_per_step']} gaps "
           f"({result['gap_ms_launched_late'] / max(result['window_ms'], 1e-9):.1%} of the time launched late)")  # fmt: skip
+    print(f"\n{'host ms':>9s}  phase (per step)")
+    for name, ms in result["host_ms_per_step_by_phase"].items():
+        print(f"{ms:9.2f}  {name}")
     for key in ("gap_ms_by_phase", "gap_ms_by_launching_op", "gap_ms_by_next_kernel"):
         print(f"\n{'idle ms':>9s}  {key.removeprefix('gap_ms_by_')} (over {result['steps']} steps)")
         for name, ms in result[key].items():

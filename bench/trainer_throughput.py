@@ -9,7 +9,7 @@ data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the
 bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS]``:
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
@@ -18,6 +18,8 @@ Each runs in its own process group with an empty inductor cache, and is killed a
   of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``bench/padding_waste.py``);
 - ``_xs``: the CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (segments
   that grow in place, so batches of changing shapes need not free the cache and wait for the device);
+- ``_tri``: ``model.attention_impl=triton`` (the project's chunk-attention kernel) instead of ``sdpa``
+  (PyTorch's fused attention with a padding mask, which picks cuDNN's kernel on Hopper);
 - ``_dSECONDS``: ``data.max_duration=SECONDS`` (audio per batch) instead of the size's default (``SIZES``).
 
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
@@ -86,7 +88,7 @@ PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 @dataclass(frozen=True)
 class Variant:
-    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS]``, parsed."""
+    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS]``, parsed."""
 
     size: str
     factor: int  # subsampling
@@ -94,19 +96,21 @@ class Variant:
     fsdp: bool
     padding: str  # a PADDING key
     expandable: bool  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    triton_attention: bool  # model.attention_impl=triton
     max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
 
 
 def parse_variant(name: str) -> Variant:
     size, *flags = name.split("_")
     durations = [int(f[1:]) for f in flags if re.fullmatch(r"d\d+", f)]
-    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64", "xs"}
+    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64", "xs", "tri"}
     if size not in SIZES or unknown or len(durations) > 1:
         raise SystemExit(
-            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS] with SIZE in {sorted(SIZES)}"
+            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS] with SIZE in {sorted(SIZES)}"
         )
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
-                   "p64" if "p64" in flags else "p256", "xs" in flags, durations[0] if durations else None)  # fmt: skip
+                   "p64" if "p64" in flags else "p256", "xs" in flags, "tri" in flags,
+                   durations[0] if durations else None)  # fmt: skip
 
 
 def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
@@ -209,6 +213,8 @@ def command(name: str, args, exp: Path) -> list[str]:
         overrides += ["model.subsampling_factor=8", "model.chunk_size=100"]
     if v.ac:
         overrides.append("trainer.activation_checkpointing=true")
+    if v.triton_attention:
+        overrides.append("model.attention_impl=triton")
     if v.fsdp:
         overrides.append("trainer.strategy=fsdp")
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
@@ -291,7 +297,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default=None,
-        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_xs][_dSECONDS] (default {DEFAULT_VARIANTS})",
+        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS] (default {DEFAULT_VARIANTS})",
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
     ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")
