@@ -15,7 +15,9 @@ warm-up steps, ``--steps`` steps run under ``torch.profiler`` (CPU and CUDA). Fr
   launched the work that ended the gap (``next_batch``: taking the loader's next batch; ``forward_backward``;
   ``settle``: reading an earlier step's loss; those ``--annotate`` names, innermost first; ``other``: gradient
   clipping, the optimizer, logging), and
-  (b) the innermost operator on the launching thread (the autograd thread launches the backward).
+  (b) the innermost operator on the launching thread (the autograd thread launches the backward); and
+  (c) the phase the host was in when the GPU went idle (``gap_ms_by_phase_at_gap_start``: a gap that opens
+  while the host takes the next batch and closes with that batch's copy is the loader's).
 
 A gap the host ends late is launch-bound time (Python, dispatch, compiled-graph guards between kernels);
 one behind a ``cudaStreamSynchronize`` / device-to-host copy is the host waiting and then refilling.
@@ -67,9 +69,13 @@ def _innermost(spans: list[tuple[float, float, str]], starts: list[float], t: fl
 def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
     """Busy share and attributed idle gaps of a Chrome trace's events (``torch.profiler`` export).
 
-    The window runs from the first ``ProfilerStep#`` annotation's start to the last one's end; a
+    The window runs from the host's first ``ProfilerStep#`` annotation's start to its last one's end; a
     gap is an interval of at least ``min_gap_us`` in it with no device activity."""
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = [  # the host's step annotations (the trace repeats each on the GPU's timeline: gpu_user_annotation)
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+    ]
     if not steps:
         raise ValueError("no ProfilerStep# annotation in the trace: were the profiled steps reached?")
     lo = min(e["ts"] for e in steps)
@@ -103,6 +109,7 @@ def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
     for start, end, name in phase_spans:
         host_ms[name] += max(0.0, min(end, hi) - max(start, lo)) / 1e3
     by_phase: collections.Counter[str] = collections.Counter()
+    by_phase_at_start: collections.Counter[str] = collections.Counter()  # what the host was in as the GPU went idle
     by_op: collections.Counter[str] = collections.Counter()
     by_kernel: collections.Counter[str] = collections.Counter()
     late = 0.0  # gap time whose ending work was launched after the GPU had gone idle
@@ -113,6 +120,7 @@ def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
         if gap < min_gap_us:
             continue
         n_gaps += 1
+        by_phase_at_start[_innermost(phase_spans, phase_starts, gap_start) or "other"] += gap
         i = bisect.bisect_left(first_ts, gap_end - 1e-3)
         nxt = first_after[i][1] if i < len(first_after) else None
         launch = launches.get(nxt["args"].get("correlation")) if nxt is not None else None
@@ -139,6 +147,7 @@ def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
         "host_ms_per_step_by_phase": {k: round(v / len(steps), 2) for k, v in host_ms.most_common()},
         "gap_ms_launched_late": round(late / 1e3, 3),
         "gap_ms_by_phase": top(by_phase),
+        "gap_ms_by_phase_at_gap_start": top(by_phase_at_start),
         "gap_ms_by_launching_op": top(by_op),
         "gap_ms_by_next_kernel": top(by_kernel),
     }
@@ -248,7 +257,7 @@ def main() -> None:
     print(f"\n{'host ms':>9s}  phase (per step)")
     for name, ms in result["host_ms_per_step_by_phase"].items():
         print(f"{ms:9.2f}  {name}")
-    for key in ("gap_ms_by_phase", "gap_ms_by_launching_op", "gap_ms_by_next_kernel"):
+    for key in ("gap_ms_by_phase", "gap_ms_by_phase_at_gap_start", "gap_ms_by_launching_op", "gap_ms_by_next_kernel"):
         print(f"\n{'idle ms':>9s}  {key.removeprefix('gap_ms_by_')} (over {result['steps']} steps)")
         for name, ms in result[key].items():
             print(f"{ms:9.2f}  {name}")
