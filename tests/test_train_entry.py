@@ -259,6 +259,12 @@ def test_compiled_lengths_count_padded_lengths_and_refuse_unpadded_batches():
     )
     with pytest.raises(UsageError, match="data.pad_to_frames"):
         compiled_lengths(cfg(pad_to_frames=0))
+    # MOST's text path needs its own padding
+    most = {"trainer": {"compile": True}, "data": {"pad_to_frames": 256}, "task": {"kind": "most"}}
+    with pytest.raises(UsageError, match="task.most.pad_text_to"):
+        compiled_lengths(from_dict(TrainConfig, most))
+    most["task"]["most"] = {"pad_text_to": 64}
+    assert compiled_lengths(from_dict(TrainConfig, most)) == 12  # as for audio alone
 
 
 def test_init_ctc_head_only_from_a_run_with_the_same_tokenizer(tmp_path):

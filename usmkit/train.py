@@ -110,6 +110,11 @@ def compiled_lengths(cfg: TrainConfig) -> int:
             "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256): unpadded batches "
             "compile a new graph for every length, and past torch's recompile limit they run uncompiled"
         )
+    if cfg.task.kind == "most" and cfg.task.most.pad_text_to == 0:
+        raise UsageError(
+            "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (e.g. data.pad_to_frames / "
+            "model.subsampling_factor = 64): unpadded text compiles a new graph for every token and frame length"
+        )
     slowest = min((1.0, *data.speed_perturb))  # a factor below 1 lengthens the audio
     max_frames = math.ceil(data.max_cut_duration / slowest * 1000 / data.features.frame_shift_ms)
     return math.ceil(max_frames / data.pad_to_frames)

@@ -366,3 +366,35 @@ def test_text_noise_follows_the_spread_of_speech_around_text(monkeypatch):
         MostConfig(text_noise=1.0, consistency_weight=0.0)
     with pytest.raises(ValueError, match="text_noise"):
         MostConfig(text_noise=-1.0)
+
+
+def test_padded_text_leaves_every_loss_unchanged_and_gives_lengths_in_multiples(monkeypatch):
+    """pad_text_to: the text encoder reads tokens padded to a multiple, the text-only frames are padded to one,
+    and every loss equals the unpadded model's (padding is masked; no text masks, so both draw the same)."""
+    batch = _most_batch()
+    plain = _model(text_mask_prob=0.0).eval()
+    padded = _model(text_mask_prob=0.0, pad_text_to=8).eval()
+    padded.load_state_dict(plain.state_dict())
+    seen = {"tokens": [], "frames": []}
+    encode_tokens, frames = padded.text_encoder.encode_tokens, padded.text_encoder.frames
+
+    def spy_tokens(tokens, token_lens):
+        seen["tokens"].append(tokens.shape[1])
+        return encode_tokens(tokens, token_lens)
+
+    def spy_frames(states, durations, num_frames=None):
+        out, lengths = frames(states, durations, num_frames)
+        seen["frames"].append(out.shape[1])
+        return out, lengths
+
+    monkeypatch.setattr(padded.text_encoder, "encode_tokens", spy_tokens)
+    monkeypatch.setattr(padded.text_encoder, "frames", spy_frames)
+    torch.manual_seed(3)
+    a = plain(batch).metrics
+    torch.manual_seed(3)
+    b = padded(batch).metrics
+    assert seen["tokens"] == [8, 8]  # paired (5 tokens) and text-only (6 tokens) both to 8
+    paired_frames, text_frames = seen["frames"]  # the paired text follows its speech's frames (80 -> 19)
+    assert paired_frames == 19 and text_frames % 8 == 0
+    for name in LOSSES:
+        torch.testing.assert_close(b[f"loss_{name}"], a[f"loss_{name}"], rtol=1e-5, atol=1e-6, msg=name)

@@ -113,6 +113,11 @@ class MostModel(nn.Module):
         }
         return self.bestrq.health_check(renamed, step, warmup_steps)
 
+    def _pad_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, U) padded with -1 -> (B, U') with U' the next multiple of ``pad_text_to`` (U' = U if 0)."""
+        extra = -tokens.shape[1] % self.cfg.pad_text_to if self.cfg.pad_text_to else 0
+        return nn.functional.pad(tokens, (0, extra), value=-1) if extra else tokens
+
     def _aligner_log_probs(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """CTC log-posteriors (B, T', V) and lengths (B,) of the frozen ``align_from`` model."""
         if not self._aligner:
@@ -207,10 +212,12 @@ class MostModel(nn.Module):
                 raise ValueError("the align_from model's encoder frames differ from this model's (another front end?)")
             durations, ok = forced_durations(align_lp, lengths, batch.tokens, batch.token_lens)
         metrics["align_ok_frac"] = ok.float().mean()
-        token_valid = valid_mask(batch.token_lens, batch.tokens.shape[1]) & ok[:, None]  # (B, U)
+        tokens = self._pad_tokens(batch.tokens)  # (B, U')
+        durations = nn.functional.pad(durations, (0, tokens.shape[1] - durations.shape[1]))  # (B, U'), 0 at padding
+        token_valid = valid_mask(batch.token_lens, tokens.shape[1]) & ok[:, None]  # (B, U')
         metrics["dur_mean_frames"] = (durations * token_valid).sum() / token_valid.sum().clamp(min=1)
 
-        states = self.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
+        states = self.text_encoder.encode_tokens(tokens, batch.token_lens)  # (B, U', D)
         if cfg.duration_weight > 0:
             predicted = self.text_encoder.log_durations(states)  # (B, U)
             mse, abs_err = log_duration_errors(predicted, durations, token_valid.float())
@@ -238,9 +245,13 @@ class MostModel(nn.Module):
         """CTC reconstruction of masked text-only sentences through blocks k..; (loss, masked fraction).
         ``residual_std`` (D,): the spread of speech around text that ``text_noise`` scales."""
         cfg = self.cfg
-        states = self.text_encoder.encode_tokens(batch.tokens, batch.token_lens)  # (B, U, D)
+        states = self.text_encoder.encode_tokens(self._pad_tokens(batch.tokens), batch.token_lens)  # (B, U', D)
         durations = durations_from_log(self.text_encoder.log_durations(states), batch.token_lens, cfg.max_token_frames)
-        frames, lengths = self.text_encoder.frames(states, durations)  # (B, T', D), (B,)
+        num_frames = None  # the longest row's frames, or with pad_text_to the next multiple of it
+        if cfg.pad_text_to:
+            longest = int(durations.sum(1).max())  # one host sync, as upsample's own without num_frames
+            num_frames = -(-longest // cfg.pad_text_to) * cfg.pad_text_to
+        frames, lengths = self.text_encoder.frames(states, durations, num_frames)  # (B, T', D), (B,)
         if cfg.text_detach_encoder:
             frames = frames.detach()
         if cfg.text_noise > 0 and residual_std is not None:

@@ -35,6 +35,9 @@ class MostConfig:
     Alignments: ``align_from`` = a CTC checkpoint (run dir or checkpoint dir, same tokenizer) whose
     frozen model aligns the paired data; ``None`` = the CTC head of the model being trained.
 
+    Padding: ``pad_text_to`` > 0 pads the text encoder's tokens and the text-only frames to a multiple of
+    it (padding is masked: the losses do not change), so compiled training meets a few text lengths.
+
     Streams (one batch of each active stream per step): a stream's batch holds at most
     ``<stream>_ratio * data.max_duration`` seconds; a text-only sentence of U tokens counts as
     ``U * text_seconds_per_token`` seconds (``None`` = measured on the paired training transcripts).
@@ -71,13 +74,18 @@ class MostConfig:
     paired_ratio: float = 1.0
     text_ratio: float = 1.0
     text_seconds_per_token: float | None = None
+    # Text lengths padded to a multiple of this (0 = none): the paired and text-only tokens the text
+    # encoder reads, and the text-only stream's upsampled frames (encoder frames). Compiled training is
+    # static in time, so like ``data.pad_to_frames`` for audio this keeps the text path to a few lengths;
+    # ``data.pad_to_frames / model.subsampling_factor`` makes its frame lengths those of the speech.
+    pad_text_to: int = 0
 
     def __post_init__(self) -> None:
         if self.text_layer is not None and self.text_layer < 0:
             raise ValueError(
                 f"task.most.text_layer must be >= 0 or null (a third of the blocks), got {self.text_layer}"
             )
-        for name in ("text_token_blocks", "text_frame_blocks", "text_warmup_steps", "align_warmup_steps"):
+        for name in ("text_token_blocks", "text_frame_blocks", "text_warmup_steps", "align_warmup_steps", "pad_text_to"):
             if getattr(self, name) < 0:
                 raise ValueError(f"task.most.{name} must be >= 0, got {getattr(self, name)}")
         if self.max_token_frames < 1:
