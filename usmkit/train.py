@@ -112,8 +112,8 @@ def compiled_lengths(cfg: TrainConfig) -> int:
         )
     if cfg.task.kind == "most" and cfg.task.most.pad_text_to == 0:
         raise UsageError(
-            "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (e.g. data.pad_to_frames / "
-            "model.subsampling_factor = 64): unpadded text compiles a new graph for every token and frame length"
+            "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (set it to data.pad_to_frames): "
+            "unpadded text compiles a new graph for every token and frame length"
         )
     slowest = min((1.0, *data.speed_perturb))  # a factor below 1 lengthens the audio
     max_frames = math.ceil(data.max_cut_duration / slowest * 1000 / data.features.frame_shift_ms)
@@ -125,6 +125,8 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     if cfg.trainer.compile:
         # Per padded length one graph, and one more for a batch of one row (torch specializes sizes 0 and 1).
         needed = 2 * compiled_lengths(cfg)
+        if cfg.task.kind == "most":  # the text encoder's token lengths: at most as many as the frame lengths
+            needed *= 2
         limit = torch._dynamo.config.recompile_limit
         if needed > limit:
             torch._dynamo.config.recompile_limit = needed

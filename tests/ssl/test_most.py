@@ -13,6 +13,7 @@ from usmkit.data.mixer import MostBatch
 from usmkit.data.text_only import TextBatch
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.subsampling import conv_out_size
 from usmkit.ssl.alignment import forced_durations, frames_needed, token_durations
 from usmkit.ssl.bestrq import BestRQConfig
 from usmkit.ssl.duration import durations_from_log, log_duration_errors, upsample
@@ -368,14 +369,15 @@ def test_text_noise_follows_the_spread_of_speech_around_text(monkeypatch):
         MostConfig(text_noise=-1.0)
 
 
-def test_padded_text_leaves_every_loss_unchanged_and_gives_lengths_in_multiples(monkeypatch):
-    """pad_text_to: the text encoder reads tokens padded to a multiple, the text-only frames are padded to one,
-    and every loss equals the unpadded model's (padding is masked; no text masks, so both draw the same)."""
+def test_padded_text_leaves_every_loss_unchanged_and_takes_the_speech_lengths(monkeypatch):
+    """pad_text_to (feature frames, as data.pad_to_frames): the text encoder reads tokens padded to a multiple of
+    it / 4, the text-only frames take the encoder length of audio padded alike, and every loss equals the unpadded
+    model's (padding is masked; no text masks, so both draw the same random numbers)."""
     batch = _most_batch()
     plain = _model(text_mask_prob=0.0).eval()
-    padded = _model(text_mask_prob=0.0, pad_text_to=8).eval()
+    padded = _model(text_mask_prob=0.0, pad_text_to=32).eval()
     padded.load_state_dict(plain.state_dict())
-    seen = {"tokens": [], "frames": []}
+    seen = {"tokens": [], "frames": [], "natural": []}
     encode_tokens, frames = padded.text_encoder.encode_tokens, padded.text_encoder.frames
 
     def spy_tokens(tokens, token_lens):
@@ -385,6 +387,7 @@ def test_padded_text_leaves_every_loss_unchanged_and_gives_lengths_in_multiples(
     def spy_frames(states, durations, num_frames=None):
         out, lengths = frames(states, durations, num_frames)
         seen["frames"].append(out.shape[1])
+        seen["natural"].append(int(lengths.max()))
         return out, lengths
 
     monkeypatch.setattr(padded.text_encoder, "encode_tokens", spy_tokens)
@@ -393,8 +396,15 @@ def test_padded_text_leaves_every_loss_unchanged_and_gives_lengths_in_multiples(
     a = plain(batch).metrics
     torch.manual_seed(3)
     b = padded(batch).metrics
-    assert seen["tokens"] == [8, 8]  # paired (5 tokens) and text-only (6 tokens) both to 8
-    paired_frames, text_frames = seen["frames"]  # the paired text follows its speech's frames (80 -> 19)
-    assert paired_frames == 19 and text_frames % 8 == 0
+    assert seen["tokens"] == [8, 8]  # paired (5 tokens) and text-only (6 tokens), to a multiple of 32 / 4
+    paired_frames, text_frames = seen["frames"]
+    assert paired_frames == 19  # the paired text follows its speech's frames (80 feature frames)
+    speech = [conv_out_size(n * 32) for n in range(1, 40)]  # 7, 15, 23, 31, ...: audio padded to 32 frames
+    assert text_frames == min(t for t in speech if t >= seen["natural"][1])
     for name in LOSSES:
         torch.testing.assert_close(b[f"loss_{name}"], a[f"loss_{name}"], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_padded_text_frames_are_the_encoder_lengths_of_padded_audio():
+    model = _model(pad_text_to=256)
+    assert [model._text_frames(n) for n in (1, 63, 64, 127, 128)] == [63, 63, 127, 127, 191]

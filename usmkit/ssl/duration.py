@@ -50,7 +50,7 @@ def upsample(x: torch.Tensor, durations: torch.Tensor, num_frames: int | None = 
     """
     B, U, D = x.shape
     ends = durations.cumsum(dim=1)  # (B, U): first frame after each token
-    lengths = ends[:, -1] if U > 0 else durations.new_zeros(B)
+    lengths = ends[:, -1].contiguous() if U > 0 else durations.new_zeros(B)  # a column view would recompile
     T = int(lengths.max()) if num_frames is None else num_frames
     if num_frames is not None and U > 0 and bool((lengths > num_frames).any()):
         raise ValueError(f"durations sum to {lengths.max().item()} frames, more than num_frames={num_frames}")

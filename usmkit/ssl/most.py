@@ -52,6 +52,7 @@ from usmkit.decoding import Hypothesis, ctc_greedy_hypotheses, ctc_prefix_beam_s
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead, ctc_loss
 from usmkit.models.output import StepOutput
+from usmkit.models.subsampling import conv_out_size
 from usmkit.ssl.alignment import forced_durations, load_aligner
 from usmkit.ssl.bestrq import BestRQConfig, BestRQModel
 from usmkit.ssl.duration import durations_from_log, log_duration_errors
@@ -114,9 +115,20 @@ class MostModel(nn.Module):
         return self.bestrq.health_check(renamed, step, warmup_steps)
 
     def _pad_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, U) padded with -1 -> (B, U') with U' the next multiple of ``pad_text_to`` (U' = U if 0)."""
-        extra = -tokens.shape[1] % self.cfg.pad_text_to if self.cfg.pad_text_to else 0
+        """tokens (B, U) padded with -1 -> (B, U'), U' the next multiple of ``pad_text_to`` / the subsampling
+        factor (U' = U without ``pad_text_to``)."""
+        multiple = max(1, self.cfg.pad_text_to // self.encoder.subsampling_factor) if self.cfg.pad_text_to else 1
+        extra = -tokens.shape[1] % multiple
         return nn.functional.pad(tokens, (0, extra), value=-1) if extra else tokens
+
+    def _text_frames(self, longest: int) -> int:
+        """The padded length of text-only frames whose longest row has ``longest``: the encoder length of
+        audio padded to the smallest multiple of ``pad_text_to`` feature frames that holds it."""
+        step, factor = self.cfg.pad_text_to, self.encoder.subsampling_factor
+        n = max(1, -(-longest * factor // step))
+        while conv_out_size(n * step, factor) < longest:
+            n += 1
+        return conv_out_size(n * step, factor)
 
     def _aligner_log_probs(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """CTC log-posteriors (B, T', V) and lengths (B,) of the frozen ``align_from`` model."""
@@ -247,10 +259,9 @@ class MostModel(nn.Module):
         cfg = self.cfg
         states = self.text_encoder.encode_tokens(self._pad_tokens(batch.tokens), batch.token_lens)  # (B, U', D)
         durations = durations_from_log(self.text_encoder.log_durations(states), batch.token_lens, cfg.max_token_frames)
-        num_frames = None  # the longest row's frames, or with pad_text_to the next multiple of it
+        num_frames = None  # the longest row's frames, or with pad_text_to a speech length that holds it
         if cfg.pad_text_to:
-            longest = int(durations.sum(1).max())  # one host sync, as upsample's own without num_frames
-            num_frames = -(-longest // cfg.pad_text_to) * cfg.pad_text_to
+            num_frames = self._text_frames(int(durations.sum(1).max()))  # one host sync, as upsample's own
         frames, lengths = self.text_encoder.frames(states, durations, num_frames)  # (B, T', D), (B,)
         if cfg.text_detach_encoder:
             frames = frames.detach()

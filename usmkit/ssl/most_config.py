@@ -35,8 +35,9 @@ class MostConfig:
     Alignments: ``align_from`` = a CTC checkpoint (run dir or checkpoint dir, same tokenizer) whose
     frozen model aligns the paired data; ``None`` = the CTC head of the model being trained.
 
-    Padding: ``pad_text_to`` > 0 pads the text encoder's tokens and the text-only frames to a multiple of
-    it (padding is masked: the losses do not change), so compiled training meets a few text lengths.
+    Padding: ``pad_text_to`` > 0 (feature frames, as ``data.pad_to_frames``) pads the text encoder's tokens
+    and the text-only frames to a few lengths, the frames to those of speech padded alike (padding is masked:
+    the losses do not change), so compiled training meets few text lengths.
 
     Streams (one batch of each active stream per step): a stream's batch holds at most
     ``<stream>_ratio * data.max_duration`` seconds; a text-only sentence of U tokens counts as
@@ -74,10 +75,10 @@ class MostConfig:
     paired_ratio: float = 1.0
     text_ratio: float = 1.0
     text_seconds_per_token: float | None = None
-    # Text lengths padded to a multiple of this (0 = none): the paired and text-only tokens the text
-    # encoder reads, and the text-only stream's upsampled frames (encoder frames). Compiled training is
-    # static in time, so like ``data.pad_to_frames`` for audio this keeps the text path to a few lengths;
-    # ``data.pad_to_frames / model.subsampling_factor`` makes its frame lengths those of the speech.
+    # Text padded as ``data.pad_to_frames`` pads audio, in the same feature frames (0 = none; set both
+    # alike): the text-only frames to the encoder length of audio padded to a multiple of it, so the shared
+    # blocks meet the speech's lengths, and the text encoder's tokens to a multiple of it / the
+    # subsampling factor. Compiled training is static in time: this keeps the text path to a few lengths.
     pad_text_to: int = 0
 
     def __post_init__(self) -> None:
