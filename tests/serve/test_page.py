@@ -180,14 +180,17 @@ def test_page_transcribes_the_microphone_like_the_command_line(word_ckpt, tmp_pa
     assert state["partials"] > 0 and state["inputRate"] > 0
     assert state["samplesSent"] / SR > audio.size / SR - 0.2  # the whole recording went out at 16 kHz
     assert [f["sentence"] for f in state["finals"]] == [s["text"] for s in cli]
+    shifts = []  # file time - page time of each word's start (ms)
     for final, segment, text in zip(state["finals"], cli, shown, strict=True):
         words = final["word_pieces"]
         assert [w["word"] for w in words] == [w["word"] for w in segment["words"]]
         times = [t for w in words for t in (w["start"], w["end"])]
         assert times == sorted(times)
-        # The page starts a little into the recording: its times are the file's, a little early.
-        assert all(0 <= 1000 * w["start"] - p["start"] < 300 for p, w in zip(words, segment["words"], strict=True))
+        shifts += [1000 * w["start"] - p["start"] for p, w in zip(words, segment["words"], strict=True)]
         assert segment["text"] in text
+    # The page starts a little into the recording (how far depends on how soon streaming began after the fake
+    # microphone opened, later on a loaded machine): its times are the file's, all shifted by that one delay.
+    assert all(0 <= s < 2000 for s in shifts) and max(shifts) - min(shifts) <= 80, shifts
     assert "connect 127.0.0.1" in log and "disconnect 127.0.0.1" in log and "done" in log
     assert screenshot.stat().st_size > 10_000
 
