@@ -231,7 +231,7 @@ class MostModel(nn.Module):
 
         states = self.text_encoder.encode_tokens(tokens, batch.token_lens)  # (B, U', D)
         if cfg.duration_weight > 0:
-            predicted = self.text_encoder.log_durations(states)  # (B, U)
+            predicted = self.text_encoder.log_durations(states)  # (B, U')
             mse, abs_err = log_duration_errors(predicted, durations, token_valid.float())
             terms["duration"] = mse
             metrics["dur_abs_log_err"] = abs_err.detach()
