@@ -158,12 +158,21 @@ def test_each_bad_message_gets_an_error_and_the_server_serves_others(server, wav
     t.start()
     with connect(server.url) as ws:
         for m in messages:
-            ws.send(m)
+            try:
+                ws.send(m)
+            except ConnectionClosed:  # the race below, lost before the last send
+                break
         replies, code = messages_until_closed(ws)
     t.join(timeout=60)
     failure = replies[-1]
-    assert failure["status"] == "failed" and expected in failure["message"] and code == 1008
-    assert [r["type"] for r in replies[:-1]] in ([], ["server_ready"])
+    kinds = [r.get("type") for r in replies]  # a failure has a status and a message, no type
+    if expected == "audio after the end signal" and kinds[-1:] == ["speech_end"]:
+        # A race the client can lose on a loaded machine: the empty stream ended (its results sent, the
+        # socket closing) before the late audio reached the server, which then had nothing to refuse.
+        assert kinds[0] == "server_ready" and set(kinds[1:-1]) <= {"final_result"} and code == 1000
+    else:
+        assert failure["status"] == "failed" and expected in failure["message"] and code == 1008
+        assert [r["type"] for r in replies[:-1]] in ([], ["server_ready"])
     good_messages, good_code = good["r"]
     assert good_code == 1000 and best_finals(good_messages) and good_messages[-1]["type"] == "speech_end"
 
