@@ -1,7 +1,7 @@
 """Settings and fixtures shared by every test folder.
 
 Fixtures here are the ones several test files need: the embedded corpus at ``size=tiny`` (built once per
-session) and ``one_thread`` for modules of tiny models. Folder-specific fixtures live in that folder's
+session), ``one_thread`` for modules of tiny models and ``aot_eager`` for compiling without inductor. Folder-specific fixtures live in that folder's
 ``conftest.py`` (``tests/data/conftest.py``: small audio files and lhotse manifests).
 """
 
@@ -49,3 +49,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile with the aot_eager backend: dynamo and autograd tracing without inductor's compile time.
+    Dynamo's caches and counters start empty (``torch._dynamo.utils.counters``)."""
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()

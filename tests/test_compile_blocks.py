@@ -16,15 +16,6 @@ from usmkit.tasks import compile_units, train_spec
 from usmkit.trainer import Trainer
 
 
-@pytest.fixture
-def aot_eager(monkeypatch):
-    """torch.compile with the aot_eager backend: dynamo and autograd tracing without inductor's compile time."""
-    real = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager", **kw))
-    torch._dynamo.reset()
-    counters.clear()
-
-
 def _model() -> AsrModel:
     torch.manual_seed(0)
     enc = ConformerEncoder(
