@@ -410,12 +410,10 @@ def test_padded_text_frames_are_the_encoder_lengths_of_padded_audio():
     assert [model._text_frames(n) for n in (1, 63, 64, 127, 128)] == [63, 63, 127, 127, 191]
 
 
-def test_compiled_blocks_meet_fewer_text_lengths_with_pad_text_to(aot_eager, monkeypatch):
+def test_compiled_blocks_meet_fewer_text_lengths_with_pad_text_to(aot_eager):
     """Compiled blocks (trainer.compile_scope=blocks) over text-only batches of several lengths: padded, the
     text path takes a few lengths, so fewer graphs compile than unpadded (the speech batches stay one length)."""
     from torch._dynamo.utils import counters
-
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)  # as usmkit.train raises it: count them all
 
     from usmkit.compile_blocks import compile_blocks
     from usmkit.tasks import compile_units
@@ -427,8 +425,9 @@ def test_compiled_blocks_meet_fewer_text_lengths_with_pad_text_to(aot_eager, mon
         counters.clear()
         model = _model(pad_text_to=pad, text_mask_prob=0.0, max_token_frames=2).train()
         compile_blocks(compile_units(model))
-        for n in (3, 4, 6, 9, 10, 11):  # text-only sentences of n tokens, n to 2n frames
-            text = TextBatch(*_tokens([[4 + i % 7 for i in range(n)], [5, 6, 7]]))
-            model(MostBatch(_audio(2, 96, seed=1, lengths=[96, 70]), paired, text, 10)).loss.backward()
+        with torch._dynamo.config.patch(recompile_limit=64):  # as usmkit.train raises it: count them all
+            for n in (3, 4, 6, 9, 10, 11):  # text-only sentences of n tokens, n to 2n frames
+                text = TextBatch(*_tokens([[4 + i % 7 for i in range(n)], [5, 6, 7]]))
+                model(MostBatch(_audio(2, 96, seed=1, lengths=[96, 70]), paired, text, 10)).loss.backward()
         graphs[pad] = counters["stats"]["unique_graphs"]
     assert graphs[32] < graphs[0], graphs
