@@ -70,3 +70,21 @@ def last_step(exp_dir: Path) -> int:
     ``trainer.max_minutes`` stopped it)."""
     rows = [json.loads(x) for x in (Path(exp_dir) / "metrics.jsonl").read_text().splitlines()]
     return max((r["step"] for r in rows), default=0)
+
+
+def bench_train_config(name: str, steps: int, overrides: list[str]):
+    """The typed config and its YAML (what ``usmkit.train.run`` takes) of ``python -m usmkit.train
+    <overrides>`` run for ``steps`` steps with no evaluation, checkpoints or progress bar in a fresh
+    ``/tmp/<name>_<time>``: for benchmarks that run the trainer in their own process."""
+    import time
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from usmkit.config import TrainConfig, from_dict
+
+    overrides = [*overrides, f"trainer.max_steps={steps}", "trainer.eval_every=0", "trainer.save_every=0",
+                 "trainer.progress=false", f"trainer.exp_dir=/tmp/{name}_{int(time.time())}"]  # fmt: skip
+    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
+        container = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
+    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)

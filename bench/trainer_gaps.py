@@ -34,14 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import run_header, write_result
+from common import bench_train_config, run_header, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}
-PHASES = ("next_batch", "forward_backward", "settle")
 MIN_GAP_US = 5.0  # shorter idle intervals are the launch queue's normal spacing, not counted as gaps
 
 
@@ -74,13 +73,19 @@ def analyse(events: list[dict], min_gap_us: float = MIN_GAP_US) -> dict:
     steps = [  # the host's step annotations (the trace repeats each on the GPU's timeline: gpu_user_annotation)
         e
         for e in events
-        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("ProfilerStep#")
+        if e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and str(e.get("name", "")).startswith("ProfilerStep#")
     ]
     if not steps:
         raise ValueError("no ProfilerStep# annotation in the trace: were the profiled steps reached?")
     lo = min(e["ts"] for e in steps)
     hi = max(e["ts"] + e["dur"] for e in steps)
-    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS and e["ts"] < hi and e["ts"] + e["dur"] > lo]
+    device = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS and e["ts"] < hi and e["ts"] + e["dur"] > lo
+    ]
     launches = {
         e["args"]["correlation"]: e
         for e in events
@@ -191,21 +196,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     from usmkit import trainer as trainer_module
-    from usmkit.config import TrainConfig, from_dict
     from usmkit.train import run
 
     warmup = 2
-    total = args.skip + warmup + args.steps + 1
-    overrides = [*args.overrides, f"trainer.max_steps={total}", "trainer.eval_every=0", "trainer.save_every=0",
-                 "trainer.progress=false", f"trainer.exp_dir=/tmp/trainer_gaps_{int(time.time())}"]  # fmt: skip
-    with initialize_config_dir(str(ROOT / "usmkit" / "conf"), version_base="1.3"):
-        container = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-    cfg = from_dict(TrainConfig, container)
+    cfg, config_yaml = bench_train_config("trainer_gaps", args.skip + warmup + args.steps + 1, args.overrides)
     if cfg.optim.accum_steps != 1:
         raise SystemExit("trainer_gaps counts one forward-backward per step: run it with optim.accum_steps=1")
 
@@ -245,7 +242,7 @@ def main() -> None:
     t0 = time.perf_counter()
     prof.start()
     try:
-        run(cfg, OmegaConf.to_yaml(container))
+        run(cfg, config_yaml)
     finally:
         prof.stop()
     elapsed = time.perf_counter() - t0
@@ -262,7 +259,9 @@ def main() -> None:
         for name, ms in result[key].items():
             print(f"{ms:9.2f}  {name}")
     if args.json:
-        write_result(args.json, run_header(overrides=args.overrides, skip=args.skip, wall_s=round(elapsed, 1), **result))
+        write_result(
+            args.json, run_header(overrides=args.overrides, skip=args.skip, wall_s=round(elapsed, 1), **result)
+        )
 
 
 if __name__ == "__main__":

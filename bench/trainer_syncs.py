@@ -24,7 +24,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from common import run_header, write_result
+from common import bench_train_config, run_header, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,20 +52,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from usmkit import trainer as trainer_module
-    from usmkit.config import TrainConfig, from_dict
     from usmkit.train import run
 
     if not torch.cuda.is_available():
         raise SystemExit("trainer_syncs needs a CUDA device: synchronization is a device matter")
-    overrides = [*args.overrides, f"trainer.max_steps={args.steps}", "trainer.eval_every=0", "trainer.save_every=0",
-                 "trainer.progress=false", f"trainer.exp_dir=/tmp/trainer_syncs_{int(time.time())}"]  # fmt: skip
-    with initialize_config_dir(str(ROOT / "usmkit" / "conf"), version_base="1.3"):
-        container = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-    cfg = from_dict(TrainConfig, container)
+    cfg, config_yaml = bench_train_config("trainer_syncs", args.steps, args.overrides)
 
     step = [0]  # the step the trainer is in: counted by wrapping its forward-backward
     forward_backward = trainer_module.Trainer._forward_backward
@@ -92,7 +85,7 @@ def main() -> None:
     warnings.simplefilter("always")
     torch.cuda.set_sync_debug_mode("warn")
     t0 = time.perf_counter()
-    run(cfg, OmegaConf.to_yaml(container))
+    run(cfg, config_yaml)
     torch.cuda.set_sync_debug_mode("default")
     elapsed = time.perf_counter() - t0
 
