@@ -117,6 +117,9 @@ def test_upsampled_length_is_the_sum_of_durations_and_frames_repeat_their_token(
     assert offset[0].tolist() == [0, 1, 0, 0, 1, 2, 0] and index[0].tolist() == [0, 0, 1, 2, 2, 2, 3]
     with pytest.raises(ValueError, match="num_frames"):
         upsample(x, durations, num_frames=6)
+    padded, padded_lengths, _, _ = upsample(x, durations, round_up=lambda longest: longest + 5)  # 7 -> 12 frames
+    assert padded.shape == (3, 12, 5) and torch.equal(padded[:, :7], frames) and torch.equal(padded_lengths, lengths)
+    assert not padded[:, 7:].any()
 
 
 def test_predicted_durations_are_whole_clipped_frames_and_the_error_metrics():
@@ -349,9 +352,9 @@ def test_text_noise_follows_the_spread_of_speech_around_text(monkeypatch):
         seen = _record_block_k_input(model, monkeypatch)
         frames = model.text_encoder.frames
 
-        def paired_like_speech(states, durations, num_frames=None):
+        def paired_like_speech(states, durations, num_frames=None, round_up=None):
             if num_frames is None:  # the text-only batch: its own frames
-                return frames(states, durations)
+                return frames(states, durations, round_up=round_up)
             h = seen["h_k"].clone()
             return h + spread * torch.randn(h.shape, generator=torch.Generator().manual_seed(1)), seen["lengths"]
 
@@ -384,8 +387,8 @@ def test_padded_text_leaves_every_loss_unchanged_and_takes_the_speech_lengths(mo
         seen["tokens"].append(tokens.shape[1])
         return encode_tokens(tokens, token_lens)
 
-    def spy_frames(states, durations, num_frames=None):
-        out, lengths = frames(states, durations, num_frames)
+    def spy_frames(states, durations, num_frames=None, round_up=None):
+        out, lengths = frames(states, durations, num_frames, round_up)
         seen["frames"].append(out.shape[1])
         seen["natural"].append(int(lengths.max()))
         return out, lengths

@@ -10,6 +10,8 @@ Upsampling repeats token i's vector ``durations[i]`` times, so an utterance of U
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -36,13 +38,18 @@ def durations_from_log(log_durations: torch.Tensor, token_lens: torch.Tensor, ma
     return frames * valid
 
 
-def upsample(x: torch.Tensor, durations: torch.Tensor, num_frames: int | None = None) -> tuple[torch.Tensor, ...]:
+def upsample(
+    x: torch.Tensor,
+    durations: torch.Tensor,
+    num_frames: int | None = None,
+    round_up: Callable[[int], int] | None = None,
+) -> tuple[torch.Tensor, ...]:
     """Repeat each token's vector for its duration.
 
     x (B, U, D), durations (B, U) int64 >= 0 (0 at padded tokens) -> frames (B, T, D) zero-padded,
     lengths (B,) = durations.sum(1), token index (B, T) and frame offset inside its token (B, T) (both 0
     at padded frames). T = ``num_frames`` when given (it must hold the longest row), else the longest
-    row's length (one host sync).
+    row's length (one host sync), raised to ``round_up(longest)`` when given (a padded length >= longest).
 
     >>> f, n, idx, off = upsample(torch.tensor([[[1.0], [2.0]]]), torch.tensor([[2, 1]]))
     >>> f.squeeze(-1).tolist(), n.tolist(), idx.tolist(), off.tolist()
@@ -51,7 +58,11 @@ def upsample(x: torch.Tensor, durations: torch.Tensor, num_frames: int | None = 
     B, U, D = x.shape
     ends = durations.cumsum(dim=1)  # (B, U): first frame after each token
     lengths = ends[:, -1].contiguous() if U > 0 else durations.new_zeros(B)  # a column view would recompile
-    T = int(lengths.max()) if num_frames is None else num_frames
+    if num_frames is None:
+        longest = int(lengths.max())
+        T = round_up(longest) if round_up else longest
+    else:
+        T = num_frames
     if num_frames is not None and U > 0 and bool((lengths > num_frames).any()):
         raise ValueError(f"durations sum to {lengths.max().item()} frames, more than num_frames={num_frames}")
     t = torch.arange(T, device=x.device).expand(B, T)  # (B, T)

@@ -259,10 +259,9 @@ class MostModel(nn.Module):
         cfg = self.cfg
         states = self.text_encoder.encode_tokens(self._pad_tokens(batch.tokens), batch.token_lens)  # (B, U', D)
         durations = durations_from_log(self.text_encoder.log_durations(states), batch.token_lens, cfg.max_token_frames)
-        num_frames = None  # the longest row's frames, or with pad_text_to a speech length that holds it
-        if cfg.pad_text_to:
-            num_frames = self._text_frames(int(durations.sum(1).max()))  # one host sync, as upsample's own
-        frames, lengths = self.text_encoder.frames(states, durations, num_frames)  # (B, T', D), (B,)
+        # (B, T', D), (B,); T' the longest row's frames, or with pad_text_to a speech length that holds them
+        round_up = self._text_frames if cfg.pad_text_to else None
+        frames, lengths = self.text_encoder.frames(states, durations, round_up=round_up)
         if cfg.text_detach_encoder:
             frames = frames.detach()
         if cfg.text_noise > 0 and residual_std is not None:

@@ -86,7 +86,13 @@ class MostConfig:
             raise ValueError(
                 f"task.most.text_layer must be >= 0 or null (a third of the blocks), got {self.text_layer}"
             )
-        for name in ("text_token_blocks", "text_frame_blocks", "text_warmup_steps", "align_warmup_steps", "pad_text_to"):
+        for name in (
+            "text_token_blocks",
+            "text_frame_blocks",
+            "text_warmup_steps",
+            "align_warmup_steps",
+            "pad_text_to",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"task.most.{name} must be >= 0, got {getattr(self, name)}")
         if self.max_token_frames < 1:

@@ -14,6 +14,8 @@ LayerNorm, as the speech encoder's block outputs do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -66,10 +68,15 @@ class TextEncoder(nn.Module):
         return self.duration(states)
 
     def frames(
-        self, states: torch.Tensor, durations: torch.Tensor, num_frames: int | None = None
+        self,
+        states: torch.Tensor,
+        durations: torch.Tensor,
+        num_frames: int | None = None,
+        round_up: Callable[[int], int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token states (B, U, D), durations (B, U) int64 (0 at padded tokens) -> frames (B, T, D) and
-        lengths (B,) = durations.sum(1); T = ``num_frames`` when given (e.g. the speech's padded length)."""
-        x, lengths, _, offset = upsample(states, durations, num_frames)  # (B, T, D), (B,), _, (B, T)
+        lengths (B,) = durations.sum(1); T = ``num_frames`` when given (e.g. the speech's padded length),
+        else the longest row's frames, raised to ``round_up`` of them when given (``upsample``)."""
+        x, lengths, _, offset = upsample(states, durations, num_frames, round_up)  # (B, T, D), (B,), _, (B, T)
         x = x + self.offset(offset.clamp(max=self.max_token_frames - 1))
         return run_blocks(self.frame_blocks, x, lengths, self.cfg, self.cfg.chunk_size), lengths
