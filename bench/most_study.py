@@ -452,7 +452,9 @@ def main() -> None:
         },
     }
     if not args.no_control:
-        results["budgets"]["ctc_long"] = f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps"
+        results["budgets"]["ctc_long"] = (
+            f"stage 1 {args.stage1_steps} + stage 3 {args.stage2_steps + args.stage3_steps} steps"
+        )
     png = plot(results, {n: exp / n for n in jobs}, RESULTS.with_name(f"{RESULTS.stem}_curves.png"))
     results["figure"] = png.name
     save()
