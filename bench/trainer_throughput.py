@@ -9,7 +9,7 @@ data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the
 bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS]``:
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
@@ -20,6 +20,9 @@ Each runs in its own process group with an empty inductor cache, and is killed a
   that grow in place, so batches of changing shapes need not free the cache and wait for the device);
 - ``_tri``: ``model.attention_impl=triton`` (the project's chunk-attention kernel) instead of ``sdpa``
   (PyTorch's fused attention with a padding mask, which picks cuDNN's kernel on Hopper);
+- ``_fb``: ``data.fixed_batch_shapes=true``: one batch size per padded length, so a few batch shapes;
+- ``_cg``: ``_fb`` with ``trainer.compile_mode=reduce-overhead``: the compiled blocks replay as CUDA graphs,
+  one recorded per batch shape (its budget is 1.5x, for the recording);
 - ``_dSECONDS``: ``data.max_duration=SECONDS`` (audio per batch) instead of the size's default (``SIZES``).
 
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
@@ -88,7 +91,7 @@ PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 @dataclass(frozen=True)
 class Variant:
-    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS]``, parsed."""
+    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS]``, parsed."""
 
     size: str
     factor: int  # subsampling
@@ -97,19 +100,22 @@ class Variant:
     padding: str  # a PADDING key
     expandable: bool  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     triton_attention: bool  # model.attention_impl=triton
+    fixed_shapes: bool  # data.fixed_batch_shapes=true
+    cuda_graphs: bool  # trainer.compile_mode=reduce-overhead (with fixed shapes)
     max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
 
 
 def parse_variant(name: str) -> Variant:
     size, *flags = name.split("_")
     durations = [int(f[1:]) for f in flags if re.fullmatch(r"d\d+", f)]
-    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64", "xs", "tri"}
+    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64", "xs", "tri", "fb", "cg"}
     if size not in SIZES or unknown or len(durations) > 1:
         raise SystemExit(
-            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS] with SIZE in {sorted(SIZES)}"
+            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS] with SIZE in {sorted(SIZES)}"
         )
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
                    "p64" if "p64" in flags else "p256", "xs" in flags, "tri" in flags,
+                   "fb" in flags or "cg" in flags, "cg" in flags,
                    durations[0] if durations else None)  # fmt: skip
 
 
@@ -215,6 +221,10 @@ def command(name: str, args, exp: Path) -> list[str]:
         overrides.append("trainer.activation_checkpointing=true")
     if v.triton_attention:
         overrides.append("model.attention_impl=triton")
+    if v.fixed_shapes:
+        overrides.append("data.fixed_batch_shapes=true")
+    if v.cuda_graphs:
+        overrides.append("trainer.compile_mode=reduce-overhead")
     if v.fsdp:
         overrides.append("trainer.strategy=fsdp")
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
@@ -225,7 +235,7 @@ def command(name: str, args, exp: Path) -> list[str]:
 
 def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None) -> dict:
     v = parse_variant(name)
-    budget = SIZES[v.size][0] * args.budget_scale
+    budget = SIZES[v.size][0] * args.budget_scale * (1.5 if v.cuda_graphs else 1.0)
     exp = work / name
     metrics = exp / "metrics.jsonl"
     log_path = work / f"{name}.log"
@@ -297,7 +307,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default=None,
-        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_dSECONDS] (default {DEFAULT_VARIANTS})",
+        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS] (default {DEFAULT_VARIANTS})",
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
     ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")

@@ -133,6 +133,11 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
             log.info(
                 "compiled step: up to %d graphs per function, torch's recompile limit %d -> %d", needed, limit, needed
             )
+        if cfg.trainer.compile_mode == "reduce-overhead" and not cfg.data.fixed_batch_shapes:
+            log.warning(
+                "trainer.compile_mode=reduce-overhead records a CUDA graph for every batch shape, and bucketed "
+                "batches vary in size: set data.fixed_batch_shapes=true for a few shapes"
+            )
     try:  # the model's settings (preset name, overrides) are checked before any data is read
         encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
     except (ValueError, TypeError) as e:

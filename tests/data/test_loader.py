@@ -236,3 +236,27 @@ def test_a_pinned_batch_is_page_locked(audio_corpus, stats, tiny_tokenizer, buil
     batch = next(iter(make_loader(audio_corpus, build_config(), tokenizer=tiny_tokenizer, stats=stats, train=False)))
     out = batch.pin_memory()
     assert out.features.is_pinned() and out.tokens.is_pinned() and torch.equal(out.features, batch.features)
+
+
+@pytest.mark.parametrize("precomputed", [False, True])
+def test_fixed_batch_shapes_reach_the_batches(audio_corpus, stats, tiny_tokenizer, tmp_path, precomputed):
+    """With data.fixed_batch_shapes the loader's feature tensors take one (B, T) per padded length: the
+    sampler's frame counts match the features' (stored or computed on the fly)."""
+    cfg = DataConfig(
+        manifest_dir=str(tmp_path),
+        max_duration=2.56,
+        pad_to_frames=64,
+        fixed_batch_shapes=True,
+        num_workers=0,
+        features=FeatureConfig(precomputed=precomputed),
+    )
+    cuts, _ = prepare_cuts(audio_corpus, cfg, split="train", require_text=True)
+    shapes = set()
+    for epoch in range(3):
+        loader = make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=epoch)
+        for batch in loader:
+            B, T, _ = batch.features.shape
+            assert T % 64 == 0 and B == 256 // T, f"batch {B} x {T}"
+            assert int(batch.feature_lens.max()) > T - 64, "padded to the batch's own length"
+            shapes.add((B, T))
+    assert len(shapes) >= 2

@@ -109,3 +109,47 @@ def test_tiny_and_empty_cut_sets(build_metadata_cuts, build_config):
     assert [c.id for b in make_sampler(one, build_config(max_duration=10.0), train=True) for c in b] == list(one.ids)
     with pytest.raises(ValueError, match="empty"):
         make_sampler(CutSet.from_cuts([]), build_config(), train=False)
+
+
+def test_fixed_batch_shapes_give_one_size_per_padded_length(build_metadata_cuts, build_config):
+    """Every training batch holds cuts of one padded length L, exactly max_duration / (L x 10 ms) of them;
+    an epoch leaves each length's last incomplete batch (fewer cuts than its size) for a later one."""
+    cuts = build_metadata_cuts({"en": 120})  # 0.5-4.0 s: 50-400 frames, padded to 128/256/384/512
+    cfg = build_config(max_duration=10.24, pad_to_frames=128, fixed_batch_shapes=True)
+    padded = {c.id: math.ceil(round(c.duration * 100) / 128) * 128 for c in cuts}
+    per_length = Counter(padded.values())
+    epochs = []
+    for epoch in (0, 1):
+        sampler = make_sampler(cuts, cfg, train=True, seed=1, fixed_shapes=True)
+        sampler.set_epoch(epoch)
+        batches = [list(b) for b in sampler]
+        for batch in batches:
+            lengths = {padded[c.id] for c in batch}
+            assert len(lengths) == 1, f"one padded length per batch, got {lengths}"
+            assert len(batch) == 1024 // lengths.pop()
+        seen = Counter(padded[c.id] for b in batches for c in b)
+        for length, n in per_length.items():
+            size = 1024 // length
+            assert seen[length] == n - n % size, f"length {length}: only the last incomplete batch waits"
+        epochs.append([c.id for b in batches for c in b])
+    assert epochs[0] != epochs[1], "reshuffled per epoch"
+    with pytest.raises(ValueError, match="every cut"):
+        make_sampler(cuts, cfg, train=False, fixed_shapes=True)
+
+
+def test_fixed_batch_shapes_resume_exactly(build_metadata_cuts, build_config):
+    cuts = build_metadata_cuts({"en": 80})
+    cfg = build_config(max_duration=10.24, pad_to_frames=128, fixed_batch_shapes=True)
+    reference = [[c.id for c in b] for b in make_sampler(cuts, cfg, train=True, seed=3, fixed_shapes=True)]
+    first = make_sampler(cuts, cfg, train=True, seed=3, fixed_shapes=True)
+    head = [[c.id for c in b] for b in islice(first, 3)]
+    resumed = make_sampler(cuts, cfg, train=True, seed=3, fixed_shapes=True)
+    resumed.load_state_dict(first.state_dict())
+    assert head + [[c.id for c in b] for b in resumed] == reference
+
+
+def test_fixed_batch_shapes_need_padding_and_no_speed_perturbation(build_config):
+    with pytest.raises(ValueError, match="pad_to_frames"):
+        build_config(fixed_batch_shapes=True)
+    with pytest.raises(ValueError, match="speed_perturb"):
+        build_config(fixed_batch_shapes=True, pad_to_frames=256, speed_perturb=(0.9, 1.1))

@@ -92,6 +92,12 @@ class DataConfig:
     - ``pad_to_frames``: pad each batch's feature frames up to a multiple of this (0 = off). With
       ``trainer.compile=true`` it keeps the compiled step to a few static time lengths (use 256);
       without compilation it only wastes compute.
+    - ``fixed_batch_shapes``: training batches of a few fixed shapes, for CUDA graphs
+      (``trainer.compile_mode=reduce-overhead``), which record one graph per shape. Cuts are bucketed by
+      their frames padded to ``pad_to_frames`` (needs it > 0), and a batch of padded length L holds exactly
+      ``max_duration / (L x frame shift)`` cuts, so the number of shapes is the number of padded lengths.
+      Per epoch, each length's last incomplete batch waits for a later epoch (the log says how many cuts);
+      refused with ``speed_perturb`` (it changes lengths after batching). Evaluation is unchanged.
     - ``utterance_mean_norm``: after global normalization, subtract each utterance's own per-bin mean
       (CMN; removes recording-level gain and channel offsets). Needs the whole utterance, so models
       trained with it decode offline (``usmkit.evaluate``), not with streaming ``usmkit-transcribe``.
@@ -123,6 +129,7 @@ class DataConfig:
     noise_snr_db: tuple[float, ...] = ()
     noise_prob: float = 0.5
     pad_to_frames: int = 0
+    fixed_batch_shapes: bool = False
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
     allow_urls: bool = False
@@ -150,6 +157,16 @@ class DataConfig:
             )
         if self.pad_to_frames < 0:
             raise ValueError(f"DataConfig.pad_to_frames must be >= 0 (0 = off), got {self.pad_to_frames}")
+        if self.fixed_batch_shapes and self.pad_to_frames == 0:
+            raise ValueError(
+                "DataConfig.fixed_batch_shapes=true buckets cuts by their padded length: set pad_to_frames "
+                "(e.g. 256) too"
+            )
+        if self.fixed_batch_shapes and self.speed_perturb:
+            raise ValueError(
+                f"DataConfig.fixed_batch_shapes=true with speed_perturb={list(self.speed_perturb)}: speed "
+                "changes a cut's length after it is batched, so shapes would not stay fixed; drop one of them"
+            )
         if self.gain_db < 0:
             raise ValueError(f"DataConfig.gain_db must be >= 0 (a range in dB), got {self.gain_db}")
         if self.noise_snr_db and (len(self.noise_snr_db) != 2 or self.noise_snr_db[0] > self.noise_snr_db[1]):

@@ -207,7 +207,8 @@ def make_loader(
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
         cuts = _drop_long(cuts, cfg.max_cut_duration)
         cuts = language_balanced(cuts, cfg.language_temperature, seed=seed)
-    sampler = make_sampler(cuts, cfg, train=train, rank=rank, world_size=world_size, seed=seed)
+    fixed = train and cfg.fixed_batch_shapes
+    sampler = make_sampler(cuts, cfg, train=train, rank=rank, world_size=world_size, seed=seed, fixed_shapes=fixed)
     dataset = AsrDataset(
         cfg.features,
         tokenizer=tokenizer,

@@ -9,12 +9,16 @@ import hashlib
 import logging
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 from lhotse import CutSet
 from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler
+from lhotse.dataset.sampling.base import SamplingConstraint
 from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
+from lhotse.utils import compute_num_frames
 
 from usmkit.data.config import DataConfig
 
@@ -94,6 +98,95 @@ def labeled_subset(cuts: CutSet, fraction: float, *, seed: int) -> CutSet:
     return CutSet.from_cuts(c for c in cuts if c.id in keep)
 
 
+@dataclass
+class PaddedLengthConstraint(SamplingConstraint):
+    """Batches of one shape per padded length: a cut's length is its feature frames rounded up to a
+    multiple of ``pad_to``, and a batch of padded length L holds exactly ``max(1, batch_frames // L)`` cuts.
+
+    lhotse's ``FixedBucketBatchSizeConstraint`` does the same from listed bucket edges and sizes in
+    seconds; this one counts feature frames, the unit the batch is padded (and compiled) in, and derives
+    each length's batch size, so no list has to match the data.
+    """
+
+    batch_frames: int  # data.max_duration in feature frames
+    pad_to: int
+    frame_shift: float  # seconds
+    length: int = 0  # the padded length of the batch being collected (0: empty)
+    num_cuts: int = 0
+
+    def measure_length(self, example: Cut) -> float:
+        if example.has_features:
+            frames = example.num_frames
+        else:
+            frames = compute_num_frames(example.duration, self.frame_shift, example.sampling_rate)
+        return -(-frames // self.pad_to) * self.pad_to
+
+    def batch_size(self, length: int) -> int:
+        return max(1, self.batch_frames // length)
+
+    def add(self, example: Cut) -> None:
+        self.length = max(self.length, int(self.measure_length(example)))
+        self.num_cuts += 1
+
+    def exceeded(self) -> bool:
+        return self.num_cuts > self.batch_size(self.length)
+
+    def close_to_exceeding(self) -> bool:
+        return self.num_cuts >= self.batch_size(self.length)
+
+    def reset(self) -> None:
+        self.length = 0
+        self.num_cuts = 0
+
+
+class FixedShapeSampler(DynamicBucketingSampler):
+    """``DynamicBucketingSampler`` with a ``PaddedLengthConstraint``, one bucket per padded length,
+    incomplete batches dropped (``drop_last``), so every batch has one of a few shapes.
+
+    lhotse refuses ``state_dict()`` for custom constraints because it cannot rebuild one from the state;
+    this one is rebuilt from the config when the loader is made again, so the rest of the state resumes.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        constraint, self.constraint = self.constraint, None
+        try:
+            return super().state_dict()
+        finally:
+            self.constraint = constraint
+
+
+def fixed_shape_sampler(
+    cuts: CutSet, head: list[Cut], cfg: DataConfig, *, rank: int, world_size: int, seed: int
+) -> FixedShapeSampler:
+    """The training sampler of ``cfg.fixed_batch_shapes``; logs the shapes and how many cuts of ``head``
+    an epoch leaves over (each padded length's last incomplete batch)."""
+    shift = cfg.features.frame_shift_ms / 1000.0
+    constraint = PaddedLengthConstraint(round(cfg.max_duration / shift), cfg.pad_to_frames, shift)
+    longest = compute_num_frames(cfg.max_cut_duration, shift, cfg.features.sample_rate)
+    edges = list(range(cfg.pad_to_frames, longest + cfg.pad_to_frames, cfg.pad_to_frames))  # one bucket each
+    counts = Counter(int(constraint.measure_length(c)) for c in head)
+    sizes = {length: constraint.batch_size(length) for length in sorted(counts)}
+    left = sum(n % (sizes[length] * world_size) for length, n in counts.items())
+    log.info(
+        "fixed batch shapes (cuts x padded frames): %s; an epoch leaves %d of %d cuts for a later one",
+        ", ".join(f"{sizes[length]}x{length}" for length in sizes),
+        left,
+        len(head),
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are using DynamicBucketingSampler with an eagerly read CutSet")
+        return FixedShapeSampler(
+            cuts,
+            constraint=constraint,
+            duration_bins=edges,
+            shuffle=cfg.shuffle,
+            drop_last=True,
+            world_size=world_size,
+            rank=rank,
+            seed=seed,
+        )
+
+
 def make_sampler(
     cuts: CutSet,
     cfg: DataConfig,
@@ -102,6 +195,7 @@ def make_sampler(
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
+    fixed_shapes: bool = False,
 ) -> DynamicBucketingSampler:
     """lhotse ``DynamicBucketingSampler`` over ``cuts``: batches of at most ``cfg.max_duration`` s
     of similar-length cuts.
@@ -109,13 +203,18 @@ def make_sampler(
     Sharding: with ``world_size`` > 1 the sampler draws ``world_size`` batches per step and keeps the
     ``rank``-th, so ranks see disjoint batches (lhotse pads the very last step with duplicates, ids
     marked ``_dup``, so that no rank waits). Evaluation (``train=False``): no shuffling and, with one
-    rank, every cut exactly once.
+    rank, every cut exactly once. ``fixed_shapes`` (training with ``cfg.fixed_batch_shapes``): batches
+    of one size per padded length instead (``fixed_shape_sampler``).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     head = list(islice(cuts, NUM_CUTS_FOR_BINS))
     if not head:
         raise ValueError("make_sampler got an empty CutSet: nothing to load")
+    if fixed_shapes:
+        if not train:
+            raise ValueError("fixed batch shapes are for training: evaluation must see every cut")
+        return fixed_shape_sampler(cuts, head, cfg, rank=rank, world_size=world_size, seed=seed)
     # lhotse's estimator needs 2 <= num_buckets <= number of cuts. With fewer cuts, one edge above the
     # longest cut gives a single working bucket (lhotse's bucketer needs at least one edge).
     num_buckets = min(cfg.num_buckets, len(head))
