@@ -153,3 +153,21 @@ def test_fixed_batch_shapes_need_padding_and_no_speed_perturbation(build_config)
         build_config(fixed_batch_shapes=True)
     with pytest.raises(ValueError, match="speed_perturb"):
         build_config(fixed_batch_shapes=True, pad_to_frames=256, speed_perturb=(0.9, 1.1))
+
+
+def test_fixed_batch_shapes_with_ranks(build_metadata_cuts, build_config):
+    """Two DDP ranks: disjoint cuts, the same number of steps, and every batch of each rank one of the
+    fixed shapes (the ranks may draw different lengths in one step, as bucketed batches do)."""
+    cuts = build_metadata_cuts({"en": 150})
+    cfg = build_config(max_duration=10.24, pad_to_frames=128, fixed_batch_shapes=True)
+    padded = {c.id: math.ceil(round(c.duration * 100) / 128) * 128 for c in cuts}
+    per_rank = [
+        [list(b) for b in make_sampler(cuts, cfg, train=True, rank=rank, world_size=2, seed=5, fixed_shapes=True)]
+        for rank in (0, 1)
+    ]
+    assert len(per_rank[0]) == len(per_rank[1]) > 0, "equal step counts keep DDP ranks in lockstep"
+    for batch in per_rank[0] + per_rank[1]:
+        lengths = {padded[c.id.removesuffix("_dup")] for c in batch}
+        assert len(lengths) == 1 and len(batch) == 1024 // lengths.pop()
+    ids = [{c.id for b in batches for c in b} for batches in per_rank]
+    assert not ids[0] & ids[1]
