@@ -1,6 +1,7 @@
 """The loop on a toy task: exact resume, non-finite steps, and divergence."""
 
 import json
+import logging
 from dataclasses import replace
 
 import pytest
@@ -85,6 +86,27 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     assert out.step == 8 and out.bad_steps >= 1
     assert all(torch.isfinite(torch.tensor(loss)) for _, loss in out.losses)
     assert all(torch.isfinite(p).all() for p in _trainer(tmp_path / "x", 0).module.parameters())
+
+
+def test_a_non_finite_gradient_is_named_in_the_warning(tmp_path, caplog):
+    """A finite loss whose backward leaves one parameter's gradient infinite: the step is skipped and its
+    warning names that parameter (the per-gradient norms kept by the clipping)."""
+    trainer = _trainer(tmp_path, 3)
+    name, param = trainer.named_parameters[-1]
+    fired = []
+
+    def poison_once(grad):
+        if fired:
+            return grad
+        fired.append(True)
+        return torch.full_like(grad, float("inf"))
+
+    param.register_hook(poison_once)
+    with caplog.at_level(logging.WARNING, logger="usmkit.trainer"):
+        out = trainer.fit()
+    assert out.bad_steps == 1
+    (line,) = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    assert f"non-finite gradients: {name} of {len(trainer.named_parameters)}" in line, line
 
 
 def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(tmp_path):

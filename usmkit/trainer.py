@@ -48,6 +48,7 @@ from usmkit.config import OptimConfig, TrainerConfig
 from usmkit.data.batch import Batch
 from usmkit.errors import UsageError
 from usmkit.fsdp import clip_grad_norm, gathered, shard_model
+from usmkit.grad_norms import clip_with_norms, describe_non_finite
 from usmkit.models.output import StepOutput
 from usmkit.sharded_checkpoint import checkpoint_strategy, load_sharded_checkpoint, save_sharded_checkpoint
 
@@ -104,28 +105,44 @@ class TrainSpec:
 
 @dataclass
 class StepRecord:
-    """One optimizer step's loss and whether its update was applied, copied to the host without waiting:
-    the values are read once ``ready`` (a CUDA event after the copy) has passed, a step later."""
+    """One optimizer step's loss, whether its update was applied and which gradients were finite, copied
+    to the host without waiting: the values are read once ``ready`` (a CUDA event after the copy) has
+    passed, a step later."""
 
     step: int
-    values: torch.Tensor  # (2,) float32 on the host (pinned when copied from CUDA): loss, 1.0 if applied
+    values: torch.Tensor  # (2 + P,) float32 on the host (pinned from CUDA): loss, 1.0 if applied, finite flags
     ready: torch.cuda.Event | None
+    names: tuple[str, ...] = ()  # the parameters of the finite flags (none when not kept)
 
     @classmethod
-    def of(cls, step: int, loss: torch.Tensor, applied: torch.Tensor) -> StepRecord:
-        values = torch.stack([loss.detach().float(), applied.float()])  # (2,)
+    def of(
+        cls,
+        step: int,
+        loss: torch.Tensor,
+        applied: torch.Tensor,
+        grad_norms: torch.Tensor | None = None,
+        names: tuple[str, ...] = (),
+    ) -> StepRecord:
+        parts = [loss.detach().float().reshape(1), applied.float().reshape(1)]
+        if grad_norms is not None:
+            parts.append(torch.isfinite(grad_norms).float())  # (P,)
+        values = torch.cat(parts)  # (2 + P,)
         if values.device.type != "cuda":
-            return cls(step, values.cpu(), None)
+            return cls(step, values.cpu(), None, names)
         ready = torch.cuda.Event()
         host = values.to("cpu", non_blocking=True)  # into pinned memory
         ready.record()
-        return cls(step, host, ready)
+        return cls(step, host, ready, names)
 
     def read(self) -> tuple[float, bool]:
         if self.ready is not None:
             self.ready.synchronize()  # waits for this step's work only, not for the steps queued after it
-        loss, applied = self.values.tolist()
+        loss, applied = self.values[:2].tolist()
         return loss, applied == 1.0
+
+    def non_finite_gradients(self) -> str:
+        """The parameters whose gradient was not finite ('' when none or not kept); after ``read``."""
+        return describe_non_finite(self.names, self.values[2:].tolist()) if self.names else ""
 
 
 @dataclass
@@ -340,6 +357,7 @@ class Trainer:
         self.bad_steps_total = 0
         self.health_warned = False  # a module's health_check warns once per run
         self.bad_steps_in_row = 0
+        self.named_parameters = list(self.module.named_parameters())  # clipping names each gradient's norm
 
     # ---------------------------------------------------------------- state
     def train_state(self) -> dict[str, Any]:
@@ -512,10 +530,12 @@ class Trainer:
                 continue
             self.bad_steps_total += 1
             self.bad_steps_in_row += 1
+            culprits = record.non_finite_gradients()
             log.warning(
-                "step %d: non-finite loss or gradient (loss=%s); its update was skipped (%d in a row, %d in all)",
+                "step %d: non-finite loss or gradient (loss=%s%s); its update was skipped (%d in a row, %d in all)",
                 record.step,
                 loss,
+                f"; non-finite gradients: {culprits}" if culprits else "",
                 self.bad_steps_in_row,
                 self.bad_steps_total,
             )
@@ -568,10 +588,11 @@ class Trainer:
                         metric_sums[k] = metric_sums.get(k, 0) + v.detach().float()
                 loss = loss_sum / self.optim_cfg.accum_steps
                 clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+                grad_norms, names = None, ()
                 if self.sharded:  # the norm over every process's gradient shards
                     grad_norm = clip_grad_norm(self.module.parameters(), clip)
-                else:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
+                else:  # each gradient's norm kept too, to name the parameters of a non-finite step
+                    grad_norm, grad_norms, names = clip_with_norms(self.named_parameters, clip)
                 # A non-finite step is skipped by the optimizer on the device (its ``found_inf``): the host
                 # learns of it a step later, so it never waits here for the gradient norm.
                 applied = self._finite(loss, grad_norm)
@@ -579,7 +600,7 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.step += 1
-                pending.append(StepRecord.of(self.step, loss, applied))
+                pending.append(StepRecord.of(self.step, loss, applied, grad_norms, names))
                 self._settle(pending, losses, keep=1)
                 logging_now = self.step % cfg.log_every == 0 or self.step == cfg.max_steps
                 eval_now = bool(cfg.eval_every) and self.step % cfg.eval_every == 0
