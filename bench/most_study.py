@@ -23,7 +23,8 @@ Steps, each with its budget on the command line:
 paired data with (a), the finished stage-3 model from stage 1 (``task.most.align_from``, from their first
 step: ``task.most.align_warmup_steps=0``), so their stage 2 starts once (a) has trained; ``--joint NAME ...``
 fine-tunes those variants jointly instead of with CTC alone (stage 3 = the stage-2 objective without BEST-RQ: paired CTC plus the text-only loss, so
-what text taught is still trained while the paired data is). ``--results NAME`` writes
+what text taught is still trained while the paired data is); ``--also-joint NAME ...`` fine-tunes those variants'
+stage 2 both ways, ``NAME_ctc`` and ``NAME_joint`` side by side. ``--results NAME`` writes
 ``most_study_NAME.json`` (a second study beside the first). The same command run again continues the study: every
 finished step left ``<log>.done`` and is skipped, and the training runs resume from their checkpoints
 (``resume=true``), so a study longer than one GPU call runs as two calls on one machine.
@@ -52,6 +53,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -120,6 +122,14 @@ def parse_args() -> argparse.Namespace:
         help="variants whose stage 3 is joint fine-tuning instead of CTC alone: recipe=stage2 from their stage 2 "
         "with task.most.bestrq_weight=0 (paired CTC, duration, consistency and the text-only loss, from step 0); "
         "their runs are named NAME_joint",
+    )
+    ap.add_argument(
+        "--also-joint",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="variants fine-tuned both ways from their one stage 2: NAME_ctc (CTC alone) and NAME_joint (as --joint), "
+        "side by side once the stage 2 is trained",
     )
     ap.add_argument(
         "--align-from-ctc",
@@ -356,6 +366,8 @@ def main() -> None:
     stage2_dirs: dict[str, Path] = {}  # job name -> its stage-2 run
     stage2_overrides: dict[str, str] = {}  # job name -> its variant's stage-2 overrides
     after_ctc: set[str] = set()  # jobs whose stage 2 aligns with (a), so waits for its training
+    stage2_trained: dict[str, threading.Event] = {}  # job -> set once its stage 2 and that model's eval are done
+    waits_for: dict[str, str] = {}  # a --also-joint twin -> the job whose stage 2 it fine-tunes
     for variant in args.most_variants:
         vname, _, overrides = variant.partition("=")
         joint = vname in args.joint
@@ -371,20 +383,28 @@ def main() -> None:
             align_warmup = 0
         stage2_overrides[name] = overrides
         most = [f"task.most.text_layer={args.text_layer}", *args.stage2_extra, *overrides.split()]
-        # joint fine-tuning: the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over
-        finetune = (train_cmd("recipe=stage2", *common, *most, "task.most.bestrq_weight=0", "task.most.text_warmup_steps=0",
-                              "task.most.align_warmup_steps=0", *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
-                              f"trainer.exp_dir={exp / name}")
-                    if joint else
-                    train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
-                              f"trainer.exp_dir={exp / name}"))  # fmt: skip
+
+        def finetune(joint: bool, name: str, stage2: Path = stage2, most: list[str] = most) -> list[str]:
+            if joint:  # the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over
+                return train_cmd("recipe=stage2", *common, *most, "task.most.bestrq_weight=0", "task.most.text_warmup_steps=0",
+                                 "task.most.align_warmup_steps=0", *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
+                                 f"trainer.exp_dir={exp / name}")  # fmt: skip
+            return train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
+                             f"trainer.exp_dir={exp / name}")  # fmt: skip
+
         jobs[name] = [
             (train_cmd("recipe=stage2", *common, *bestrq, *steps(args.stage2_steps), s2_min, f"init_from={stage1}",
                        f"task.most.text_warmup_steps={args.text_warmup}", f"task.most.align_warmup_steps={align_warmup}",
                        *most, f"trainer.exp_dir={stage2}"), logs / f"{stage2.name}.log"),
             (eval_cmd(stage2, stage2 / "eval.json", args.device), logs / f"{stage2.name}_eval.log"),
-            (finetune, logs / f"{name}.log"),
+            (finetune(joint, name), logs / f"{name}.log"),
         ]  # fmt: skip
+        if vname in args.also_joint and not joint:  # the same stage 2 fine-tuned jointly too, once it is trained
+            twin = name.removesuffix("_ctc") + "_joint"
+            stage2_dirs[twin], stage2_overrides[twin] = stage2, overrides
+            jobs[twin] = [(finetune(True, twin), logs / f"{twin}.log")]
+            stage2_trained[name] = threading.Event()
+            waits_for[twin] = name
     if not args.no_control:
         long = args.stage2_steps + args.stage3_steps
         jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(long), control_min, f"init_from={stage1}",
@@ -392,22 +412,26 @@ def main() -> None:
     for name in jobs:
         jobs[name].append((eval_cmd(exp / name, exp / name / "eval.json", args.device), logs / f"{name}_eval.log"))
 
-    import threading
-
     ctc_trained = threading.Event()  # set once (a)'s training has finished (or failed: then the waiters fail too)
 
     def one(name: str) -> None:
         t0 = time.perf_counter()
         if name in after_ctc:
             ctc_trained.wait()
+        if name in waits_for:
+            stage2_trained[waits_for[name]].wait()
         try:
-            for cmd, log in jobs[name]:
+            for i, (cmd, log) in enumerate(jobs[name]):
                 run(cmd, log)
                 if name == "ctc":
                     ctc_trained.set()
-        finally:
+                if name in stage2_trained and i == 1:  # the stage 2 and its eval
+                    stage2_trained[name].set()
+        finally:  # waiters also start when this job failed (and then fail themselves)
             if name == "ctc":
                 ctc_trained.set()
+            if name in stage2_trained:
+                stage2_trained[name].set()
         results["runs"][name] = {
             "minutes": round((time.perf_counter() - t0) / 60, 2),
             "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
@@ -417,7 +441,7 @@ def main() -> None:
             "sets": read_eval(exp / name / "eval.json"),
         }
         results["runs"][name]["sets"]["test_textonly"] |= heldout_recall(exp / name, REPO / args.corpus, args.device)
-        if name in stage2_dirs:
+        if name in stage2_dirs and name not in waits_for:  # (a twin's stage 2 is its sibling job's)
             stage2 = stage2_dirs[name]
             results["stage2"][stage2.name] = {
                 "steps": args.stage2_steps,
