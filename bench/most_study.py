@@ -365,9 +365,11 @@ def main() -> None:
     }  # fmt: skip
     stage2_dirs: dict[str, Path] = {}  # job name -> its stage-2 run
     stage2_overrides: dict[str, str] = {}  # job name -> its variant's stage-2 overrides
-    after_ctc: set[str] = set()  # jobs whose stage 2 aligns with (a), so waits for its training
-    stage2_trained: dict[str, threading.Event] = {}  # job -> set once its stage 2 and that model's eval are done
-    waits_for: dict[str, str] = {}  # a --also-joint twin -> the job whose stage 2 it fine-tunes
+    # A job that needs another's model starts once that job's command ``releases[other]`` has run: (a)'s
+    # training for a stage 2 aligned with it, a variant's stage 2 and its eval for its --also-joint twin.
+    waits_for: dict[str, str] = {}  # job -> the job it waits for
+    releases: dict[str, int] = {}  # waited-for job -> index of the command after which its waiters start
+    twins: set[str] = set()  # --also-joint jobs (their stage 2 is their sibling job's)
     for variant in args.most_variants:
         vname, _, overrides = variant.partition("=")
         joint = vname in args.joint
@@ -378,7 +380,7 @@ def main() -> None:
         stage2_dirs[name] = stage2
         align_warmup = args.align_warmup
         if vname in args.align_from_ctc:
-            after_ctc.add(name)
+            waits_for[name], releases["ctc"] = "ctc", 0
             overrides = f"task.most.align_from={exp / 'ctc'} {overrides}".strip()
             align_warmup = 0
         stage2_overrides[name] = overrides
@@ -403,8 +405,8 @@ def main() -> None:
             twin = name.removesuffix("_ctc") + "_joint"
             stage2_dirs[twin], stage2_overrides[twin] = stage2, overrides
             jobs[twin] = [(finetune(True, twin), logs / f"{twin}.log")]
-            stage2_trained[name] = threading.Event()
-            waits_for[twin] = name
+            waits_for[twin], releases[name] = name, 1
+            twins.add(twin)
     if not args.no_control:
         long = args.stage2_steps + args.stage3_steps
         jobs["ctc_long"] = [(train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(long), control_min, f"init_from={stage1}",
@@ -412,26 +414,20 @@ def main() -> None:
     for name in jobs:
         jobs[name].append((eval_cmd(exp / name, exp / name / "eval.json", args.device), logs / f"{name}_eval.log"))
 
-    ctc_trained = threading.Event()  # set once (a)'s training has finished (or failed: then the waiters fail too)
+    released = {name: threading.Event() for name in releases}
 
     def one(name: str) -> None:
         t0 = time.perf_counter()
-        if name in after_ctc:
-            ctc_trained.wait()
         if name in waits_for:
-            stage2_trained[waits_for[name]].wait()
+            released[waits_for[name]].wait()
         try:
             for i, (cmd, log) in enumerate(jobs[name]):
                 run(cmd, log)
-                if name == "ctc":
-                    ctc_trained.set()
-                if name in stage2_trained and i == 1:  # the stage 2 and its eval
-                    stage2_trained[name].set()
+                if i == releases.get(name):
+                    released[name].set()
         finally:  # waiters also start when this job failed (and then fail themselves)
-            if name == "ctc":
-                ctc_trained.set()
-            if name in stage2_trained:
-                stage2_trained[name].set()
+            if name in released:
+                released[name].set()
         results["runs"][name] = {
             "minutes": round((time.perf_counter() - t0) / 60, 2),
             "stage3_steps": args.stage3_steps if name != "ctc_long" else args.stage2_steps + args.stage3_steps,
@@ -441,7 +437,7 @@ def main() -> None:
             "sets": read_eval(exp / name / "eval.json"),
         }
         results["runs"][name]["sets"]["test_textonly"] |= heldout_recall(exp / name, REPO / args.corpus, args.device)
-        if name in stage2_dirs and name not in waits_for:  # (a twin's stage 2 is its sibling job's)
+        if name in stage2_dirs and name not in twins:
             stage2 = stage2_dirs[name]
             results["stage2"][stage2.name] = {
                 "steps": args.stage2_steps,
