@@ -155,11 +155,9 @@ class FixedShapeSampler(DynamicBucketingSampler):
             self.constraint = constraint
 
 
-def fixed_shape_sampler(
-    cuts: CutSet, head: list[Cut], cfg: DataConfig, *, rank: int, world_size: int, seed: int
-) -> FixedShapeSampler:
-    """The training sampler of ``cfg.fixed_batch_shapes``; logs the shapes and how many cuts of ``head``
-    an epoch leaves over (each padded length's last incomplete batch)."""
+def fixed_shape_args(head: list[Cut], cfg: DataConfig, world_size: int) -> dict[str, Any]:
+    """``FixedShapeSampler``'s constraint, bucket edges and ``drop_last`` for ``cfg.fixed_batch_shapes``;
+    logs the shapes and how many cuts of ``head`` an epoch leaves over (each length's incomplete batch)."""
     shift = cfg.features.frame_shift_ms / 1000.0
     constraint = PaddedLengthConstraint(round(cfg.max_duration / shift), cfg.pad_to_frames, shift)
     longest = compute_num_frames(cfg.max_cut_duration, shift, cfg.features.sample_rate)
@@ -173,18 +171,7 @@ def fixed_shape_sampler(
         left,
         len(head),
     )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="You are using DynamicBucketingSampler with an eagerly read CutSet")
-        return FixedShapeSampler(
-            cuts,
-            constraint=constraint,
-            duration_bins=edges,
-            shuffle=cfg.shuffle,
-            drop_last=True,
-            world_size=world_size,
-            rank=rank,
-            seed=seed,
-        )
+    return {"constraint": constraint, "duration_bins": edges, "drop_last": True}
 
 
 def make_sampler(
@@ -204,7 +191,7 @@ def make_sampler(
     ``rank``-th, so ranks see disjoint batches (lhotse pads the very last step with duplicates, ids
     marked ``_dup``, so that no rank waits). Evaluation (``train=False``): no shuffling and, with one
     rank, every cut exactly once. ``fixed_shapes`` (training with ``cfg.fixed_batch_shapes``): batches
-    of one size per padded length instead (``fixed_shape_sampler``).
+    of one size per padded length instead (``FixedShapeSampler``, ``fixed_shape_args``).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -214,24 +201,18 @@ def make_sampler(
     if fixed_shapes:
         if not train:
             raise ValueError("fixed batch shapes are for training: evaluation must see every cut")
-        return fixed_shape_sampler(cuts, head, cfg, rank=rank, world_size=world_size, seed=seed)
-    # lhotse's estimator needs 2 <= num_buckets <= number of cuts. With fewer cuts, one edge above the
-    # longest cut gives a single working bucket (lhotse's bucketer needs at least one edge).
-    num_buckets = min(cfg.num_buckets, len(head))
-    if num_buckets > 1:
-        bins = estimate_duration_buckets(head, num_buckets=num_buckets)
+        sampler_cls, kwargs = FixedShapeSampler, fixed_shape_args(head, cfg, world_size)
     else:
-        bins = [max(c.duration for c in head) + 1.0]
+        # lhotse's estimator needs 2 <= num_buckets <= number of cuts. With fewer cuts, one edge above the
+        # longest cut gives a single working bucket (lhotse's bucketer needs at least one edge).
+        num_buckets = min(cfg.num_buckets, len(head))
+        if num_buckets > 1:
+            bins = estimate_duration_buckets(head, num_buckets=num_buckets)
+        else:
+            bins = [max(c.duration for c in head) + 1.0]
+        sampler_cls = DynamicBucketingSampler
+        kwargs = {"max_duration": cfg.max_duration, "duration_bins": bins, "drop_last": False}
     with warnings.catch_warnings():
         # Eager CutSets only lose lhotse's memory savings; ours are metadata-small. Keep logs clean.
         warnings.filterwarnings("ignore", message="You are using DynamicBucketingSampler with an eagerly read CutSet")
-        return DynamicBucketingSampler(
-            cuts,
-            max_duration=cfg.max_duration,
-            duration_bins=bins,
-            shuffle=train and cfg.shuffle,
-            drop_last=False,
-            world_size=world_size,
-            rank=rank,
-            seed=seed,
-        )
+        return sampler_cls(cuts, **kwargs, shuffle=train and cfg.shuffle, world_size=world_size, rank=rank, seed=seed)
