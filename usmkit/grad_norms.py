@@ -22,8 +22,9 @@ def clip_with_norms(
     params = [(name, p) for name, p in named if p.grad is not None]
     if not params:
         raise ValueError("clip_with_norms: no parameter has a gradient")
-    # torch._foreach_norm is what clip_grad_norm_ itself uses: one kernel per device and dtype.
-    norms = torch.stack([n.float() for n in torch._foreach_norm([p.grad for _, p in params])])  # (P,)
+    # torch._foreach_norm is what clip_grad_norm_ itself uses: one kernel per device and dtype. stack
+    # promotes mixed dtypes, so no per-norm cast on the host.
+    norms = torch.stack(torch._foreach_norm([p.grad for _, p in params])).float()  # (P,)
     total = torch.linalg.vector_norm(norms)
     torch.nn.utils.clip_grads_with_norm_([p for _, p in params], max_norm, total, foreach=True)
     return total, norms, tuple(name for name, _ in params)
