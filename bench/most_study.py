@@ -22,7 +22,7 @@ Steps, each with its budget on the command line:
 ``det=task.most.text_detach_encoder=true``); ``--align-from-ctc NAME ...`` makes those variants align the
 paired data with (a), the finished stage-3 model from stage 1 (``task.most.align_from``, from their first
 step: ``task.most.align_warmup_steps=0``), so their stage 2 starts once (a) has trained; ``--joint NAME ...``
-fine-tunes those variants jointly instead of with CTC alone (stage 3 = the stage-2 objective without BEST-RQ: paired CTC plus the text-only loss, so
+fine-tunes those variants jointly instead of with CTC alone (``recipe=stage3_joint``: the stage-2 objective without BEST-RQ, paired CTC plus the text-only loss, so
 what text taught is still trained while the paired data is); ``--also-joint NAME ...`` fine-tunes those variants'
 stage 2 both ways, ``NAME_ctc`` and ``NAME_joint`` side by side. ``--results NAME`` writes
 ``most_study_NAME.json`` (a second study beside the first). The same command run again continues the study: every
@@ -388,9 +388,8 @@ def main() -> None:
 
         def finetune(joint: bool, name: str, stage2: Path = stage2, most: list[str] = most) -> list[str]:
             if joint:  # the stage-2 objective without BEST-RQ, its text encoder and CTC head carried over
-                return train_cmd("recipe=stage2", *common, *most, "task.most.bestrq_weight=0", "task.most.text_warmup_steps=0",
-                                 "task.most.align_warmup_steps=0", *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
-                                 f"trainer.exp_dir={exp / name}")  # fmt: skip
+                return train_cmd("recipe=stage3_joint", *common, *most, *steps(args.stage3_steps), s3_min,
+                                 f"init_from={stage2}", f"trainer.exp_dir={exp / name}")  # fmt: skip
             return train_cmd("recipe=stage3_ctc", *common, *stage3, *steps(args.stage3_steps), s3_min, f"init_from={stage2}",
                              f"trainer.exp_dir={exp / name}")  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""The stage-2 recipe end to end on the tiny corpus: stage 1 -> stage 2 (resumed) -> stage 3 and evaluation.
+"""The stage-2 recipe end to end on the tiny corpus: stage 1 -> stage 2 (resumed) -> stage 3 (CTC, or joint) and evaluation.
 
 ``python -m usmkit.train recipe=stage2 init_from=<stage 1>`` trains from a BEST-RQ checkpoint on the three
 streams, logs every loss and weight, picks its best checkpoint by dev WER, resumes exactly, and its weights
@@ -120,6 +120,26 @@ def test_stage2_weights_start_stage3_and_decode_with_evaluate(runs, caplog):
     assert any("initialized the CTC head from" in m for m in caplog.messages)  # same tokenizer: the head too
     scored = evaluate(EvalConfig(checkpoint=str(stage2), test_sets=("test_textonly",)))["sets"]["test_textonly"]
     assert scored["utterances"] == 10 and 0 <= scored["cer"]
+
+
+def test_stage3_joint_fine_tunes_a_stage2_model_with_its_text_losses_and_without_bestrq(runs, caplog):
+    """``recipe=stage3_joint init_from=<stage 2>``: the stage-2 objective with BEST-RQ off and every other loss on
+    from the first step, starting from the stage-2 run's encoder, text encoder and CTC head."""
+    exp = runs["cwd"] / "joint"
+    with caplog.at_level(logging.INFO, logger="usmkit.train"):
+        _train("recipe=stage3_joint", *FAST, *SMALL_BESTRQ, f"data.manifest_dir={runs['corpus']}",
+               f"init_from={runs['straight']}", "trainer.max_steps=2", "trainer.eval_every=2",
+               f"trainer.exp_dir={exp}")  # fmt: skip
+    heads = next(m for m in caplog.messages if "head tensors from" in m)
+    assert "text_encoder." in heads and str(runs["straight"]) in heads
+    rows = [r for r in _rows(exp) if "train/loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["train/weight_bestrq"] == 0.0 and "train/loss_bestrq" not in row
+        for name in ("ctc", "duration", "consistency", "text"):
+            assert row[f"train/weight_{name}"] == 1.0 and row[f"train/loss_{name}"] > 0
+    scored = evaluate(EvalConfig(checkpoint=str(exp), test_sets=("test_textonly",)))["sets"]["test_textonly"]
+    assert scored["utterances"] == 10
 
 
 def test_stage2_under_torchrun_with_terms_held_back(runs, tmp_path):
