@@ -1,6 +1,6 @@
 """Settings for a headline command run as it is on a machine without a GPU.
 
-``python -m usmkit.train recipe=stage1|stage2|stage3_ctc|stage3_las`` with nothing but the recipe
+``python -m usmkit.train recipe=stage1|stage2|stage3_joint|stage3_ctc|stage3_las`` with nothing but the recipe
 (and where it reads and writes) runs the recipe's full settings on a GPU. On a CPU those would take
 hours, so the entry point adds the overrides below, chosen so that the run is useful in minutes on
 two cores (the demo's settings: a character-level tokenizer, intermediate CTC, short warm-up), and
@@ -40,6 +40,11 @@ CPU_RECIPES: dict[str, tuple[tuple[str, ...], float]] = {
         (*_COMMON, *_TOKENIZER, *_NO_SPEC, "optim.lr=2.5e-3", "task.bestrq.num_codebooks=4", "task.most.text_warmup_steps=100",
          "trainer.max_steps=300", "trainer.eval_every=150", "trainer.save_every=150"),
         0.8,
+    ),
+    "stage3_joint": (  # the model settings of CPU stage 2, whose checkpoint it starts from
+        (*_COMMON, *_TOKENIZER, *_NO_SPEC, "optim.lr=2.5e-3", "task.bestrq.num_codebooks=4", "trainer.max_steps=300",
+         "trainer.eval_every=150", "trainer.save_every=150"),
+        0.4,
     ),
     "stage3_ctc": (
         (*CPU_CTC, *_NO_SPEC, *_TOKENIZER, "trainer.max_steps=900", "trainer.eval_every=300", "trainer.save_every=300"),

@@ -31,7 +31,7 @@ LEXICON = ("lexicon.order=1", "lexicon.lm_weight=0.5", "lexicon.word_score=0.0")
 
 NEXT_STEPS = """
 Where to go next (docs/ has each in full):
-  the three USM stages on this corpus     python -m usmkit.train recipe=stage1 | stage2 | stage3_ctc | stage3_las
+  the three USM stages on this corpus     python -m usmkit.train recipe=stage1 | stage2 | stage3_joint | stage3_ctc | stage3_las
   real human speech (CMU AN4, Kathleen)   python -m usmkit.data.recipes.an4 out=data/an4      (docs/recipes.md)
   stream from a file or the microphone    usmkit-transcribe FILE --checkpoint {exp} --lexicon
   evaluate other test sets                python -m usmkit.evaluate checkpoint={exp} test_sets=[test,test_other]
