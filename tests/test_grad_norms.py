@@ -37,10 +37,16 @@ def test_non_finite_gradients_are_named():
     model = _model_with_grads(1)
     model[2].bias.grad[0] = float("nan")
     _, norms, names = clip_with_norms(list(model.named_parameters()), 1.0)
-    finite = torch.isfinite(norms).float().tolist()
-    assert describe_non_finite(names, finite) == "2.bias of 4"
+    assert describe_non_finite(names, norms.tolist()) == "2.bias of 4 (norms: 1 NaN, 0 inf)"
     assert describe_non_finite(names, [1.0] * 4) == ""
     many = tuple(f"p{i}" for i in range(6))
-    assert describe_non_finite(many, [0.0] * 5 + [1.0]) == "p0, p1, p2 and 2 more of 6"
+    nan, inf = float("nan"), float("inf")
+    assert (
+        describe_non_finite(many, [nan, inf, inf, nan, inf, 2.0]) == "p0, p1, p2 and 2 more of 6 (norms: 2 NaN, 3 inf)"
+    )
+    model = _model_with_grads(1)  # (the NaN total made the clipping above turn every gradient NaN)
+    model[0].weight.grad[0, 0] = 1e20  # finite, but its square overflows the fp32 norm: counted as inf
+    _, norms, names = clip_with_norms(list(model.named_parameters()), float("inf"))
+    assert describe_non_finite(names, norms.tolist()) == "0.weight of 4 (norms: 0 NaN, 1 inf)"
     with pytest.raises(ValueError, match="no parameter"):
         clip_with_norms([("w", nn.Parameter(torch.ones(2)))], 1.0)

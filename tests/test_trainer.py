@@ -106,7 +106,7 @@ def test_a_non_finite_gradient_is_named_in_the_warning(tmp_path, caplog):
         out = trainer.fit()
     assert out.bad_steps == 1
     (line,) = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
-    assert f"non-finite gradients: {name} of {len(trainer.named_parameters)}" in line, line
+    assert f"non-finite gradients: {name} of {len(trainer.named_parameters)} (norms: 0 NaN, 1 inf)" in line, line
 
 
 def test_a_non_finite_step_leaves_weights_and_optimizer_state_as_they_were(tmp_path):

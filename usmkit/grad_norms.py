@@ -7,6 +7,8 @@ trainer learns that a step was non-finite a step later, when the gradients are g
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -30,10 +32,15 @@ def clip_with_norms(
     return total, norms, tuple(name for name, _ in params)
 
 
-def describe_non_finite(names: tuple[str, ...], finite: list[float], limit: int = 3) -> str:
-    """'a, b, c and 4 more of 120' for the names whose ``finite`` flag is 0; '' when all are finite."""
-    bad = [name for name, ok in zip(names, finite, strict=True) if ok != 1.0]
+def describe_non_finite(names: tuple[str, ...], norms: list[float], limit: int = 3) -> str:
+    """'a, b, c and 4 more of 120 (norms: 5 NaN, 2 inf)' for the names whose gradient norm is not finite; ''
+    when all are. A NaN norm means NaN values; an inf norm means inf values or finite ones whose squares
+    overflow the fp32 norm (above ~1e19)."""
+    bad = [(name, norm) for name, norm in zip(names, norms, strict=True) if not math.isfinite(norm)]
     if not bad:
         return ""
     more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
-    return f"{', '.join(bad[:limit])}{more} of {len(names)}"
+    nan = sum(math.isnan(norm) for _, norm in bad)
+    return (
+        f"{', '.join(name for name, _ in bad[:limit])}{more} of {len(names)} (norms: {nan} NaN, {len(bad) - nan} inf)"
+    )

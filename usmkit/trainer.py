@@ -105,14 +105,14 @@ class TrainSpec:
 
 @dataclass
 class StepRecord:
-    """One optimizer step's loss, whether its update was applied and which gradients were finite, copied
-    to the host without waiting: the values are read once ``ready`` (a CUDA event after the copy) has
-    passed, a step later."""
+    """One optimizer step's loss, whether its update was applied and each gradient's norm, copied to the
+    host without waiting: the values are read once ``ready`` (a CUDA event after the copy) has passed, a
+    step later."""
 
     step: int
-    values: torch.Tensor  # (2 + P,) float32 on the host (pinned from CUDA): loss, 1.0 if applied, finite flags
+    values: torch.Tensor  # (2 + P,) float32 on the host (pinned from CUDA): loss, 1.0 if applied, gradient norms
     ready: torch.cuda.Event | None
-    names: tuple[str, ...] = ()  # the parameters of the finite flags (none when not kept)
+    names: tuple[str, ...] = ()  # the parameters of the gradient norms (none when not kept)
 
     @classmethod
     def of(
@@ -125,7 +125,7 @@ class StepRecord:
     ) -> StepRecord:
         parts = [loss.detach().float().reshape(1), applied.float().reshape(1)]
         if grad_norms is not None:
-            parts.append(torch.isfinite(grad_norms).float())  # (P,)
+            parts.append(grad_norms.float())  # (P,)
         values = torch.cat(parts)  # (2 + P,)
         if values.device.type != "cuda":
             return cls(step, values.cpu(), None, names)
