@@ -119,9 +119,8 @@ def parse_args() -> argparse.Namespace:
         nargs="*",
         default=[],
         metavar="NAME",
-        help="variants whose stage 3 is joint fine-tuning instead of CTC alone: recipe=stage2 from their stage 2 "
-        "with task.most.bestrq_weight=0 (paired CTC, duration, consistency and the text-only loss, from step 0); "
-        "their runs are named NAME_joint",
+        help="variants whose stage 3 is joint fine-tuning instead of CTC alone: recipe=stage3_joint from their "
+        "stage 2 (paired CTC, duration, consistency and the text-only loss, from step 0); their runs are named NAME_joint",
     )
     ap.add_argument(
         "--also-joint",

@@ -29,6 +29,9 @@ LIGHT_SPEC = ("data.spec_augment.time_masks=2", "data.spec_augment.freq_width=15
 # A CTC model that learns in minutes on 2 cores (make demo trains it with its own tokenizer path,
 # steps and LIGHT_SPEC; the bare stage-3 commands add _NO_SPEC).
 CPU_CTC = (*_COMMON, "optim.lr=2.5e-3", "task.inter_ctc_weight=0.3")
+# MOST (stage 2, and the joint fine-tuning that starts from its checkpoint, so the same model settings)
+CPU_MOST = (*_COMMON, *_TOKENIZER, *_NO_SPEC, "optim.lr=2.5e-3", "task.bestrq.num_codebooks=4", "trainer.max_steps=300",
+            "trainer.eval_every=150", "trainer.save_every=150")  # fmt: skip
 # recipe -> (overrides, seconds per step on a 2-core CPU, measured with these settings)
 CPU_RECIPES: dict[str, tuple[tuple[str, ...], float]] = {
     "stage1": (
@@ -36,16 +39,8 @@ CPU_RECIPES: dict[str, tuple[tuple[str, ...], float]] = {
          "trainer.save_every=150"),
         0.4,
     ),
-    "stage2": (
-        (*_COMMON, *_TOKENIZER, *_NO_SPEC, "optim.lr=2.5e-3", "task.bestrq.num_codebooks=4", "task.most.text_warmup_steps=100",
-         "trainer.max_steps=300", "trainer.eval_every=150", "trainer.save_every=150"),
-        0.8,
-    ),
-    "stage3_joint": (  # the model settings of CPU stage 2, whose checkpoint it starts from
-        (*_COMMON, *_TOKENIZER, *_NO_SPEC, "optim.lr=2.5e-3", "task.bestrq.num_codebooks=4", "trainer.max_steps=300",
-         "trainer.eval_every=150", "trainer.save_every=150"),
-        0.4,
-    ),
+    "stage2": ((*CPU_MOST, "task.most.text_warmup_steps=100"), 0.8),
+    "stage3_joint": (CPU_MOST, 0.4),  # stage 2's settings: it starts from that checkpoint
     "stage3_ctc": (
         (*CPU_CTC, *_NO_SPEC, *_TOKENIZER, "trainer.max_steps=900", "trainer.eval_every=300", "trainer.save_every=300"),
         0.25,
