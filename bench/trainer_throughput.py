@@ -89,9 +89,13 @@ HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=
 PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 
+FLAGS = ("s8", "ac", "fsdp", "p64", "xs", "tri", "fb", "cg")  # each explained in the module docstring
+NAME_PATTERN = "SIZE" + "".join(f"[_{flag}]" for flag in FLAGS) + "[_dSECONDS]"
+
+
 @dataclass(frozen=True)
 class Variant:
-    """A variant name ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS]``, parsed."""
+    """A variant name (``NAME_PATTERN``), parsed."""
 
     size: str
     factor: int  # subsampling
@@ -108,11 +112,9 @@ class Variant:
 def parse_variant(name: str) -> Variant:
     size, *flags = name.split("_")
     durations = [int(f[1:]) for f in flags if re.fullmatch(r"d\d+", f)]
-    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - {"s8", "ac", "fsdp", "p64", "xs", "tri", "fb", "cg"}
+    unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - set(FLAGS)
     if size not in SIZES or unknown or len(durations) > 1:
-        raise SystemExit(
-            f"unknown variant {name!r}: SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS] with SIZE in {sorted(SIZES)}"
-        )
+        raise SystemExit(f"unknown variant {name!r}: {NAME_PATTERN} with SIZE in {sorted(SIZES)}")
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
                    "p64" if "p64" in flags else "p256", "xs" in flags, "tri" in flags,
                    "fb" in flags or "cg" in flags, "cg" in flags,
@@ -307,7 +309,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default=None,
-        help=f"comma-separated SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS] (default {DEFAULT_VARIANTS})",
+        help=f"comma-separated {NAME_PATTERN} (default {DEFAULT_VARIANTS})",
     )
     ap.add_argument("--compare-subsampling", action="store_true", help="large against large_s8")
     ap.add_argument("--compare-padding", action="store_true", help="large against large_p64")
