@@ -104,22 +104,29 @@ def test_custom_ops_opcheck():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_realistic_batch_matches_aten_cuda():
-    """A training-sized batch (vocabulary 512, up to 120 tokens in 300 frames) against aten's CUDA CTC."""
+    """A training-sized batch (vocabulary 512, up to 120 tokens in 300 frames): the loss agrees with aten's CUDA
+    CTC, and the gradient on the logits is as close to aten's in fp64 as aten's own fp32 gradient is (within 2x)."""
     gen = torch.Generator().manual_seed(0)
     B, T, V, U = 24, 300, 512, 120
-    lengths = torch.randint(100, T + 1, (B,), generator=gen)
-    token_lens = torch.minimum(torch.randint(1, U + 1, (B,), generator=gen), lengths // 3)
-    tokens = torch.randint(1, V, (B, U), generator=gen)
-    logits = torch.randn(B, T, V, generator=gen).cuda().requires_grad_()
-    lp = logits.log_softmax(-1).transpose(0, 1)
-    ours = ctc_nll_triton(lp, tokens.cuda(), lengths.cuda(), token_lens.cuda())
-    (ours.sum()).backward()
-    ours_grad, logits.grad = logits.grad, None
-    aten = F.ctc_loss(logits.log_softmax(-1).transpose(0, 1), tokens.cuda(), lengths.cuda(), token_lens.cuda(),
-                      reduction="none", zero_infinity=True)  # fmt: skip
-    aten.sum().backward()
-    torch.testing.assert_close(ours, aten, rtol=1e-5, atol=1e-3)
-    torch.testing.assert_close(ours_grad, logits.grad, rtol=1e-4, atol=1e-5)
+    lengths = torch.randint(100, T + 1, (B,), generator=gen).cuda()
+    token_lens = torch.minimum(torch.randint(1, U + 1, (B,), generator=gen), lengths.cpu() // 3).cuda()
+    tokens = torch.randint(1, V, (B, U), generator=gen).cuda()
+    logits = torch.randn(B, T, V, generator=gen, dtype=torch.float64).cuda()
+
+    def aten(lp):
+        return F.ctc_loss(lp, tokens, lengths, token_lens, reduction="none", zero_infinity=True)
+
+    def loss_and_grad(fn, dtype):
+        x = logits.to(dtype).requires_grad_()
+        loss = fn(x.log_softmax(-1).transpose(0, 1))
+        loss.sum().backward()
+        return loss.detach().double(), x.grad.double()
+
+    ref_loss, ref_grad = loss_and_grad(aten, torch.float64)
+    aten_loss, aten_grad = loss_and_grad(aten, torch.float32)
+    ours_loss, ours_grad = loss_and_grad(lambda lp: ctc_nll_triton(lp, tokens, lengths, token_lens), torch.float32)
+    torch.testing.assert_close(ours_loss, ref_loss, rtol=1e-5, atol=1e-3)
+    assert (ours_grad - ref_grad).abs().max() <= 2 * (aten_grad - ref_grad).abs().max() + 1e-5
 
 
 @pytest.mark.gpu

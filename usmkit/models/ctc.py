@@ -62,9 +62,10 @@ def ctc_loss(
 # Wrapping it as a custom op with static output shapes hides that from the tracer: the forward
 # returns only the per-utterance loss (B,), and the backward recomputes log_alpha inside a second
 # custom op (one extra CTC forward, small next to the encoder) instead of saving it.
-# Both ops are tagged cudagraph_unsafe: aten's CUDA CTC needs the lengths on the host (a
-# synchronization a CUDA graph cannot capture). Under ``mode="reduce-overhead"`` inductor then
-# partitions the graph around them: the encoder replays as CUDA graphs, the CTC ops run eagerly.
+# Both ops are tagged cudagraph_unsafe: aten's CTC takes the lengths on the host (on CUDA a
+# synchronization a CUDA graph cannot capture). They serve the CPU; on CUDA the loss runs our Triton
+# kernels (``usmkit.kernels.ctc``), which read the lengths on the device: no synchronization, so the host
+# queues the step's backward and the next step without waiting, and CUDA graphs may hold the loss.
 _CUDAGRAPH_UNSAFE = (torch.Tag.cudagraph_unsafe,)
 
 
@@ -126,4 +127,8 @@ ctc_nll.register_autograd(_ctc_backward, setup_context=_ctc_setup_context)
 def _ctc_loss_sum(
     log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
+    if log_probs.is_cuda:  # our Triton kernels: the lengths stay on the device, the host never waits
+        from usmkit.kernels.ctc import ctc_nll_triton
+
+        return ctc_nll_triton(log_probs, tokens, lengths, token_lens).sum()
     return ctc_nll(log_probs, tokens.long(), lengths.long(), token_lens.long()).sum()
