@@ -22,7 +22,7 @@ from common import result_path, run_header, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from usmkit.kernels.ctc import ctc_nll_triton  # noqa: E402
-from usmkit.models.ctc import ctc_nll  # noqa: E402  (the aten path)
+from usmkit.models.ctc import BLANK_ID, ctc_nll  # noqa: E402  (ctc_nll: the aten path)
 
 # name -> (B utterances, T encoder frames, U max tokens, V vocabulary)
 SHAPES = {
@@ -82,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device("cuda")
     result = run_header(shapes={})
-    impls = {"aten": ctc_nll, "triton": ctc_nll_triton}
+    impls = {"aten": ctc_nll, "triton": lambda *args: ctc_nll_triton(*args, BLANK_ID)}
     print(f"{'shape':48s} {'aten ms':>8s} {'triton ms':>9s} {'x':>5s} {'aten host ms*':>13s} {'triton host ms*':>15s}")
     for name, (B, T, U, V) in SHAPES.items():
         data = batch(B, T, U, V, device)

@@ -47,9 +47,9 @@ def test_reference_matches_aten():
 def test_forward_matches_reference():
     lp, tokens, lengths, token_lens = _batch(*CASE)
     ref = ctc_nll_reference(lp, tokens, lengths, token_lens)
-    nll, _ = ctc_triton_fwd(lp.float().to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE))
+    nll, _ = ctc_triton_fwd(lp.float().to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE), 0)
     torch.testing.assert_close(nll.cpu().double(), ref, rtol=1e-5, atol=1e-5)
-    zeroed = ctc_nll_triton(lp.float().to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE))
+    zeroed = ctc_nll_triton(lp.float().to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE), 0)
     assert zeroed[3].item() == 0.0 and zeroed[4].item() == 0.0  # zero_infinity
 
 
@@ -61,7 +61,7 @@ def test_gradient_matches_reference():
     (torch.where(torch.isinf(ref), 0.0, ref) * g).sum().backward()
 
     lp32 = lp.float().to(DEVICE).requires_grad_()
-    out = ctc_nll_triton(lp32, tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE))
+    out = ctc_nll_triton(lp32, tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE), 0)
     (out * g.float().to(DEVICE)).sum().backward()
     torch.testing.assert_close(lp32.grad.cpu().double(), ref_lp.grad, rtol=1e-5, atol=1e-5)
     assert lp32.grad[:, 3:5].abs().sum() == 0  # no alignment: no gradient
@@ -83,7 +83,7 @@ def test_ctc_loss_gradient_through_log_softmax_matches_aten():
         return loss.detach().cpu(), x.grad.cpu()
 
     def triton_loss(log_probs, lengths, tokens, token_lens):
-        nll = ctc_nll_triton(log_probs.transpose(0, 1), tokens.clamp(min=0), lengths, token_lens)
+        nll = ctc_nll_triton(log_probs.transpose(0, 1), tokens.clamp(min=0), lengths, token_lens, 0)
         return nll.sum() / log_probs.shape[0]
 
     want = loss_and_grad(ctc_loss, "cpu")  # aten on the CPU
@@ -96,9 +96,10 @@ def test_custom_ops_opcheck():
     """Fake implementations, autograd registration and schema agree with the real kernels."""
     lp, tokens, lengths, token_lens = _batch([[1, 2], [3]], [4, 3], 4)
     args = (lp.float().to(DEVICE), tokens.to(DEVICE), lengths.to(DEVICE), token_lens.to(DEVICE))
-    torch.library.opcheck(ctc_triton_fwd, args, test_utils=("test_schema", "test_faketensor"))
-    nll, alpha = ctc_triton_fwd(*args)
-    torch.library.opcheck(ctc_triton_bwd, (torch.ones_like(nll), *args, nll, alpha), test_utils=("test_faketensor",))
+    torch.library.opcheck(ctc_triton_fwd, (*args, 0), test_utils=("test_schema", "test_faketensor"))
+    nll, alpha = ctc_triton_fwd(*args, 0)
+    bwd_args = (torch.ones_like(nll), *args, nll, alpha, 0)
+    torch.library.opcheck(ctc_triton_bwd, bwd_args, test_utils=("test_faketensor",))
 
 
 @pytest.mark.gpu
@@ -124,7 +125,7 @@ def test_realistic_batch_matches_aten_cuda():
 
     ref_loss, ref_grad = loss_and_grad(aten, torch.float64)
     aten_loss, aten_grad = loss_and_grad(aten, torch.float32)
-    ours_loss, ours_grad = loss_and_grad(lambda lp: ctc_nll_triton(lp, tokens, lengths, token_lens), torch.float32)
+    ours_loss, ours_grad = loss_and_grad(lambda lp: ctc_nll_triton(lp, tokens, lengths, token_lens, 0), torch.float32)
     torch.testing.assert_close(ours_loss, ref_loss, rtol=1e-5, atol=1e-3)
     assert (ours_grad - ref_grad).abs().max() <= 2 * (aten_grad - ref_grad).abs().max() + 1e-5
 
@@ -135,7 +136,7 @@ def test_captured_in_a_cuda_graph():
     """No host synchronization: forward and backward capture in a CUDA graph and replay with new values."""
     lp, tokens, lengths, token_lens = _batch(*CASE)
     static_lp = lp.float().cuda().requires_grad_()
-    args = (tokens.cuda(), lengths.cuda(), token_lens.cuda())
+    args = (tokens.cuda(), lengths.cuda(), token_lens.cuda(), 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up (compiles the kernels) outside the capture

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from usmkit.kernels.ctc import ctc_nll_triton
+
 BLANK_ID = 0
 
 
@@ -128,7 +130,5 @@ def _ctc_loss_sum(
     log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
 ) -> torch.Tensor:
     if log_probs.is_cuda:  # our Triton kernels: the lengths stay on the device, the host never waits
-        from usmkit.kernels.ctc import ctc_nll_triton
-
-        return ctc_nll_triton(log_probs, tokens, lengths, token_lens).sum()
+        return ctc_nll_triton(log_probs, tokens, lengths, token_lens, BLANK_ID).sum()
     return ctc_nll(log_probs, tokens.long(), lengths.long(), token_lens.long()).sum()

@@ -1,7 +1,7 @@
 """The Triton CTC as ``torch.library`` custom ops with fake implementations and autograd.
 
 Shapes: T frames, B batch, V vocabulary, U target tokens. ``ctc_nll_triton(log_probs (T, B, V) fp32, tokens
-(B, U) >= 0, lengths (B,), token_lens (B,))`` -> per-utterance negative log-likelihood (B,), 0 where no
+(B, U) >= 0, lengths (B,), token_lens (B,), blank)`` -> per-utterance negative log-likelihood (B,), 0 where no
 alignment fits (``zero_infinity``). Unlike aten's CUDA CTC it never reads the lengths on the host, so it is not
 tagged ``cudagraph_unsafe``: inductor keeps it inside CUDA graphs, and in eager mode the host does not wait.
 The forward keeps its alpha table (B, T, S_PAD) for the backward instead of recomputing it.
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import torch
 
-BLANK_ID = 0
-
 
 def _kernels():
     from usmkit.kernels.ctc import triton as kernels
@@ -21,23 +19,23 @@ def _kernels():
     return kernels
 
 
-def _s_pad(tokens: torch.Tensor) -> int:
-    n = 2 * tokens.shape[1] + 1
-    return 1 << (n - 1).bit_length()  # next power of two, as the kernels pad the states
+def padded_states(num_tokens: int) -> int:
+    """S_PAD: the 2U + 1 states of a target of U tokens, rounded up to a power of two (one lane each)."""
+    return 1 << (2 * num_tokens).bit_length()
 
 
 @torch.library.custom_op("usmkit::ctc_triton_fwd", mutates_args=())
 def ctc_triton_fwd(
-    log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
+    log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor, blank: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (nll (B,) with inf where no alignment fits, alpha (B, T, S_PAD))."""
-    return _kernels().ctc_forward(log_probs, tokens, lengths, token_lens, BLANK_ID)
+    return _kernels().ctc_forward(log_probs, tokens, lengths, token_lens, blank)
 
 
 @ctc_triton_fwd.register_fake
-def _(log_probs, tokens, lengths, token_lens):
+def _(log_probs, tokens, lengths, token_lens, blank):
     T, B, _ = log_probs.shape
-    return log_probs.new_empty((B,)), log_probs.new_empty((B, T, _s_pad(tokens)))
+    return log_probs.new_empty((B,)), log_probs.new_empty((B, T, padded_states(tokens.shape[1])))
 
 
 @torch.library.custom_op("usmkit::ctc_triton_bwd", mutates_args=())
@@ -49,34 +47,37 @@ def ctc_triton_bwd(
     token_lens: torch.Tensor,
     nll: torch.Tensor,
     alpha: torch.Tensor,
+    blank: int,
 ) -> torch.Tensor:
     """-> d loss / d log_probs (T, B, V), contiguous."""
-    return _kernels().ctc_backward(grad, log_probs, tokens, lengths, token_lens, nll, alpha, BLANK_ID)
+    return _kernels().ctc_backward(grad, log_probs, tokens, lengths, token_lens, nll, alpha, blank)
 
 
 @ctc_triton_bwd.register_fake
-def _(grad, log_probs, tokens, lengths, token_lens, nll, alpha):
+def _(grad, log_probs, tokens, lengths, token_lens, nll, alpha, blank):
     return log_probs.new_empty(log_probs.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    log_probs, tokens, lengths, token_lens = inputs
+    log_probs, tokens, lengths, token_lens, blank = inputs
     nll, alpha = output
     ctx.save_for_backward(log_probs, tokens, lengths, token_lens, nll, alpha)
+    ctx.blank = blank
     ctx.mark_non_differentiable(alpha)
 
 
 def _backward(ctx, grad_nll, grad_alpha):
     log_probs, tokens, lengths, token_lens, nll, alpha = ctx.saved_tensors
-    return ctc_triton_bwd(grad_nll, log_probs, tokens, lengths, token_lens, nll, alpha), None, None, None
+    grad = ctc_triton_bwd(grad_nll, log_probs, tokens, lengths, token_lens, nll, alpha, ctx.blank)
+    return grad, None, None, None, None
 
 
 ctc_triton_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def ctc_nll_triton(
-    log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor
+    log_probs: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor, token_lens: torch.Tensor, blank: int
 ) -> torch.Tensor:
     """Per-utterance CTC negative log-likelihood (B,), 0 where no alignment fits; differentiable."""
-    nll, _ = ctc_triton_fwd(log_probs, tokens.long(), lengths.long(), token_lens.long())
+    nll, _ = ctc_triton_fwd(log_probs, tokens.long(), lengths.long(), token_lens.long(), blank)
     return torch.where(torch.isinf(nll), torch.zeros_like(nll), nll)

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from usmkit.kernels.ctc.api import padded_states
 from usmkit.kernels.interpreter import patch_interpreter_loop_bounds
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -143,7 +144,7 @@ def ctc_forward(
     """-> nll (B,) fp32 (inf where no alignment fits) and the alpha table (B, T, S_PAD) fp32 for the backward."""
     T, B, _ = log_probs.shape
     U = tokens.shape[1]
-    s_pad = triton.next_power_of_2(2 * U + 1)
+    s_pad = padded_states(U)
     alpha = log_probs.new_empty((B, T, s_pad))
     nll = log_probs.new_empty((B,))
     if B == 0:
