@@ -118,7 +118,7 @@ def test_realistic_batch_matches_aten_cuda():
         return F.ctc_loss(lp, tokens, lengths, token_lens, reduction="none", zero_infinity=True)
 
     def loss_and_grad(fn, dtype):
-        x = logits.to(dtype).requires_grad_()
+        x = logits.detach().to(dtype).requires_grad_()  # a new leaf per call
         loss = fn(x.log_softmax(-1).transpose(0, 1))
         loss.sum().backward()
         return loss.detach().double(), x.grad.double()
