@@ -81,6 +81,36 @@ def test_resumed_run_matches_uninterrupted(tmp_path):
     assert out.losses == full.losses[4:]  # bitwise equal losses at steps 5..10
 
 
+def test_a_run_resumed_after_the_last_batch_of_an_epoch_goes_on(tmp_path):
+    """The checkpoint at step 4 holds a loader at the end of its 4-batch epoch: the resumed pass yields
+    nothing, and the run goes on with the next epoch instead of taking the split for empty."""
+    full = _trainer(tmp_path / "a", 8, loader=ToyLoader(n=4)).fit()
+    with pytest.raises(KeyboardInterrupt):  # killed asking for step 5's batch, after the checkpoint at step 4
+        _trainer(tmp_path / "b", 8, loader=ToyLoader(n=4, kill_after=4)).fit()
+    resumed = _trainer(tmp_path / "b", 8, loader=ToyLoader(n=4))
+    assert resumed.resume() and resumed.step == 4 and resumed.epoch == 0
+    assert resumed.fit().losses == full.losses[4:]
+
+
+def test_an_empty_training_split_is_named(tmp_path):
+    with pytest.raises(RuntimeError, match="yielded no batch"):
+        _trainer(tmp_path, 3, loader=ToyLoader(n=0)).fit()
+
+
+def test_log_lines_hold_the_values_of_their_step(tmp_path):
+    """Each line is written once its step has been read (a step later, so the host never waits for the
+    device to drain): it carries that step's loss and task metrics, not the next step's."""
+    out = _trainer(tmp_path, 7, log_every=2).fit()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [2, 4, 6, 7]
+    losses = dict(out.losses)
+    for line in lines:
+        assert line["train/loss"] == pytest.approx(losses[line["step"]])
+        assert line["train/bad_steps"] == 0.0 and line["train/grad_norm"] > 0
+        assert set(line) >= {"train/lr", "train/frames_per_s", "train/loader_wait", "train/ymean"}
+    assert len({line["train/ymean"] for line in lines}) == 4
+
+
 def test_non_finite_steps_are_skipped_and_counted(tmp_path):
     out = _trainer(tmp_path, 8, loader=ToyLoader(poison=(2,))).fit()
     assert out.step == 8 and out.bad_steps >= 1

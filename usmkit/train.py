@@ -210,6 +210,7 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
             world_size=world,
             seed=cfg.trainer.seed,
             pin_memory=pin,
+            endless=True,  # the workers prefetch across epoch boundaries
         )
     dev_eval = None
     if cfg.trainer.eval_every and data.dev_split:

@@ -105,14 +105,15 @@ class TrainSpec:
 
 @dataclass
 class StepRecord:
-    """One optimizer step's loss, whether its update was applied and each gradient's norm, copied to the
-    host without waiting: the values are read once ``ready`` (a CUDA event after the copy) has passed, a
-    step later."""
+    """One optimizer step's loss, whether its update was applied, each gradient's norm and the device
+    values of its log line, copied to the host without waiting: the values are read once ``ready`` (a
+    CUDA event after the copy) has passed, a step later."""
 
     step: int
-    values: torch.Tensor  # (2 + P,) float32 on the host (pinned from CUDA): loss, 1.0 if applied, gradient norms
+    values: torch.Tensor  # (2 + P + L,) float32 on the host (pinned from CUDA): loss, 1.0 if applied, norms, logged
     ready: torch.cuda.Event | None
     names: tuple[str, ...] = ()  # the parameters of the gradient norms (none when not kept)
+    logged: tuple[str, ...] = ()  # the names of the last L values
 
     @classmethod
     def of(
@@ -122,17 +123,20 @@ class StepRecord:
         applied: torch.Tensor,
         grad_norms: torch.Tensor | None = None,
         names: tuple[str, ...] = (),
+        logged: dict[str, torch.Tensor] | None = None,
     ) -> StepRecord:
         parts = [loss.detach().float().reshape(1), applied.float().reshape(1)]
         if grad_norms is not None:
             parts.append(grad_norms.float())  # (P,)
-        values = torch.cat(parts)  # (2 + P,)
+        logged = logged or {}
+        parts += [v.detach().float().reshape(1) for v in logged.values()]  # L x (1,)
+        values = torch.cat(parts)  # (2 + P + L,)
         if values.device.type != "cuda":
-            return cls(step, values.cpu(), None, names)
+            return cls(step, values.cpu(), None, names, tuple(logged))
         ready = torch.cuda.Event()
         host = values.to("cpu", non_blocking=True)  # into pinned memory
         ready.record()
-        return cls(step, host, ready, names)
+        return cls(step, host, ready, names, tuple(logged))
 
     def read(self) -> tuple[float, bool]:
         if self.ready is not None:
@@ -140,9 +144,15 @@ class StepRecord:
         loss, applied = self.values[:2].tolist()
         return loss, applied == 1.0
 
+    def logged_values(self) -> dict[str, float]:
+        """The device values given for the step's log line, by name; after ``read``."""
+        tail = self.values[self.values.numel() - len(self.logged) :].tolist()
+        return dict(zip(self.logged, tail, strict=True))
+
     def non_finite_gradients(self) -> str:
         """The parameters whose gradient was not finite ('' when none or not kept); after ``read``."""
-        return describe_non_finite(self.names, self.values[2:].tolist()) if self.names else ""
+        norms = self.values[2 : self.values.numel() - len(self.logged)]
+        return describe_non_finite(self.names, norms.tolist()) if self.names else ""
 
 
 @dataclass
@@ -470,12 +480,17 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
     def _batches(self) -> Iterator[Batch]:
+        """The training batches, epoch after epoch. A loader that crosses epochs itself (an endless one)
+        never ends a pass and reports its own ``epoch``; another gets ``set_epoch`` after each pass."""
+        empty_passes = 0  # in a row: one is a run resumed after the last batch of an epoch, two an empty split
         while True:
             got_any = False
             for batch in self.train_loader:
                 got_any = True
+                self.epoch = getattr(self.train_loader, "epoch", self.epoch)
                 yield batch
-            if not got_any:
+            empty_passes = 0 if got_any else empty_passes + 1
+            if empty_passes == 2:
                 raise RuntimeError("the training loader yielded no batch: is the training split empty?")
             self.epoch += 1
             self.train_loader.set_epoch(self.epoch)
@@ -518,18 +533,24 @@ class Trainer:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # one bad rank skips the step everywhere
         return ok
 
-    def _settle(self, pending: list[StepRecord], losses: list[tuple[int, float]], keep: int = 0) -> None:
+    def _settle(
+        self, pending: list[StepRecord], losses: list[tuple[int, float]], keep: int = 0
+    ) -> list[tuple[StepRecord, int]]:
         """Read the records of finished steps, all but the last ``keep``: losses of the applied steps, and
-        the count of skipped ones (non-finite), which stops the run after ``max_bad_steps`` in a row."""
+        the count of skipped ones (non-finite), which stops the run after ``max_bad_steps`` in a row.
+        Returns the records read, each with the count of skipped steps up to it."""
+        read: list[tuple[StepRecord, int]] = []
         while len(pending) > keep:
             record = pending.pop(0)
             loss, applied = record.read()
             if applied:
                 self.bad_steps_in_row = 0
                 losses.append((record.step, loss))
+                read.append((record, self.bad_steps_total))
                 continue
             self.bad_steps_total += 1
             self.bad_steps_in_row += 1
+            read.append((record, self.bad_steps_total))
             culprits = record.non_finite_gradients()
             log.warning(
                 "step %d: non-finite loss or gradient (loss=%s%s); its update was skipped (%d in a row, %d in all)",
@@ -545,6 +566,7 @@ class Trainer:
                     f"(last at step {record.step}); stopping. Lower optim.lr, raise optim.warmup_steps, "
                     f"check the data, or resume from the last checkpoint in {self.ckpt_root}."
                 )
+        return read
 
     def fit(self) -> TrainResult:
         cfg = self.cfg
@@ -565,6 +587,7 @@ class Trainer:
         losses: list[tuple[int, float]] = []
         window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
         pending: list[StepRecord] = []  # steps whose loss and finiteness the host has not read yet
+        lines: dict[int, dict[str, float]] = {}  # log lines waiting for their step's device values, by step
         deadline = time.perf_counter() + 60.0 * cfg.max_minutes if cfg.max_minutes else None
         self.module.train()
         try:
@@ -600,38 +623,22 @@ class Trainer:
                 self.optimizer.step()
                 self.scheduler.step()
                 self.step += 1
-                pending.append(StepRecord.of(self.step, loss, applied, grad_norms, names))
-                self._settle(pending, losses, keep=1)
                 logging_now = self.step % cfg.log_every == 0 or self.step == cfg.max_steps
                 eval_now = bool(cfg.eval_every) and self.step % cfg.eval_every == 0
                 save_now = bool(cfg.save_every) and self.step % cfg.save_every == 0
-                if logging_now or eval_now or save_now:
-                    self._settle(pending, losses)  # the counts a checkpoint or a log line records
-
-                if main and logging_now:
-                    last_loss = _last_loss(losses)
+                logged = None
+                if main and logging_now:  # the host's part of the log line now, the device's when the step is read
                     elapsed = time.perf_counter() - window_start
-                    fps = window_frames / max(elapsed, 1e-9)
-                    wait = window_wait / max(elapsed, 1e-9)
+                    fps, wait = window_frames / max(elapsed, 1e-9), window_wait / max(elapsed, 1e-9)
+                    lines[self.step] = self._host_scalars(fps, wait)
                     window_frames, window_start, window_wait = 0, time.perf_counter(), 0.0
-                    scalars = {
-                        "train/loss": last_loss,
-                        "train/lr": self.scheduler.get_last_lr()[0],
-                        "train/grad_norm": float(grad_norm),
-                        "train/frames_per_s": fps,
-                        "train/loader_wait": wait,  # share of the window's wall time spent waiting for batches
-                        "train/bad_steps": float(self.bad_steps_total),
-                    }
-                    if self.device.type == "cuda":  # the allocator's counters: no device sync
-                        stats = torch.cuda.memory_stats(self.device)
-                        scalars["train/max_mem_gib"] = stats.get("allocated_bytes.all.peak", 0) / 2**30
-                        # times the allocator freed its cache to retry an allocation (each waits for the device)
-                        scalars["train/alloc_retries"] = float(stats.get("num_alloc_retries", 0))
-                    scalars |= {f"train/{k}": float(v) / self.optim_cfg.accum_steps for k, v in metric_sums.items()}
-                    self._log(writer, metrics_log, scalars)
-                    self._health_check(scalars)
-                    if progress:
-                        progress.set_postfix(loss=f"{last_loss:.3f}", lr=f"{scalars['train/lr']:.2e}", fps=f"{fps:.0f}")
+                    logged = {"train/grad_norm": grad_norm}
+                    logged |= {f"train/{k}": v / self.optim_cfg.accum_steps for k, v in metric_sums.items()}
+                pending.append(StepRecord.of(self.step, loss, applied, grad_norms, names, logged))
+                # Read the step before this one (queued behind it, the device keeps working); all of them
+                # before a checkpoint or an evaluation, which record the counts.
+                settled = self._settle(pending, losses, keep=0 if (eval_now or save_now) else 1)
+                self._write_lines(settled, lines, losses, writer, metrics_log, progress)
                 if progress:
                     progress.update(1)
 
@@ -639,7 +646,7 @@ class Trainer:
                     self._evaluate(writer, metrics_log)
                 if save_now:
                     self.save()
-            self._settle(pending, losses)
+            self._write_lines(self._settle(pending, losses), lines, losses, writer, metrics_log, progress)
             if cfg.eval_every and self.step % cfg.eval_every != 0:
                 self._evaluate(writer, metrics_log)
             if not cfg.save_every or self.step % cfg.save_every != 0:
@@ -653,20 +660,67 @@ class Trainer:
                 metrics_log.close()
         return TrainResult(self.step, _last_loss(losses), self.best, self.bad_steps_total, losses)
 
-    def _health_check(self, scalars: dict[str, float]) -> None:
+    def _host_scalars(self, frames_per_s: float, loader_wait: float) -> dict[str, float]:
+        """The log line's values known to the host when its step is queued."""
+        scalars = {
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/frames_per_s": frames_per_s,
+            "train/loader_wait": loader_wait,  # share of the window's wall time spent waiting for batches
+        }
+        if self.device.type == "cuda":  # the allocator's counters: no device sync
+            stats = torch.cuda.memory_stats(self.device)
+            scalars["train/max_mem_gib"] = stats.get("allocated_bytes.all.peak", 0) / 2**30
+            # times the allocator freed its cache to retry an allocation (each waits for the device)
+            scalars["train/alloc_retries"] = float(stats.get("num_alloc_retries", 0))
+        return scalars
+
+    def _write_lines(
+        self,
+        settled: list[tuple[StepRecord, int]],
+        lines: dict[int, dict[str, float]],
+        losses: list[tuple[int, float]],
+        writer,
+        metrics_log,
+        progress,
+    ) -> None:
+        """Complete and write the log lines of the steps just read (main process)."""
+        for record, bad_steps in settled:
+            host = lines.pop(record.step, None)
+            if host is None:
+                continue
+            logged = record.logged_values()
+            scalars = {
+                "train/loss": _last_loss(losses, record.step),
+                "train/lr": host.pop("train/lr"),
+                "train/grad_norm": logged.pop("train/grad_norm"),
+                **host,
+                "train/bad_steps": float(bad_steps),
+                **logged,
+            }
+            self._log(writer, metrics_log, scalars, record.step)
+            self._health_check(scalars, record.step)
+            if progress:
+                progress.set_postfix(
+                    loss=f"{scalars['train/loss']:.3f}",
+                    lr=f"{scalars['train/lr']:.2e}",
+                    fps=f"{scalars['train/frames_per_s']:.0f}",
+                )
+
+    def _health_check(self, scalars: dict[str, float], step: int) -> None:
         """Warn once if the task says its training went wrong (a module's optional ``health_check``)."""
         check = getattr(self.module, "health_check", None)
         if check is None or self.health_warned:
             return
-        message = check(scalars, self.step, self.optim_cfg.warmup_steps)
+        message = check(scalars, step, self.optim_cfg.warmup_steps)
         if message:
             log.warning(message)
             self.health_warned = True
 
-    def _log(self, writer, metrics_log, scalars: dict[str, float]) -> None:
+    def _log(self, writer, metrics_log, scalars: dict[str, float], step: int | None = None) -> None:
+        step = self.step if step is None else step
         for k, v in scalars.items():
-            writer.add_scalar(k, v, self.step)
-        metrics_log.write(json.dumps({"step": self.step, **scalars}) + "\n")
+            writer.add_scalar(k, v, step)
+        metrics_log.write(json.dumps({"step": step, **scalars}) + "\n")
         metrics_log.flush()
 
     def _evaluate(self, writer, metrics_log) -> None:
@@ -708,9 +762,12 @@ class Trainer:
             dist.barrier()
 
 
-def _last_loss(losses: list[tuple[int, float]]) -> float:
-    """The loss of the last applied step (NaN before any)."""
-    return losses[-1][1] if losses else float("nan")
+def _last_loss(losses: list[tuple[int, float]], step: int | None = None) -> float:
+    """The loss of the last applied step (up to ``step``; NaN before any)."""
+    for s, loss in reversed(losses):  # (steps increase; the step asked for is among the last)
+        if step is None or s <= step:
+            return loss
+    return float("nan")
 
 
 def truncate_metrics(path: Path, step: int) -> int:

@@ -126,6 +126,51 @@ def test_resume_from_state_dict_yields_the_same_batches(audio_corpus, stats, tin
     assert sorted(i for b in nxt for i in b) == sorted(i for b in reference for i in b) and nxt != reference
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_endless_loader_runs_through_the_epochs_and_resumes_anywhere(
+    audio_corpus, stats, tiny_tokenizer, tmp_path, num_workers
+):
+    """An endless pass yields the batches of one-epoch passes over epochs 0, 1, 2 (features included), says
+    each batch's epoch, and resumes from any state: mid-epoch, after an epoch's last batch, or in the same
+    loader after a pass left early (whose workers had run ahead)."""
+    cfg = DataConfig(
+        manifest_dir=str(tmp_path),
+        max_duration=2.5,
+        num_buckets=2,
+        num_workers=num_workers,
+        features=FeatureConfig(precomputed=True),
+    )
+    cuts, _ = prepare_cuts(audio_corpus, cfg, split="train", require_text=True)
+
+    def build(endless):
+        return make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=7, endless=endless)
+
+    def take(loader, n, it=None):
+        return [(loader.epoch, b.cut_ids, float(b.features.sum())) for b in islice(it or loader, n)]
+
+    by_epoch = build(endless=False)
+    reference = []
+    for epoch in range(3):
+        by_epoch.set_epoch(epoch)
+        reference += take(by_epoch, None)
+    first_epoch = sum(1 for epoch, *_ in reference if epoch == 0)
+    assert 4 <= first_epoch < len(reference)
+
+    assert take(build(endless=True), len(reference)) == reference
+    for k in (2, first_epoch, first_epoch + 1):  # mid-epoch, after the last batch of epoch 0, one past it
+        first = build(endless=True)
+        it = iter(first)
+        head = take(first, k, it)
+        state = first.state_dict()
+        del it  # the interrupted run ends here
+        resumed = build(endless=True)
+        resumed.load_state_dict(state)
+        assert head + take(resumed, len(reference) - k) == reference, k
+
+    again = build(endless=True)
+    assert take(again, 3) + take(again, len(reference) - 3) == reference
+
+
 def test_resume_language_balanced_infinite_stream(build_metadata_cuts, build_config):
     cuts = build_metadata_cuts({"en": 40, "de": 10})
     cfg = build_config(language_temperature=3.0, max_duration=10.0)

@@ -71,21 +71,33 @@ class _SnapshotSampler(torch.utils.data.Sampler):
 
     The DataLoader draws batches ahead of the consumer (prefetching in workers), so the sampler's own
     state runs ahead of training. The loader pops one snapshot per batch it yields, which pins the
-    state to the batch the trainer actually received.
+    state to the batch the trainer actually received. ``endless``: at the end of an epoch the next one
+    starts within the same pass, so the workers keep prefetching across the boundary instead of being
+    primed again by a new pass.
     """
 
-    def __init__(self, sampler: DynamicBucketingSampler, seed: int) -> None:
+    def __init__(self, sampler: DynamicBucketingSampler, seed: int, endless: bool = False) -> None:
         self.sampler = sampler
         self.seed = seed
+        self.endless = endless
         self.resume_index = 0  # batches of the epoch already consumed, when resuming from a state
         self.snapshots: deque[dict[str, Any]] = deque()
 
     def __iter__(self) -> Iterator[tuple[int, CutSet]]:
-        index, self.resume_index = self.resume_index, 0  # lhotse, too, restarts the epoch unless restored
-        for cuts in self.sampler:
-            self.snapshots.append(self.sampler.state_dict() | {BATCH_INDEX_KEY: index + 1})
-            yield batch_seed(self.seed, self.sampler.epoch, index), cuts
-            index += 1
+        while True:
+            index, self.resume_index = self.resume_index, 0  # lhotse, too, restarts the epoch unless restored
+            first = index
+            for cuts in self.sampler:
+                self.snapshots.append(self.sampler.state_dict() | {BATCH_INDEX_KEY: index + 1})
+                yield batch_seed(self.seed, self.sampler.epoch, index), cuts
+                index += 1
+            if not self.endless:
+                return
+            if index == 0 and first == 0:  # a whole epoch without a batch (not a state restored at its end)
+                raise RuntimeError(
+                    "the training loader yielded no batch in a whole epoch: is the training split empty?"
+                )
+            self.sampler.set_epoch(self.sampler.epoch + 1)
 
 
 class _SeededDataset(torch.utils.data.Dataset):
@@ -110,6 +122,11 @@ class AsrLoader:
     makes it yield exactly the batches an uninterrupted loader yields after k: the same cut ids and,
     since each batch's augmentation is seeded by (seed, epoch, batch index) alone, the same features,
     with any number of workers.
+
+    ``endless=False``: one pass is one epoch (``set_epoch`` picks the next). ``endless=True`` (training):
+    one pass runs through every epoch from the current one on, and ``epoch`` says which epoch the last
+    batch came from; the batches are those of passes over consecutive epochs, without the pause a new
+    pass costs while the workers fill their queues again.
     """
 
     def __init__(
@@ -120,11 +137,13 @@ class AsrLoader:
         num_workers: int,
         seed: int,
         pin_memory: bool = False,
+        endless: bool = False,
     ) -> None:
         self.dataset = dataset
         self.sampler = sampler
-        self._tracker = _SnapshotSampler(sampler, seed)
+        self._tracker = _SnapshotSampler(sampler, seed, endless)
         self._state: dict[str, Any] | None = None
+        self._pass_start: dict[str, Any] = {}  # (endless) the state the current pass started from
         self._loader = torch.utils.data.DataLoader(
             _SeededDataset(dataset),
             sampler=self._tracker,
@@ -138,15 +157,25 @@ class AsrLoader:
         )
 
     def __iter__(self) -> Iterator[Batch]:
+        if self._tracker.endless:
+            if self._pass_start:  # an earlier pass stopped, its sampler maybe ahead: go on after its last batch
+                self.load_state_dict(self._state or self._pass_start)
+            self._pass_start = self.state_dict()
         self._tracker.snapshots.clear()
         for batch in self._loader:
             self._state = self._tracker.snapshots.popleft()
             yield batch
 
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last batch yielded (of the next one before any)."""
+        return int(self._state["epoch"]) if self._state is not None else self.sampler.epoch
+
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
         self._tracker.resume_index = 0
         self._state = None
+        self._pass_start = {}
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler state as of the last batch this loader yielded (lhotse's format, plus the number of
@@ -182,6 +211,7 @@ def make_loader(
     seed: int = 0,
     speaker_norms: dict[str, SpeakerNorm] | None = None,
     pin_memory: bool = False,
+    endless: bool = False,
 ) -> AsrLoader:
     """Loader over ``cuts`` (already through ``prepare_cuts``).
 
@@ -192,6 +222,7 @@ def make_loader(
     variances) come from ``speaker_norms`` when given (to build loaders over the same cuts
     repeatedly), else from ``cuts``. ``pin_memory``: batches arrive in page-locked memory (for a CUDA
     trainer, whose host runs ahead of the device: a copy from pageable memory can wait for it).
+    ``endless``: one pass runs through consecutive epochs (``AsrLoader``), for a training loop counted in steps.
     """
     if cfg.features.precomputed:
         bare = next((c.id for c in cuts if not c.has_features), None)
@@ -223,7 +254,9 @@ def make_loader(
         speaker_norms=speaker_norms,
         seed=seed + rank,
     )
-    return AsrLoader(dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank, pin_memory=pin_memory)
+    return AsrLoader(
+        dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank, pin_memory=pin_memory, endless=endless
+    )
 
 
 def split_loader(
