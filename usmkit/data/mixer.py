@@ -82,9 +82,12 @@ class StreamMixer:
         self.index = 0  # batches yielded so far
 
     def _next(self, name: str, iterators: dict[str, Iterator[Any]]) -> Any:
-        """The stream's next batch, starting its next epoch when this one is over."""
+        """The stream's next batch, starting its next epoch when this one is over (a stream that runs
+        through its epochs itself, an endless ``AsrLoader``, reports the epoch of its batch)."""
         try:
-            return next(iterators[name])
+            batch = next(iterators[name])
+            self.epochs[name] = getattr(self.streams[name], "epoch", self.epochs[name])
+            return batch
         except StopIteration:
             self.epochs[name] += 1
             self.streams[name].set_epoch(self.epochs[name])

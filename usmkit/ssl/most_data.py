@@ -77,6 +77,7 @@ def build_most_loader(
             world_size=world_size,
             seed=seed,
             pin_memory=pin_memory,
+            endless=True,
         )
     if "paired" in active:
         streams["paired"] = make_loader(
@@ -89,6 +90,7 @@ def build_most_loader(
             world_size=world_size,
             seed=seed + 1,
             pin_memory=pin_memory,
+            endless=True,
         )
     if "text" in active:
         path = most.text_only or text_only_path(data.manifest_dir, data.corpus)
