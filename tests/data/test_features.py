@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+import shutil
+import threading
+import time
 from dataclasses import replace
 
 import torch
+from filelock import FileLock
 from lhotse import CutSet
 
 from usmkit.data.augment import SpecAugment
@@ -52,6 +56,46 @@ def test_feature_cache_is_reused_extended_and_rebuilt(audio_corpus, tmp_path):
     assert len(CutSet.from_file(manifest)) == len(audio_corpus)
     rebuilt = precompute_features(audio_corpus, FeatureConfig(num_mel_bins=40, precomputed=True), out)
     assert rebuilt[0].load_features().shape[1] == 40
+
+
+def test_a_run_waits_for_another_computing_the_same_cache(audio_corpus, tmp_path):
+    """Run A is computing ``out`` (its lock held, a feature file written, no config yet). Run B waits for it
+    instead of taking the folder for a foreign one, then uses A's features without computing any."""
+    ref = precompute_features(audio_corpus, STORED, tmp_path / "ref")
+    out = feature_storage_dir(tmp_path, "train")
+    out.mkdir()
+    shutil.copy(next((tmp_path / "ref").rglob("*.npy")), out)  # A's first feature file
+    a_lock = FileLock(out.with_name(out.name + ".lock"))
+    a_lock.acquire()
+    got, errors = [], []
+
+    def run_b():
+        try:
+            got.append(precompute_features(audio_corpus, STORED, out))
+        except Exception as e:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(e)
+
+    b = threading.Thread(target=run_b)
+    b.start()
+    time.sleep(0.5)
+    assert b.is_alive() and not errors, errors  # waiting for A
+    shutil.copytree(tmp_path / "ref", out, dirs_exist_ok=True)  # A finishes its cache
+    stamp = (out / "cuts.jsonl.gz").stat().st_mtime_ns
+    a_lock.release()
+    b.join(timeout=60)
+    assert not errors, errors
+    assert (out / "cuts.jsonl.gz").stat().st_mtime_ns == stamp, "B computed features A had stored"
+    for mine, theirs in zip(got[0], ref, strict=True):
+        torch.testing.assert_close(torch.from_numpy(mine.load_features()), torch.from_numpy(theirs.load_features()))
+
+
+def test_a_complete_cache_is_read_without_a_lock(audio_corpus, tmp_path):
+    out = feature_storage_dir(tmp_path, "train")
+    precompute_features(audio_corpus, STORED, out)
+    lock = out.with_name(out.name + ".lock")
+    lock.unlink(missing_ok=True)
+    precompute_features(audio_corpus, STORED, out)
+    assert not lock.exists()  # so a read-only corpus with its features stored is used as it is
 
 
 def test_8khz_input_is_resampled_to_16khz(tmp_path, build_corpus):

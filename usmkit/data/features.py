@@ -8,7 +8,8 @@ caches): lhotse writes one array per cut
 (``NumpyFilesWriter``) and we keep the cut manifest that points at them (``cuts.jsonl.gz``) plus the
 feature config it was made with (``feature_config.json``). The cache is reused when the config matches
 and every requested cut is in it; cuts missing from it are computed and appended; a different
-config rebuilds it.
+config rebuilds it. Runs that need the same cache at once take turns (a lock file beside it,
+``feats_{split}.lock``): the first computes, the others then find the features stored.
 
 Storage format: ``NumpyFilesWriter`` (raw float32 ``.npy``). lhotse's ``LilcomChunkyWriter`` is 4x
 smaller but needs the ``lilcom`` package, which usmkit does not depend on; raw arrays also decode
@@ -27,11 +28,13 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from filelock import FileLock
 from lhotse import CutSet, Fbank, FbankConfig, NumpyFilesWriter
 from lhotse.cut import Cut
 from lhotse.dataset import OnTheFlyFeatures, PrecomputedFeatures
 from lhotse.dataset.input_strategies import BatchIO
 
+from usmkit.atomic_files import replaced_atomically
 from usmkit.data.config import FeatureConfig
 from usmkit.data.manifests import read_cuts, write_manifest
 
@@ -90,21 +93,36 @@ def precompute_features(
     """
     storage_dir = Path(storage_dir)
     wanted = CutSet.from_cuts(to_sample_rate(c, cfg.sample_rate) for c in cuts)
-    cached = _load_cache(storage_dir, cfg)
-    missing = CutSet.from_cuts(c for c in wanted if c.id not in cached)
-    if len(missing) > 0:
-        log.info("computing fbank features for %d of %d cuts into %s", len(missing), len(wanted), storage_dir)
-        storage_dir.mkdir(parents=True, exist_ok=True)
-        computed = missing.compute_and_store_features(
-            extractor=fbank_extractor(cfg),
-            storage_path=storage_dir,
-            storage_type=NumpyFilesWriter,
-            num_jobs=num_jobs,
-            progress_bar=False,
-        )
-        cached.update({c.id: c for c in computed})
-        _save_cache(storage_dir, cfg, cached)
+    cached = _read_complete_cache(storage_dir, cfg)
+    if cached is None or any(c.id not in cached for c in wanted):
+        # Another run may be computing this cache: wait for it, then compute only what it lacks. (No
+        # lock is taken when the cache is complete, so a read-only corpus with its features works.)
+        with FileLock(storage_dir.with_name(storage_dir.name + ".lock")):
+            cached = _load_cache(storage_dir, cfg)
+            missing = CutSet.from_cuts(c for c in wanted if c.id not in cached)
+            if len(missing) > 0:
+                log.info("computing fbank features for %d of %d cuts into %s", len(missing), len(wanted), storage_dir)
+                storage_dir.mkdir(parents=True, exist_ok=True)
+                computed = missing.compute_and_store_features(
+                    extractor=fbank_extractor(cfg),
+                    storage_path=storage_dir,
+                    storage_type=NumpyFilesWriter,
+                    num_jobs=num_jobs,
+                    progress_bar=False,
+                )
+                cached.update({c.id: c for c in computed})
+                _save_cache(storage_dir, cfg, cached)
     return CutSet.from_cuts(cached[c.id] for c in wanted)
+
+
+def _read_complete_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut] | None:
+    """The cached cuts when ``storage_dir`` holds a finished cache of ``cfg`` (else None); changes nothing."""
+    cuts_path, config_path = storage_dir / CUTS_FILE, storage_dir / CONFIG_FILE
+    if not (config_path.is_file() and cuts_path.is_file()):
+        return None
+    if json.loads(config_path.read_text()) != asdict(cfg) | {"precomputed": True}:
+        return None
+    return {c.id: c for c in read_cuts(cuts_path)}
 
 
 def _load_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut]:
@@ -128,4 +146,5 @@ def _load_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut]:
 
 def _save_cache(storage_dir: Path, cfg: FeatureConfig, cuts: dict[str, Cut]) -> None:
     write_manifest(CutSet.from_cuts(cuts.values()), storage_dir / CUTS_FILE)  # atomic (temp file + rename)
-    (storage_dir / CONFIG_FILE).write_text(json.dumps(asdict(cfg) | {"precomputed": True}, indent=1))
+    with replaced_atomically(storage_dir / CONFIG_FILE) as tmp:  # read without the lock by other runs
+        tmp.write_text(json.dumps(asdict(cfg) | {"precomputed": True}, indent=1))

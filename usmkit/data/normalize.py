@@ -21,6 +21,7 @@ from lhotse.features.base import StatsAccumulator
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from usmkit.atomic_files import replaced_atomically
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor, rate_suffix, to_sample_rate
 from usmkit.data.sampling import cut_speaker
@@ -62,11 +63,12 @@ class FeatureStats:
         return x.masked_fill(~valid[:, :, None], 0.0)
 
     def save(self, path: str | Path, cfg: FeatureConfig) -> None:
-        save_file(
-            {"mean": self.mean.contiguous(), "std": self.std.contiguous()},
-            str(path),
-            metadata={"feature_config": _config_key(cfg)},
-        )
+        with replaced_atomically(path) as tmp:  # another run over the corpus may be reading it
+            save_file(
+                {"mean": self.mean.contiguous(), "std": self.std.contiguous()},
+                str(tmp),
+                metadata={"feature_config": _config_key(cfg)},
+            )
 
     @classmethod
     def load(cls, path: str | Path) -> FeatureStats:
