@@ -90,8 +90,8 @@ def _ids(batches) -> list[list[str]]:
     return [b.cut_ids for b in batches]
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
-def test_resume_from_state_dict_yields_the_same_batches(audio_corpus, stats, tiny_tokenizer, tmp_path, num_workers):
+def _small_batches(audio_corpus, tmp_path, num_workers):
+    """A config of 2.5-s batches in 2 buckets over stored features, and the corpus prepared for it."""
     cfg = DataConfig(
         manifest_dir=str(tmp_path),
         max_duration=2.5,
@@ -100,6 +100,12 @@ def test_resume_from_state_dict_yields_the_same_batches(audio_corpus, stats, tin
         features=FeatureConfig(precomputed=True),
     )
     cuts, _ = prepare_cuts(audio_corpus, cfg, split="train", require_text=True)
+    return cfg, cuts
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_from_state_dict_yields_the_same_batches(audio_corpus, stats, tiny_tokenizer, tmp_path, num_workers):
+    cfg, cuts = _small_batches(audio_corpus, tmp_path, num_workers)
 
     def build():
         return make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=7)
@@ -133,14 +139,7 @@ def test_endless_loader_runs_through_the_epochs_and_resumes_anywhere(
     """An endless pass yields the batches of one-epoch passes over epochs 0, 1, 2 (features included), says
     each batch's epoch, and resumes from any state: mid-epoch, after an epoch's last batch, or in the same
     loader after a pass left early (whose workers had run ahead)."""
-    cfg = DataConfig(
-        manifest_dir=str(tmp_path),
-        max_duration=2.5,
-        num_buckets=2,
-        num_workers=num_workers,
-        features=FeatureConfig(precomputed=True),
-    )
-    cuts, _ = prepare_cuts(audio_corpus, cfg, split="train", require_text=True)
+    cfg, cuts = _small_batches(audio_corpus, tmp_path, num_workers)
 
     def build(endless):
         return make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=7, endless=endless)
