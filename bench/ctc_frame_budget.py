@@ -21,15 +21,14 @@ from common import result_path, run_header, write_result
 
 from usmkit.data.manifests import load_cuts
 from usmkit.models.subsampling import output_lengths
+from usmkit.ssl.alignment import frames_needed
 
 
 def budget(manifest_dir: str, corpus: str, tokenizer: str, split: str, factors: list[int]) -> dict:
     sp = spm.SentencePieceProcessor(model_file=tokenizer)
     frames, needed = [], []
     for cut in load_cuts(manifest_dir, split, corpus=corpus):
-        ids = sp.encode(" ".join(s.text for s in cut.supervisions))
-        repeats = sum(a == b for a, b in zip(ids, ids[1:], strict=False))
-        needed.append(len(ids) + repeats)
+        needed.append(frames_needed(sp.encode(" ".join(s.text for s in cut.supervisions))))
         frames.append(round(cut.duration * 100))  # 10-ms feature frames
     t, need = torch.tensor(frames), torch.tensor(needed, dtype=torch.float)
     out = {"utterances": len(frames), "vocab_size": sp.get_piece_size()}

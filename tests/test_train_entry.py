@@ -197,6 +197,16 @@ def test_bad_override_is_a_clear_error(corpus, tmp_path):
     assert "max_step" in proc.stderr and "valid keys" in proc.stderr
 
 
+def test_a_ctc_run_whose_frame_rate_cannot_align_its_transcripts_is_refused(corpus, tmp_path):
+    """Characters at 8x subsampling: most transcripts need more frames than 12.5 a second, and CTC would
+    ignore them; the run stops before training and says what to change (usmkit.data.ctc_budget)."""
+    chars = ("vocab_size=300", f"tokenizer={tmp_path}/tok/tokenizer.model")  # letters, specials and bytes only
+    proc = _run(_train_args(corpus, tmp_path / "exp", "model.subsampling_factor=8", *chars), tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "model.subsampling_factor=8 gives 12.5 encoder frames a second" in proc.stderr
+    assert "Use model.subsampling_factor=4" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_torchrun_two_processes(corpus, tmp_path):
     exp = tmp_path / "ddp"
     args = [

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from usmkit.checkpoint import MODEL_FILE, latest_checkpoint, load_tensors, load_weights, resolve_checkpoint, run_dir
 from usmkit.config import ConfigError, TrainConfig, from_dict, tokenizer_path
+from usmkit.data.ctc_budget import check_frame_budget, frame_budget
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
@@ -182,6 +183,10 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
         return cuts
 
     train_cuts = prepare(data.train_split)
+    if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
+        # What CTC cannot align it ignores: counted now rather than found in the results.
+        budget = frame_budget(train_cuts, tokenizer, encoder_cfg.subsampling_factor)
+        check_frame_budget(budget, data.train_split, warn=rank == 0)
     stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
     if rank == 0:
         exp_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,77 @@
+"""Whether CTC can align the training transcripts at the encoder's frame rate.
+
+CTC needs at least one encoder frame per label plus one between each pair of repeated neighbours
+(the blank that keeps them apart); an utterance with fewer frames has no alignment, and the loss
+ignores it (``zero_infinity``). At 8x subsampling (12.5 frames a second) a character vocabulary on
+ordinary speech stops fitting, so a run would train on a fraction of its data without a word: the
+entry point counts such utterances first (``check_frame_budget``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from lhotse.cut import Cut
+
+from usmkit.config import ConfigError
+from usmkit.data.dataset import TextEncoder, cut_text
+from usmkit.models.subsampling import output_lengths
+from usmkit.ssl.alignment import frames_needed
+
+log = logging.getLogger(__name__)
+
+FRAME_SHIFT_S = 0.01  # the feature frames' hop
+WARN_SHARE = 0.05  # a warning from this share of unalignable utterances on (a few fast ones are usual)
+REFUSE_SHARE = 0.5  # refused from this share on: most of the data would be ignored
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """How many transcribed utterances CTC cannot align at ``factor``x subsampling."""
+
+    factor: int
+    utterances: int  # with a transcript
+    unalignable: int
+    example: str = ""  # the id of one unalignable utterance
+
+    @property
+    def share(self) -> float:
+        return self.unalignable / self.utterances if self.utterances else 0.0
+
+
+def frame_budget(cuts: Iterable[Cut], tokenizer: TextEncoder, factor: int) -> FrameBudget:
+    """Count the transcribed cuts whose encoder frames at ``factor``x are fewer than their labels need."""
+    ids, frames, needed = [], [], []
+    for cut in cuts:
+        text = cut_text(cut)
+        if not text:
+            continue
+        ids.append(cut.id)
+        frames.append(cut.num_frames or round(cut.duration / FRAME_SHIFT_S))
+        needed.append(frames_needed(tokenizer.encode(text)))
+    short = output_lengths(torch.tensor(frames, dtype=torch.int64), factor) < torch.tensor(needed)  # (N,)
+    first = int(short.nonzero()[0, 0]) if bool(short.any()) else None
+    return FrameBudget(factor, len(ids), int(short.sum()), ids[first] if first is not None else "")
+
+
+def check_frame_budget(budget: FrameBudget, split: str, *, warn: bool = True) -> None:
+    """Warn (where ``warn``) when CTC cannot align 5% of ``split``'s utterances or more; refuse
+    (``ConfigError``) from half of them on."""
+    if budget.share < WARN_SHARE:
+        return
+    rate = 1 / (FRAME_SHIFT_S * budget.factor)  # encoder frames per second: 25 at 4x, 12.5 at 8x
+    fewer_tokens = "a tokenizer with fewer tokens per second (a larger vocab_size)"
+    remedy = f"Use model.subsampling_factor=4, or {fewer_tokens}" if budget.factor > 4 else f"Use {fewer_tokens}"
+    message = (
+        f"model.subsampling_factor={budget.factor} gives {rate:g} encoder frames a second, fewer than the CTC "
+        f"labels need (a frame per token, one more between repeated tokens) in {budget.unalignable} of "
+        f"{budget.utterances} {split} utterances ({100 * budget.share:.1f}%, e.g. {budget.example}); CTC ignores "
+        f"them. {remedy}"
+    )
+    if budget.share >= REFUSE_SHARE:
+        raise ConfigError(message)
+    if warn:
+        log.warning(message)
