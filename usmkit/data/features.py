@@ -97,6 +97,7 @@ def precompute_features(
     if cached is None or any(c.id not in cached for c in wanted):
         # Another run may be computing this cache: wait for it, then compute only what it lacks. (No
         # lock is taken when the cache is complete, so a read-only corpus with its features works.)
+        storage_dir.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(storage_dir.with_name(storage_dir.name + ".lock")):
             cached = _load_cache(storage_dir, cfg)
             missing = CutSet.from_cuts(c for c in wanted if c.id not in cached)
