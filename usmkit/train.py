@@ -185,7 +185,7 @@ def run(cfg: TrainConfig, config_yaml: str) -> dict:
     train_cuts = prepare(data.train_split)
     if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
         # What CTC cannot align it ignores: counted now rather than found in the results.
-        budget = frame_budget(train_cuts, tokenizer, encoder_cfg.subsampling_factor)
+        budget = frame_budget(train_cuts, tokenizer, encoder_cfg.subsampling_factor, data.features.frame_shift_ms)
         check_frame_budget(budget, data.train_split, warn=rank == 0)
     stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
     if rank == 0:

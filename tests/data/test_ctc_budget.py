@@ -35,7 +35,7 @@ def test_frames_against_labels_at_4x_and_8x():
         cut("repeats", 1.0, "aabbccddeeffgghhiijjkkl"),  # 23 tokens + 11 blanks between repeats: 34
         cut("untranscribed", 1.0, None),  # not counted
     ]
-    four, eight = frame_budget(cuts, Characters(), 4), frame_budget(cuts, Characters(), 8)
+    four, eight = frame_budget(cuts, Characters(), 4, 10.0), frame_budget(cuts, Characters(), 8, 10.0)
     assert (four.utterances, four.unalignable, four.example) == (3, 1, "repeats")
     assert (eight.utterances, eight.unalignable, eight.example) == (3, 2, "fits-4x")
 
@@ -43,7 +43,10 @@ def test_frames_against_labels_at_4x_and_8x():
 def test_few_are_let_through_more_are_named_most_are_refused(caplog):
     def budget(unalignable):
         return frame_budget(
-            [cut(f"c{i}", 1.0, "abcdefghijklmno" if i < unalignable else "ab") for i in range(100)], Characters(), 8
+            [cut(f"c{i}", 1.0, "abcdefghijklmno" if i < unalignable else "ab") for i in range(100)],
+            Characters(),
+            8,
+            10.0,
         )
 
     with caplog.at_level(logging.WARNING, logger="usmkit.data.ctc_budget"):

@@ -23,7 +23,6 @@ from usmkit.ssl.alignment import frames_needed
 
 log = logging.getLogger(__name__)
 
-FRAME_SHIFT_S = 0.01  # the feature frames' hop
 WARN_SHARE = 0.05  # a warning from this share of unalignable utterances on (a few fast ones are usual)
 REFUSE_SHARE = 0.5  # refused from this share on: most of the data would be ignored
 
@@ -33,6 +32,7 @@ class FrameBudget:
     """How many transcribed utterances CTC cannot align at ``factor``x subsampling."""
 
     factor: int
+    frames_per_second: float  # encoder frames
     utterances: int  # with a transcript
     unalignable: int
     example: str = ""  # the id of one unalignable utterance
@@ -42,19 +42,21 @@ class FrameBudget:
         return self.unalignable / self.utterances if self.utterances else 0.0
 
 
-def frame_budget(cuts: Iterable[Cut], tokenizer: TextEncoder, factor: int) -> FrameBudget:
-    """Count the transcribed cuts whose encoder frames at ``factor``x are fewer than their labels need."""
+def frame_budget(cuts: Iterable[Cut], tokenizer: TextEncoder, factor: int, frame_shift_ms: float) -> FrameBudget:
+    """Count the transcribed cuts whose encoder frames at ``factor``x subsampling of feature frames every
+    ``frame_shift_ms`` are fewer than their labels need."""
+    shift_s = frame_shift_ms / 1000
     ids, frames, needed = [], [], []
     for cut in cuts:
         text = cut_text(cut)
         if not text:
             continue
         ids.append(cut.id)
-        frames.append(cut.num_frames or round(cut.duration / FRAME_SHIFT_S))
+        frames.append(cut.num_frames or round(cut.duration / shift_s))
         needed.append(frames_needed(tokenizer.encode(text)))
     short = output_lengths(torch.tensor(frames, dtype=torch.int64), factor) < torch.tensor(needed)  # (N,)
-    first = int(short.nonzero()[0, 0]) if bool(short.any()) else None
-    return FrameBudget(factor, len(ids), int(short.sum()), ids[first] if first is not None else "")
+    example = ids[int(short.nonzero()[0, 0])] if bool(short.any()) else ""
+    return FrameBudget(factor, 1 / (shift_s * factor), len(ids), int(short.sum()), example)
 
 
 def check_frame_budget(budget: FrameBudget, split: str, *, warn: bool = True) -> None:
@@ -62,11 +64,10 @@ def check_frame_budget(budget: FrameBudget, split: str, *, warn: bool = True) ->
     (``ConfigError``) from half of them on."""
     if budget.share < WARN_SHARE:
         return
-    rate = 1 / (FRAME_SHIFT_S * budget.factor)  # encoder frames per second: 25 at 4x, 12.5 at 8x
     fewer_tokens = "a tokenizer with fewer tokens per second (a larger vocab_size)"
     remedy = f"Use model.subsampling_factor=4, or {fewer_tokens}" if budget.factor > 4 else f"Use {fewer_tokens}"
     message = (
-        f"model.subsampling_factor={budget.factor} gives {rate:g} encoder frames a second, fewer than the CTC "
+        f"model.subsampling_factor={budget.factor} gives {budget.frames_per_second:g} encoder frames a second, fewer than the CTC "
         f"labels need (a frame per token, one more between repeated tokens) in {budget.unalignable} of "
         f"{budget.utterances} {split} utterances ({100 * budget.share:.1f}%, e.g. {budget.example}); CTC ignores "
         f"them. {remedy}"

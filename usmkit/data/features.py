@@ -121,31 +121,36 @@ def _read_complete_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut
     cuts_path, config_path = storage_dir / CUTS_FILE, storage_dir / CONFIG_FILE
     if not (config_path.is_file() and cuts_path.is_file()):
         return None
-    if json.loads(config_path.read_text()) != asdict(cfg) | {"precomputed": True}:
+    if json.loads(config_path.read_text()) != _config_record(cfg):
         return None
-    return {c.id: c for c in read_cuts(cuts_path)}
+    return {c.id: c for c in read_cuts(cuts_path)}  # paths relative to the cache, like every manifest
 
 
 def _load_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut]:
-    cuts_path, config_path = storage_dir / CUTS_FILE, storage_dir / CONFIG_FILE
+    """The cached cuts of ``cfg`` ({} when none); a cache of another config is removed. Under the lock."""
+    cached = _read_complete_cache(storage_dir, cfg)
+    if cached is not None:
+        return cached
+    config_path = storage_dir / CONFIG_FILE
     if not config_path.is_file():
         if storage_dir.exists() and any(storage_dir.iterdir()):
             raise ValueError(
                 f"{storage_dir} exists but has no {CONFIG_FILE}, so it is not a usmkit feature cache; "
                 "move it away or point manifest_dir elsewhere"
             )
-        return {}
-    if json.loads(config_path.read_text()) != asdict(cfg) | {"precomputed": True}:
+    elif json.loads(config_path.read_text()) != _config_record(cfg):
         # Only ever deletes a directory this module created (it holds our config file).
         log.warning("feature config changed since %s was written: recomputing it", storage_dir)
         shutil.rmtree(storage_dir)
-        return {}
-    if not cuts_path.is_file():
-        return {}
-    return {c.id: c for c in read_cuts(cuts_path)}  # paths relative to the cache, like every manifest
+    return {}
+
+
+def _config_record(cfg: FeatureConfig) -> dict:
+    """What ``feature_config.json`` holds for a cache computed with ``cfg``."""
+    return asdict(cfg) | {"precomputed": True}
 
 
 def _save_cache(storage_dir: Path, cfg: FeatureConfig, cuts: dict[str, Cut]) -> None:
     write_manifest(CutSet.from_cuts(cuts.values()), storage_dir / CUTS_FILE)  # atomic (temp file + rename)
     with replaced_atomically(storage_dir / CONFIG_FILE) as tmp:  # read without the lock by other runs
-        tmp.write_text(json.dumps(asdict(cfg) | {"precomputed": True}, indent=1))
+        tmp.write_text(json.dumps(_config_record(cfg), indent=1))
