@@ -16,10 +16,11 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(BIN)/python -m usmkit.data.synth out=$(DATA) size=demo
-	$(BIN)/python -m usmkit.demo data=$(DATA) exp=$(EXP)
+	$(BIN)/python -m usmkit.cli.prepare synth out=$(DATA) size=demo
+	$(BIN)/python -m usmkit.cli.demo data=$(DATA) exp=$(EXP)
 
 test: $(VENV)/.installed
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 clean:

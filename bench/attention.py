@@ -36,7 +36,7 @@ from usmkit.kernels.chunk_attention import chunk_attention
 from usmkit.kernels.chunk_attention import triton as kernels
 from usmkit.kernels.chunk_attention.flex import chunk_block_mask
 from usmkit.kernels.chunk_attention.reference import chunk_attention_reference
-from usmkit.masks import lengths_to_padding_mask, padded_chunk_mask
+from usmkit.kernels.masks import lengths_to_padding_mask, padded_chunk_mask
 
 # (B, T, H, D, chunk_size, left_chunks)
 SHAPES = [

@@ -1,6 +1,6 @@
 """Baseline WER on this CPU: tiny CTC models trained on the embedded corpus and on FSDD.
 
-    python bench/baseline_wer.py synth   # needs data/synth (python -m usmkit.data.synth out=data/synth)
+    python bench/baseline_wer.py synth   # needs data/synth (python -m usmkit.cli.prepare synth out=data/synth)
     python bench/baseline_wer.py synth8  # the same on 8 kHz features: FSDD's pre-training
     python bench/baseline_wer.py fsdd    # builds data/fsdd from ../shared/data/fsdd (theo held out);
                                          # fine-tunes the synth8 run's encoder, so run synth8 first
@@ -82,7 +82,7 @@ RUNS = {
     "fsdd": {
         "key": "fsdd_heldout_speaker",
         "exp": "exp/fsdd_v8",  # members exp/fsdd_v8_s0 ... _s4
-        "prepare": [sys.executable, "-m", "usmkit.data.recipes.fsdd", "out=data/fsdd", "test_speakers=theo"],
+        "prepare": [sys.executable, "-m", "usmkit.cli.prepare", "fsdd", "out=data/fsdd", "test_speakers=theo"],
         # Fine-tuned from the synth run's encoder (58 espeak voices; run() adds its init_from): from
         # scratch, four training speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep
         # round 4); fine-tuned, 7-15% over nine seeds (bench/results/baseline_wer_gpu_sweep.json, rounds 5-10).
@@ -156,7 +156,15 @@ def evaluate(spec: dict, exps: list[str], decode: str, out_json: Path) -> dict:
     """Score ``exps`` (one checkpoint, or an ensemble of several) on the run's sets; the results dict."""
     sets = f"test_sets=[{','.join(spec['test_sets'])}]"
     ensemble = [f"ensemble=[{','.join(exps[1:])}]"] if len(exps) > 1 else []
-    cmd = ["-m", "usmkit.evaluate", f"checkpoint={exps[0]}", *ensemble, sets, f"decode={decode}", f"output={out_json}"]
+    cmd = [
+        "-m",
+        "usmkit.cli.evaluate",
+        f"checkpoint={exps[0]}",
+        *ensemble,
+        sets,
+        f"decode={decode}",
+        f"output={out_json}",
+    ]
     sh([sys.executable, *cmd])
     ev = json.loads(out_json.read_text())
     main = ev["sets"][spec["main_set"]]
@@ -183,7 +191,7 @@ def run(name: str, eval_only: bool = False) -> None:
     exps = member_exps(spec)
     seeds = spec.get("seeds", [None])
     trains = [
-        [sys.executable, "-m", "usmkit.train", *spec["train"], *init]
+        [sys.executable, "-m", "usmkit.cli.train", *spec["train"], *init]
         + ([f"trainer.seed={seed}"] if seed is not None else [])
         + [f"trainer.exp_dir={exp}"]
         for exp, seed in zip(exps, seeds, strict=True)
@@ -224,7 +232,7 @@ def run(name: str, eval_only: bool = False) -> None:
             if "pretrained" in spec
             else {}
         ),
-        "train_command": " && ".join("python -m usmkit.train " + shlex.join(t[3:]) for t in trains),
+        "train_command": " && ".join("python -m usmkit.cli.train " + shlex.join(t[3:]) for t in trains),
         "eval_command": headline["eval_command"],
         "decodes": decoded,
     }
@@ -242,7 +250,7 @@ def run(name: str, eval_only: bool = False) -> None:
 
 def plot() -> None:
     sys.path.insert(0, str(REPO))
-    from usmkit.plots import plot_training_curves
+    from usmkit.training.curves import plot_training_curves
 
     runs = {
         n: REPO / member_exps(s)[0] / "metrics.jsonl"

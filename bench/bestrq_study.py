@@ -57,12 +57,12 @@ def run_jobs(jobs: dict[str, list[list[str]]], parallel: bool, done=None) -> dic
 
 
 def train_cmd(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "usmkit.train", *args, "trainer.progress=false"]
+    return [sys.executable, "-m", "usmkit.cli.train", *args, "trainer.progress=false"]
 
 
 def eval_cmd(exp: str, test_set: str, decode: str) -> list[str]:
     out = REPO / exp / f"eval_{test_set}_{decode}.json"
-    return [sys.executable, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{test_set}]",
+    return [sys.executable, "-m", "usmkit.cli.evaluate", f"checkpoint={exp}", f"test_sets=[{test_set}]",
             f"decode={decode}", f"output={out}"]  # fmt: skip
 
 

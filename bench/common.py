@@ -73,7 +73,7 @@ def last_step(exp_dir: Path) -> int:
 
 
 def bench_train_config(name: str, steps: int, overrides: list[str]):
-    """The typed config and its YAML (what ``usmkit.train.run`` takes) of ``python -m usmkit.train
+    """The typed config and its YAML (what ``usmkit.training.recipe.run`` takes) of ``python -m usmkit.cli.train
     <overrides>`` run for ``steps`` steps with no evaluation, checkpoints or progress bar in a fresh
     ``/tmp/<name>_<time>``: for benchmarks that run the trainer in their own process."""
     import time

@@ -5,13 +5,13 @@
 One training step = forward of the CTC task (AsrModel), backward and AdamW, fp32, on whatever device
 is there (this CPU by default). ``whole`` compiles the task's forward as one graph, as
 ``trainer.compile_scope=whole`` does; ``blocks`` compiles each Conformer block and the front end
-(``usmkit.compile_blocks``). Inductor's on-disk caches are off, so each variant compiles from
+(``usmkit.training.compile_blocks``). Inductor's on-disk caches are off, so each variant compiles from
 scratch. First step = compile + one step; then the median of ``--steps`` steps.
 """
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -25,12 +25,12 @@ from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from usmkit.compile_blocks import compile_blocks  # noqa: E402
 from usmkit.data.batch import Batch  # noqa: E402
 from usmkit.models.asr import AsrHeadConfig, AsrModel  # noqa: E402
 from usmkit.models.conformer import ConformerEncoder  # noqa: E402
 from usmkit.models.presets import preset  # noqa: E402
-from usmkit.tasks import compile_units  # noqa: E402
+from usmkit.training.compile_blocks import compile_blocks  # noqa: E402
+from usmkit.training.task_spec import compile_units  # noqa: E402
 
 
 def make_batch(B: int, T: int, device: torch.device) -> Batch:

@@ -5,14 +5,14 @@
 Train mode end to end (bucketing sampler, audio decode or stored-feature read, fbank, global
 normalization, SpecAugment, tokenization, collation into ``Batch``), for three feature paths:
 on the fly, on the fly with speed perturbation, and precomputed (lhotse storage). The corpus is the
-embedded synthetic one (``python -m usmkit.data.synth size=tiny``, FLAC at 16 kHz, all audio splits)
+embedded synthetic one (``python -m usmkit.cli.prepare synth size=tiny``, FLAC at 16 kHz, all audio splits)
 built into a temporary folder, or ``--corpus-dir`` (a built synth corpus). Writes
 ``bench/results/data_throughput.json``.
 """
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -45,7 +45,7 @@ AUDIO_SPLITS = ("train", "dev", "test", "test_other", "unlabeled")
 
 
 def build_synth(out: Path) -> None:
-    cmd = [sys.executable, "-m", "usmkit.data.synth", f"out={out}", "size=tiny", "workers=1"]
+    cmd = [sys.executable, "-m", "usmkit.cli.prepare", "synth", f"out={out}", "size=tiny", "workers=1"]
     subprocess.run(cmd, check=True, env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
 
 

@@ -2,14 +2,14 @@
 
     PYTHONPATH=. python bench/fsdd_errors.py [--checkpoint exp/fsdd_init] [--set test]
 
-Decodes the set the way ``python -m usmkit.evaluate ... decode=ctc_lexicon`` does (same loader,
+Decodes the set the way ``python -m usmkit.cli.evaluate ... decode=ctc_lexicon`` does (same loader,
 same lexicon decoder), then counts (reference, hypothesis) pairs of the wrong utterances (one digit
 per FSDD file). Prints them and writes ``bench/results/fsdd_errors.json``.
 """
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -22,8 +22,8 @@ from common import result_path, run_header, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from usmkit.data.loader import split_loader  # noqa: E402
-from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
-from usmkit.inference import transcribe_batches  # noqa: E402
+from usmkit.inference.batches import transcribe_batches  # noqa: E402
+from usmkit.inference.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.runs import load_trained  # noqa: E402
 from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
 

@@ -3,12 +3,12 @@
     PYTHONPATH=. python bench/lexicon_tuning.py --checkpoint exp/synth_v2 [--set dev] [--orders 1,2]
 
 Prints a WER table over the grid and writes ``bench/results/lexicon_tuning.json``; use the best
-``lexicon.lm_weight`` / ``lexicon.word_score`` with ``python -m usmkit.evaluate ... decode=ctc_lexicon``.
+``lexicon.lm_weight`` / ``lexicon.word_score`` with ``python -m usmkit.cli.evaluate ... decode=ctc_lexicon``.
 """
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from usmkit.data.loader import split_loader  # noqa: E402
 from usmkit.decoding.ctc_lexicon import LexiconConfig  # noqa: E402
-from usmkit.evaluate import EvalConfig, build_word_decoder  # noqa: E402
+from usmkit.inference.evaluate import EvalConfig, build_word_decoder  # noqa: E402
 from usmkit.metrics import TextNormConfig, normalize_text, score  # noqa: E402
 from usmkit.runs import load_trained  # noqa: E402
 from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
@@ -62,7 +62,7 @@ def main() -> None:
         lexicon = LexiconConfig(
             order=order, lm_weight=lm_w, word_score=ws, beam_size=args.beam_size, beam_threshold=args.beam_threshold
         )
-        # The decoder usmkit.evaluate builds (same transcripts, same normalization), at this grid point.
+        # The decoder usmkit.cli.evaluate builds (same transcripts, same normalization), at this grid point.
         eval_cfg = EvalConfig(checkpoint=args.checkpoint, decode="ctc_lexicon", lexicon=lexicon)
         dec = build_word_decoder(eval_cfg, cfg, tokenizer)
         hyps = [normalize_text(h, TextNormConfig()) for lp, lens in emissions for h in dec(lp, lens)]

@@ -18,7 +18,7 @@ Both merge their results into ``bench/results/longform.json``.
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -91,7 +91,7 @@ def build_longform(data: Path, out: Path, minutes: float) -> dict:
 
 
 def evaluate(checkpoint: str, manifest_dir: Path, split: str, chunk: str, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "usmkit.evaluate", f"checkpoint={checkpoint}", f"manifest_dir={manifest_dir}",
+    cmd = [sys.executable, "-m", "usmkit.cli.evaluate", f"checkpoint={checkpoint}", f"manifest_dir={manifest_dir}",
            f"test_sets=[{split}]", f"chunk_size={chunk}", "max_duration=400", f"output={out}"]  # fmt: skip
     subprocess.run(cmd, cwd=REPO, check=True)
     s = json.loads(out.read_text())["sets"][split]
@@ -147,7 +147,7 @@ def run_memory(args) -> None:
             # VmHWM: peak RSS of this address space (reset at exec). getrusage's ru_maxrss is not usable
             # here: Linux carries it over fork/exec, so the child would report the parent's peak.
             probe = (
-                "import re, sys; from usmkit.transcribe import main; "
+                "import re, sys; from usmkit.cli.transcribe import main; "
                 f"code = main([{str(wav)!r}, '--checkpoint', {args.checkpoint!r}, '--json', {str(out)!r}, "
                 "'--no-partials', '--threads', '1']); "
                 "hwm = re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1); "

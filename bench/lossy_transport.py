@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/lossy_transport.py [--files 24] [--bitrates 16,24,32] [--pack-json DIR/pack.json ...]
 
 For every ``--files``-th file of each corpus (evenly spread over the sorted file list), encode the
-original samples with libsndfile (the codec ``usmkit.data.recipes.pack`` writes) in memory, decode,
+original samples with libsndfile (the codec ``usmkit.data.corpora.pack`` writes) in memory, decode,
 and compare the 80-bin log-mel features that training computes (``usmkit.data.features``, 25 ms /
 10 ms) with those of the original. Reported per corpus and setting: the sample's bitrate, mean and
 95th-percentile |difference| in dB over all time-frequency bins and over the bins within 40 dB of
@@ -16,7 +16,7 @@ Writes ``bench/results/lossy_transport.json``.
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -33,17 +33,17 @@ from common import result_path, run_header, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from usmkit.data.config import FeatureConfig  # noqa: E402
+from usmkit.data.corpora.common import default_corpus_dir  # noqa: E402
+from usmkit.data.corpora.pack import PackSettings  # noqa: E402
+from usmkit.data.corpora.sphere import read_sphere  # noqa: E402
 from usmkit.data.features import fbank_extractor  # noqa: E402
-from usmkit.data.recipes.common import shared_data_dir  # noqa: E402
-from usmkit.data.recipes.pack import PackSettings  # noqa: E402
-from usmkit.data.recipes.sphere import read_sphere  # noqa: E402
 
 DB = 10 / math.log(10)  # natural-log energy -> dB
 AUDIBLE_DB = 40.0
 
 
 def corpus_files(name: str) -> list[Path]:
-    root = shared_data_dir(name)
+    root = default_corpus_dir(name)
     pattern = "wav/*/*/*.sph" if name == "an4" else "data/*.flac"
     return sorted(root.glob(pattern))
 
@@ -118,7 +118,7 @@ def main() -> None:
     for corpus in ("an4", "kathleen"):
         files = corpus_files(corpus)
         if not files:
-            print(f"no {corpus} copy at {shared_data_dir(corpus)}: skipped")
+            print(f"no {corpus} copy at {default_corpus_dir(corpus)}: skipped")
             continue
         step = max(1, len(files) // args.files)
         sample = files[::step][: args.files]

@@ -4,7 +4,7 @@
 
 Steps, each with its budget on the command line:
 
-1. the embedded corpus (``python -m usmkit.data.synth out=<corpus> size=<size> workers=<workers>``, by default
+1. the embedded corpus (``python -m usmkit.cli.prepare synth out=<corpus> size=<size> workers=<workers>``, by default
    ``size=english``; skipped when already built), its stored features and statistics and a character-level
    tokenizer of its paired transcripts (once, before any training, so parallel runs only read them; pieces
    keep CTC all-blank in these budgets, bench/results/vocab_escape_english.json);
@@ -172,11 +172,11 @@ def run(cmd: list[str], log: Path) -> None:
 
 
 def train_cmd(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "usmkit.train", *overrides, "trainer.progress=false", "resume=true"]
+    return [sys.executable, "-m", "usmkit.cli.train", *overrides, "trainer.progress=false", "resume=true"]
 
 
 def eval_cmd(exp: Path, out: Path, device: str) -> list[str]:
-    return [sys.executable, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{','.join(TEST_SETS)}]",
+    return [sys.executable, "-m", "usmkit.cli.evaluate", f"checkpoint={exp}", f"test_sets=[{','.join(TEST_SETS)}]",
             "decode=ctc_greedy", f"output={out}", f"device={device}"]  # fmt: skip
 
 
@@ -184,7 +184,7 @@ def prepare_data(args: argparse.Namespace) -> dict:
     """Build the corpus, then store every split's features and the statistics once, with all workers."""
     start = time.perf_counter()
     corpus = REPO / args.corpus
-    run([sys.executable, "-m", "usmkit.data.synth", f"out={corpus}", f"size={args.size}", f"workers={args.workers}",
+    run([sys.executable, "-m", "usmkit.cli.prepare", "synth", f"out={corpus}", f"size={args.size}", f"workers={args.workers}",
          f"vocab_size={args.vocab_size}"], REPO / args.exp / "logs" / "corpus.log")  # fmt: skip
     built = time.perf_counter()
     import torch
@@ -235,10 +235,10 @@ def heldout_recall(ckpt: Path, corpus: Path, device: str) -> dict:
     from dataclasses import replace
 
     from usmkit.data.loader import split_loader
-    from usmkit.inference import transcribe_batches
+    from usmkit.device import resolve_device
+    from usmkit.inference.batches import transcribe_batches
     from usmkit.runs import load_trained
     from usmkit.streaming.features import checkpoint_feature_stats
-    from usmkit.trainer import resolve_device
 
     words = set(json.loads((corpus / "corpus.json").read_text())["heldout_words"])
     module, cfg, tokenizer, path = load_trained(str(ckpt), resolve_device(device))

@@ -25,7 +25,7 @@ from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import usmkit.entrypoint  # noqa: E402, F401  (first: the OpenMP wait policy)
+import usmkit.cli  # noqa: E402, F401  (first: the OpenMP wait policy)
 
 # isort: split
 from lhotse.utils import compute_num_frames  # noqa: E402

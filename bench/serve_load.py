@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/serve_load.py [--audio /work/shared/data/kathleen/data] [--variants int8,fp32]
     PYTHONPATH=. python bench/serve_load.py --device cuda --variants fp32 --threads 0 --audio synthetic --max-clients 512
 
-For each variant it starts ``python -m usmkit.serve`` in another process on the loopback interface
+For each variant it starts ``python -m usmkit.cli.serve`` in another process on the loopback interface
 and, for N = 1, 2, 4, 8, 16, 24, 32, 48, ... clients, streams N real recordings at once at real
 time (100 ms messages, as the browser page sends them; start times spread over one chunk), each for
 ``--seconds`` of audio, then ``{"signal": "end"}``. Per result message the client knows which of its
@@ -23,7 +23,7 @@ share out). Writes ``bench/results/serve_load.json`` (``_cuda`` on a GPU).
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -45,7 +45,7 @@ from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from usmkit.checkpoint import save_checkpoint  # noqa: E402
+from usmkit.checkpointing.checkpoint import save_checkpoint  # noqa: E402
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict  # noqa: E402
 from usmkit.data.features import fbank_extractor  # noqa: E402
 from usmkit.data.normalize import STATS_FILE, FeatureStats  # noqa: E402
@@ -193,7 +193,7 @@ def stats_of(url: str) -> dict:
 
 def start_server(checkpoint: Path, flags: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     repo = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "usmkit.serve", "--checkpoint", str(checkpoint), "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "usmkit.cli.serve", "--checkpoint", str(checkpoint), "--host", "127.0.0.1"]
     cmd += ["--port", "0", "--max-connections", "1024", "--max-batch", "512", *flags]
     proc = subprocess.Popen(
         cmd,

@@ -10,7 +10,7 @@ utterances through the real CLI path (incremental fbank -> encoder ``stream_step
 streaming decoder), and reads RTF and chunk latency from the CLI's ``--json`` output. Each setting
 runs its variants back to back: ``eager`` (plain PyTorch, ``--step eager``), ``jit`` (the CLI's default:
 the traced, frozen step), ``jit_int8`` (traced, int8 linear weights: ``--quantize int8``), and the
-exported step (``python -m usmkit.export``, ``--engine onnx|aoti --model DIR``): ``onnx`` (onnxruntime,
+exported step (``python -m usmkit.cli.export``, ``--engine onnx|aoti --model DIR``): ``onnx`` (onnxruntime,
 fp32), ``onnx_int8`` (onnxruntime, int8 linear weights: ``quantize=int8``) and ``aoti`` (an
 AOTInductor package). Only the encoder step differs between them; features, CTC and decoding are the
 same code. The top-level ``rtf`` / latency keys of a setting are the default's (``jit``); every
@@ -22,7 +22,7 @@ under ``earlier``, with the command and date that measured them.
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry points, before torch loads)
 
 # isort: split
 import argparse
@@ -42,14 +42,14 @@ from common import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from usmkit.checkpoint import save_checkpoint  # noqa: E402
+from usmkit.checkpointing.checkpoint import save_checkpoint  # noqa: E402
+from usmkit.cli.transcribe import main as transcribe  # noqa: E402
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
 from usmkit.data.normalize import FeatureStats, stats_path  # noqa: E402
 from usmkit.data.tokenizer import Tokenizer  # noqa: E402
 from usmkit.export import export_checkpoint  # noqa: E402
 from usmkit.tasks import build_task  # noqa: E402
-from usmkit.transcribe import main as transcribe  # noqa: E402
 
 CHUNKS_MS = (320, 640, 1280)
 VARIANTS = {  # name -> (export (format, quantize) or None for the checkpoint in PyTorch, usmkit-transcribe flags)

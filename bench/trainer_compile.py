@@ -3,7 +3,7 @@
     python bench/trainer_compile.py [--model base] [--data synth] [--steps 300] [--variants ...]
         [--variant-timeout 600] [--json OUT]
 
-Each variant is one ``python -m usmkit.train`` run (its own process, so compile caches and CUDA
+Each variant is one ``python -m usmkit.cli.train`` run (its own process, so compile caches and CUDA
 state never carry over) on the same corpus, seed and steps, with the time axis padded to multiples
 of 256 feature frames (``data.pad_to_frames=256``, what ``trainer.compile=true`` is meant with) and
 lhotse's bucketing sampler varying the batch size. Variants:
@@ -79,7 +79,7 @@ def run_variant(name: str, args, work: Path) -> dict:
 
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "usmkit.train", *overrides], cwd=ROOT, env=env, stdout=log, stderr=log
+            [sys.executable, "-m", "usmkit.cli.train", *overrides], cwd=ROOT, env=env, stdout=log, stderr=log
         )
         while proc.poll() is None:
             poll()

@@ -5,7 +5,7 @@ what the host was doing when it launched the work that ended the gap.
     e.g. -- recipe=stage3_ctc model=large data.manifest_dir=data/synth data.max_duration=300 \\
             data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16
 
-Runs ``usmkit.train.run`` in this process. After ``--skip`` steps (compiling the padded lengths) and two
+Runs ``usmkit.training.recipe.run`` in this process. After ``--skip`` steps (compiling the padded lengths) and two
 warm-up steps, ``--steps`` steps run under ``torch.profiler`` (CPU and CUDA). From the trace:
 
 - ``busy``: the share of the profiled steps' wall time with a kernel, copy or memset running on the GPU
@@ -198,8 +198,8 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-    from usmkit import trainer as trainer_module
-    from usmkit.train import run
+    from usmkit.training import trainer as trainer_module
+    from usmkit.training.recipe import run
 
     warmup = 2
     cfg, config_yaml = bench_train_config("trainer_gaps", args.skip + warmup + args.steps + 1, args.overrides)

@@ -4,7 +4,7 @@
     e.g. -- recipe=stage3_ctc model=large data.manifest_dir=data/synth data.max_duration=300 \\
             data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16
 
-Runs ``usmkit.train.run`` in this process for ``--steps`` optimizer steps under
+Runs ``usmkit.training.recipe.run`` in this process for ``--steps`` optimizer steps under
 ``torch.cuda.set_sync_debug_mode("warn")``: every call that makes the host wait for the device (an
 ``.item()``, a device-to-host copy, a stream synchronize) warns. Each warning is attributed to the step
 the trainer is in (the final checkpoint's to none) and to its call site: the innermost frame in
@@ -53,8 +53,8 @@ def main() -> None:
 
     import torch
 
-    from usmkit import trainer as trainer_module
-    from usmkit.train import run
+    from usmkit.training import trainer as trainer_module
+    from usmkit.training.recipe import run
 
     if not torch.cuda.is_available():
         raise SystemExit("trainer_syncs needs a CUDA device: synchronization is a device matter")

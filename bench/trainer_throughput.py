@@ -4,9 +4,9 @@
         [--compare-subsampling] [--manifest-dir data/synth] [--budget-scale 1.0] [--num-workers 10] [--json OUT]
     PYTHONPATH=. python bench/trainer_throughput.py --dry-run    # CPU, model=tiny: checks the plumbing
 
-Each variant is the actual training command, ``python -m usmkit.train recipe=stage3_ctc model=SIZE
+Each variant is the actual training command, ``python -m usmkit.cli.train recipe=stage3_ctc model=SIZE
 data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the embedded corpus's
-bucketed batches (built first when missing: ``python -m usmkit.data.synth out=data/synth size=default
+bucketed batches (built first when missing: ``python -m usmkit.cli.prepare synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
 (nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS]``:
@@ -187,12 +187,12 @@ def ensure_corpus(args) -> None:
     manifest = Path(args.manifest_dir) / "synth_cuts_train.jsonl.gz"
     if not manifest.is_file():
         size = "tiny" if args.dry_run else "default"
-        cmd = [sys.executable, "-m", "usmkit.data.synth", f"out={args.manifest_dir}", f"size={size}",
+        cmd = [sys.executable, "-m", "usmkit.cli.prepare", "synth", f"out={args.manifest_dir}", f"size={size}",
                f"workers={args.synth_workers}"]  # fmt: skip
         print("building the corpus:", " ".join(cmd), flush=True)
         subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
     with tempfile.TemporaryDirectory(prefix="trainer_throughput_prep_") as tmp:
-        cmd = [sys.executable, "-m", "usmkit.train", "recipe=stage3_ctc", "model=tiny", "trainer.device=cpu",
+        cmd = [sys.executable, "-m", "usmkit.cli.train", "recipe=stage3_ctc", "model=tiny", "trainer.device=cpu",
                f"data.manifest_dir={args.manifest_dir}", "trainer.max_steps=0", "trainer.eval_every=0",
                "trainer.progress=false", f"trainer.exp_dir={tmp}/exp"]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, env=_env(), check=True, capture_output=True)
@@ -232,7 +232,7 @@ def command(name: str, args, exp: Path) -> list[str]:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
     else:
         launcher = [sys.executable, "-m"]
-    return [*launcher, "usmkit.train", *overrides]
+    return [*launcher, "usmkit.cli.train", *overrides]
 
 
 def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None) -> dict:

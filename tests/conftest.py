@@ -23,10 +23,14 @@ if not torch.cuda.is_available():
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
+# The real corpora (AN4, Kathleen, FSDD) are read from $USMKIT_CORPORA; in this project's checkout they sit
+# in ../shared/data. Tests that need one skip where it is missing.
+os.environ.setdefault("USMKIT_CORPORA", str(Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+
 
 @pytest.fixture(scope="session")
 def synth_corpus(tmp_path_factory) -> Path:
-    """The embedded corpus, ``python -m usmkit.data.synth out=... size=tiny seed=0 external_engines=false``, built
+    """The embedded corpus, ``python -m usmkit.cli.prepare synth out=... size=tiny seed=0 external_engines=false``, built
     once per session (espeak-ng voices only, so the audio does not depend on which other engines are installed).
 
     Read-only by convention: a test that must change a corpus copies it first.

@@ -18,6 +18,7 @@ from usmkit.data.config import DataConfig
 from usmkit.errors import UsageError
 from usmkit.models.config import ConformerConfig
 from usmkit.models.las import LASConfig
+from usmkit.ssl.bestrq_config import BestRQConfig
 from usmkit.ssl.most_config import MostConfig
 
 
@@ -67,7 +68,7 @@ class TaskConfig:
     inter_ctc_weight: float = 0.0  # intermediate CTC's share of the CTC loss (0.3 is usual); 0 = off
     inter_ctc_layer: int = 0  # encoder block that gets it; 0 = the middle one
     las: LASConfig = field(default_factory=LASConfig)  # the attention decoder, for kind=las
-    bestrq: dict[str, Any] = field(default_factory=dict)  # BestRQConfig fields, see usmkit.ssl.bestrq
+    bestrq: BestRQConfig = field(default_factory=BestRQConfig)  # stage 1's objective, and MOST's on unlabeled audio
     most: MostConfig = field(default_factory=MostConfig)  # stage 2 (text injection), for kind=most; BEST-RQ from bestrq
 
 

@@ -1,4 +1,5 @@
-"""WER / CER scoring through jiwer, with configurable text normalization."""
+"""Text normalization (one definition for corpus preparation, training and scoring) and WER / CER
+scoring through jiwer."""
 
 from __future__ import annotations
 
@@ -8,22 +9,35 @@ from dataclasses import asdict, dataclass
 
 import jiwer
 
+_EDGE_APOSTROPHES = re.compile(r"(^|\s)'+|'+(?=\s|$)")
+
 
 @dataclass(frozen=True)
 class TextNormConfig:
     lowercase: bool = True
-    remove_punctuation: bool = True  # unicode category P*, apostrophes inside words kept
+    remove_punctuation: bool = True  # unicode categories P* and S* become spaces
+    keep_apostrophes: bool = True  # apostrophes inside words (it's, l'école); those at a word's edges go
     strip_accents: bool = False
 
 
 def normalize_text(text: str, cfg: TextNormConfig = TextNormConfig()) -> str:
+    """NFC, lowercase, punctuation and symbols to spaces, whitespace collapsed; digits stay digits.
+
+    >>> normalize_text("Hello, World!  It's  'ME'.")
+    "hello world it's me"
+    >>> normalize_text("It's", TextNormConfig(keep_apostrophes=False))
+    'it s'
+    """
+    text = unicodedata.normalize("NFC", text)
     if cfg.lowercase:
         text = text.lower()
     if cfg.strip_accents:
         text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
     if cfg.remove_punctuation:
-        text = "".join(c if not unicodedata.category(c).startswith("P") or c == "'" else " " for c in text)
-        text = re.sub(r"(^|\s)'+|'+(\s|$)", " ", text)
+        text = "".join(" " if unicodedata.category(c)[0] in "PS" and c != "'" else c for c in text)
+        text = _EDGE_APOSTROPHES.sub(" ", text)
+        if not cfg.keep_apostrophes:
+            text = text.replace("'", " ")
     return " ".join(text.split())
 
 

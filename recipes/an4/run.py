@@ -7,7 +7,7 @@
 Stages (each line below is one or more ``python -m usmkit...`` commands):
 
 0. data: the AN4 and Kathleen recipes; an unlabeled pool = AN4 train audio + Kathleen's training
-   prompts' audio (``usmkit.data.recipes.pool``, split ``pool`` of ``data/an4``); never test audio.
+   prompts' audio (``usmkit.data.corpora.pool``, split ``pool`` of ``data/an4``); never test audio.
 1. BEST-RQ (``recipe=stage1``) on the pool with 1 and with 16 codebooks, side by side on the GPU.
 2. Fine-tuning on AN4 ``train`` labels only (``recipe=stage3_ctc``, ``data=an4``): from scratch,
    from each BEST-RQ encoder (``init_from``), and joint CTC/LAS from the 16-codebook encoder;
@@ -30,7 +30,7 @@ path in docs/recipes.md.
 
 Writes ``OUT/an4.json`` (every row: model, decoding, dev and test WER/CER, the command, minutes) and
 prints the table last. The corpus folders may be the originals or copies from
-``python -m usmkit.data.recipes.pack`` (how the audio travels to a GPU machine).
+``python -m usmkit.cli.prepare pack`` (how the audio travels to a GPU machine).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def sh(cmd: list[str], log: Path) -> float:
 def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path, tag: str = "") -> dict:
     name = f"{tag or exp.name}_{split}_{decode}"
     out = exp.parent / f"eval_{name}.json" if tag else exp / f"eval_{split}_{decode}.json"
-    cmd = [PY, "-m", "usmkit.evaluate", f"checkpoint={exp}", f"test_sets=[{split}]", f"decode={decode}", *extra]
+    cmd = [PY, "-m", "usmkit.cli.evaluate", f"checkpoint={exp}", f"test_sets=[{split}]", f"decode={decode}", *extra]
     sh([*cmd, f"output={out}"], logs / f"{name}.log")
     s = json.loads(out.read_text())["sets"][split]
     return {"wer": s["wer"], "cer": s["cer"], "command": shlex.join(cmd)}
@@ -86,7 +86,7 @@ def save_encoder(exp: Path, dest: Path) -> None:
     with its config."""
     from safetensors.torch import load_file, save_file
 
-    from usmkit.checkpoint import MODEL_FILE, resolve_checkpoint
+    from usmkit.checkpointing.checkpoint import MODEL_FILE, resolve_checkpoint
 
     src = resolve_checkpoint(exp)
     dest.mkdir(parents=True, exist_ok=True)
@@ -100,7 +100,7 @@ def export_run(exp: Path, dest: Path) -> None:
     run's tokenizer and feature statistics, and its metrics; ``dest`` then decodes as ``exp`` would."""
     import shutil
 
-    from usmkit.checkpoint import BEST_FILE, CONFIG_FILE, MODEL_FILE, resolve_checkpoint
+    from usmkit.checkpointing.checkpoint import BEST_FILE, CONFIG_FILE, MODEL_FILE, resolve_checkpoint
 
     src = resolve_checkpoint(exp)
     ckpt = dest / "checkpoints" / src.name
@@ -163,7 +163,7 @@ def main() -> None:
         "--export",
         default="",
         help="copy each fine-tuned run's best checkpoint, tokenizer, feature stats and metrics here (to decode "
-        "the runs on another machine with usmkit.evaluate)",
+        "the runs on another machine with usmkit.cli.evaluate)",
     )
     ap.add_argument("--text-count", type=int, default=20000, help="generated AN4-style sentences for MOST")
     ap.add_argument(
@@ -220,22 +220,23 @@ def main() -> None:
     # 0. data
     minutes = {
         "data": sh(
-            [PY, "-m", "usmkit.data.recipes.an4", f"out={an4}", f"corpus_dir={args.an4}", "num_jobs=8"],
+            [PY, "-m", "usmkit.cli.prepare", "an4", f"out={an4}", f"corpus_dir={args.an4}", "num_jobs=8"],
             logs / "an4.log",
         )
     }
     if wanted:  # the unlabeled pool, for pre-training only
         minutes["data"] += sh(
-            [PY, "-m", "usmkit.data.recipes.kathleen", f"out={data / 'kathleen'}", f"corpus_dir={args.kathleen}", "num_jobs=8"],
+            [PY, "-m", "usmkit.cli.prepare", "kathleen", f"out={data / 'kathleen'}", f"corpus_dir={args.kathleen}", "num_jobs=8"],
             logs / "kathleen.log",
         )  # fmt: skip
         pool = [f"inputs=[{an4}:an4:unlabeled,{data / 'kathleen'}:kathleen:unlabeled]"]
         minutes["data"] += sh(
-            [PY, "-m", "usmkit.data.recipes.pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
+            [PY, "-m", "usmkit.cli.prepare", "pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
         )
     if "most" in variants and not args.decode_only:  # MOST's text-only data: AN4 train text + generated sentences
         minutes["data"] += sh(
-            [PY, "-m", "usmkit.data.recipes.an4_text", f"out={an4}", f"count={args.text_count}"], logs / "an4_text.log"
+            [PY, "-m", "usmkit.cli.prepare", "an4_text", f"out={an4}", f"count={args.text_count}"],
+            logs / "an4_text.log",
         )
     # the tokenizer (AN4 train text) and the fine-tuning statistics once, before runs share them
     ft = [
@@ -258,12 +259,12 @@ def main() -> None:
     # one after the other: the feature statistics (of AN4 train, computed by the first) are the corpus's, shared by both stages
     if not args.decode_only:
         minutes["data"] += sh(
-            [PY, "-m", "usmkit.train", *ft, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_ft'}"],
+            [PY, "-m", "usmkit.cli.train", *ft, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_ft'}"],
             logs / "prep_ft.log",
         )
     if wanted:
         minutes["data"] += sh(
-            [PY, "-m", "usmkit.train", *pt, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_pt'}"],
+            [PY, "-m", "usmkit.cli.train", *pt, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_pt'}"],
             logs / "prep_pt.log",
         )
 
@@ -273,7 +274,7 @@ def main() -> None:
             [
                 PY,
                 "-m",
-                "usmkit.train",
+                "usmkit.cli.train",
                 *pt,
                 f"task.bestrq.num_codebooks={n}",
                 f"trainer.exp_dir={exp / ('stage1_' + name)}",
@@ -285,7 +286,7 @@ def main() -> None:
     }
     finetune = {}
     for name, (v, seed) in runs.items():
-        cmd = [PY, "-m", "usmkit.train", *ft, f"trainer.seed={seed}", f"trainer.exp_dir={exp / name}"]
+        cmd = [PY, "-m", "usmkit.cli.train", *ft, f"trainer.seed={seed}", f"trainer.exp_dir={exp / name}"]
         if v in codebooks:
             cmd.append(f"init_from={stage1_dir[v]}")
         if v == "las":
@@ -296,7 +297,7 @@ def main() -> None:
             cmd.append(f"init_from={exp / 'stage2'}")
         finetune[name] = (cmd, logs / f"finetune_{name}.log")
     stage2 = [
-        PY, "-m", "usmkit.train", "recipe=stage2", *[c for c in ft if not c.startswith(("recipe=", "trainer.max_steps=",
+        PY, "-m", "usmkit.cli.train", "recipe=stage2", *[c for c in ft if not c.startswith(("recipe=", "trainer.max_steps=",
         "trainer.eval_every=", "trainer.save_every=", "trainer.max_minutes=", "task.inter_ctc_weight="))],
         "task.most.unlabeled_split=pool", f"task.most.text_only={an4 / 'an4_text_only.jsonl.gz'}",
         "task.bestrq.num_codebooks=" + str(codebooks[args.most_from]), f"trainer.max_steps={args.stage2_steps}",
@@ -360,7 +361,7 @@ def main() -> None:
         return rows
 
     def decode_ensemble(spec: str) -> list[dict]:
-        """``NAME=RUN+RUN[+...]``: the runs as one CTC ensemble (usmkit.evaluate's ``ensemble=``), lexicon
+        """``NAME=RUN+RUN[+...]``: the runs as one CTC ensemble (usmkit.cli.evaluate's ``ensemble=``), lexicon
         settings chosen on dev over the same grid as a single run's, then test once."""
         name, members = spec.split("=", 1)
         first_run, *others = [exp / m for m in members.split("+")]

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from usmkit.cli.prepare import main as prepare_main
+from usmkit.data.corpora.an4 import choose_dev_speakers, default_an4_dir, normalize_an4, prepare_an4
+from usmkit.data.corpora.common import RecipeDrops
+from usmkit.data.corpora.kathleen import default_kathleen_dir, normalize_kathleen, prepare_kathleen, prompt_split
+from usmkit.data.corpora.pack import PackSettings, opus_compression_level, pack_corpus
+from usmkit.data.corpora.sphere import SphereError, parse_sphere_header, read_sphere
 from usmkit.data.manifests import available_splits, load_cuts
-from usmkit.data.recipes.an4 import choose_dev_speakers, default_an4_dir, normalize_an4, prepare_an4
-from usmkit.data.recipes.an4 import main as an4_main
-from usmkit.data.recipes.common import RecipeDrops
-from usmkit.data.recipes.kathleen import default_kathleen_dir, normalize_kathleen, prepare_kathleen, prompt_split
-from usmkit.data.recipes.pack import PackSettings, opus_compression_level, pack_corpus
-from usmkit.data.recipes.sphere import SphereError, parse_sphere_header, read_sphere
 from usmkit.data.validate import BadInputError
 
 SR = 16000
@@ -170,7 +170,7 @@ def test_an4_bad_input_fails_naming_the_file_or_is_skipped_and_counted(tmp_path:
     with pytest.raises(BadInputError, match=r"transcript line without id: .*an4_train.transcription:4"):
         prepare_an4(tmp_path / "an4", tmp_path / "out", dev_utterances=3)
     with pytest.raises(SystemExit) as exit_info:
-        an4_main([f"corpus_dir={tmp_path / 'an4'}", f"out={tmp_path / 'out'}"])
+        prepare_main(["an4", f"corpus_dir={tmp_path / 'an4'}", f"out={tmp_path / 'out'}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: transcript line without id") and "on_error=skip" in err[0]
@@ -185,7 +185,9 @@ def test_an4_bad_input_fails_naming_the_file_or_is_skipped_and_counted(tmp_path:
     }
     assert sum(len(cut_sets[s]) for s in ("train", "dev")) == 12 - 3
     assert (
-        an4_main([f"corpus_dir={tmp_path / 'an4'}", f"out={tmp_path / 'out2'}", "dev_utterances=3", "on_error=skip"])
+        prepare_main(
+            ["an4", f"corpus_dir={tmp_path / 'an4'}", f"out={tmp_path / 'out2'}", "dev_utterances=3", "on_error=skip"]
+        )
         == 0
     )
     out = capsys.readouterr().out

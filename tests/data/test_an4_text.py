@@ -1,4 +1,4 @@
-"""AN4 text only (``usmkit.data.recipes.an4_text``) on a tiny fake AN4 manifest directory in tmp_path."""
+"""AN4 text only (``usmkit.data.corpora.an4_text``) on a tiny fake AN4 manifest directory in tmp_path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from usmkit.data.recipes.an4_text import CLASS_WORDS, main, sentence_shape
+from usmkit.cli.prepare import main as prepare_main
+from usmkit.data.corpora.an4_text import CLASS_WORDS, sentence_shape
 
 TRAIN = (
     "p i t t s b u r g h",
@@ -50,7 +51,7 @@ def an4_out(tmp_path: Path) -> Path:
 
 
 def run(out: Path, *args: str) -> list[str]:
-    assert main([f"out={out}", *args]) == 0
+    assert prepare_main(["an4_text", f"out={out}", *args]) == 0
     with gzip.open(out / "an4_text_only.jsonl.gz", "rt", encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
     assert {r["language"] for r in records} == {"en"}
@@ -111,11 +112,11 @@ def test_sentence_shape_keeps_commands_and_makes_letters_digits_and_numbers_slot
 
 def test_missing_train_supervisions_is_one_error_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        main([f"out={tmp_path}"])
+        prepare_main(["an4_text", f"out={tmp_path}"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: ")
-    assert "an4_supervisions_train.jsonl.gz" in err and "python -m usmkit.data.recipes.an4" in err
+    assert "an4_supervisions_train.jsonl.gz" in err and "python -m usmkit.cli.prepare an4" in err
 
 
 @pytest.mark.parametrize(
@@ -134,7 +135,7 @@ def test_bad_input_is_one_error_line(an4_out: Path, capsys, train, args: list[st
     else:
         write_supervisions(path, train)
     with pytest.raises(SystemExit) as exc:
-        main([f"out={an4_out}", *args])
+        prepare_main(["an4_text", f"out={an4_out}", *args])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: ") and expected in err

@@ -10,7 +10,7 @@ from itertools import islice
 import pytest
 import torch
 
-from usmkit.checkpoint import decode_state, encode_state
+from usmkit.checkpointing.checkpoint import decode_state, encode_state
 from usmkit.config import TrainConfig, from_dict
 from usmkit.data.loader import prepare_cuts
 from usmkit.data.manifests import load_cuts
@@ -59,7 +59,16 @@ def _mixer(corpus, parts, **most):
     def audio_only(split):
         return prepare_cuts(load_cuts(corpus, split), cfg.data, split=split, require_text=False)[0]
 
-    return build_most_loader(cfg, paired, audio_only, tokenizer, stats)
+    return build_most_loader(
+        cfg.task.most,
+        cfg.data,
+        paired,
+        audio_only,
+        tokenizer,
+        stats,
+        seed=cfg.trainer.seed,
+        batches_per_step=cfg.optim.accum_steps,
+    )
 
 
 def _signature(batch) -> tuple:

@@ -1,4 +1,4 @@
-"""usmkit.data.recipes.pool: several corpora's audio as one unlabeled split."""
+"""usmkit.data.corpora.pool: several corpora's audio as one unlabeled split."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import pytest
 import soundfile as sf
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 
+from usmkit.cli.prepare import main as prepare_main
+from usmkit.data.corpora.common import unlabeled_cuts, write_unlabeled_split
+from usmkit.data.corpora.pool import pooled_cuts, pooled_labeled_cuts
 from usmkit.data.manifests import load_cuts
-from usmkit.data.recipes.common import unlabeled_cuts, write_unlabeled_split
-from usmkit.data.recipes.pool import main, pooled_cuts, pooled_labeled_cuts
 from usmkit.errors import UsageError
 
 
@@ -31,7 +32,10 @@ def test_pool_keeps_every_cut_with_prefixed_ids_and_its_speaker(tmp_path):
     _corpus(tmp_path / "a", "a", 2, labeled=True)
     _corpus(tmp_path / "b", "b", 3, labeled=False)  # already audio-only: its custom speaker survives
     inputs = [f"{tmp_path / 'a'}:a:src", f"{tmp_path / 'b'}:b:src"]
-    assert main([f"out={tmp_path / 'pool'}", "corpus=p", "split=pool", f"inputs=[{','.join(inputs)}]"]) == 0
+    assert (
+        prepare_main(["pool", f"out={tmp_path / 'pool'}", "corpus=p", "split=pool", f"inputs=[{','.join(inputs)}]"])
+        == 0
+    )
     pooled = list(load_cuts(tmp_path / "pool", "pool", corpus="p"))
     assert sorted(c.id for c in pooled) == ["a-a0", "a-a1", "b-b0", "b-b1", "b-b2"]
     assert all(not c.supervisions for c in pooled)
@@ -49,7 +53,7 @@ def test_labeled_pool_keeps_transcripts_and_writes_supervisions(tmp_path):
     _corpus(tmp_path / "a", "a", 2, labeled=True)
     _corpus(tmp_path / "b", "b", 1, labeled=True)
     inputs = f"inputs=[{tmp_path / 'a'}:a:src,{tmp_path / 'b'}:b:src]"
-    assert main([f"out={tmp_path / 'en'}", "corpus=en", "split=train", "labeled=true", inputs]) == 0
+    assert prepare_main(["pool", f"out={tmp_path / 'en'}", "corpus=en", "split=train", "labeled=true", inputs]) == 0
     pooled = {c.id: c for c in load_cuts(tmp_path / "en", "train", corpus="en")}
     assert sorted(pooled) == ["a-a0", "a-a1", "b-b0"]
     assert [s.text for s in pooled["b-b0"].supervisions] == ["a b"]
@@ -59,7 +63,16 @@ def test_labeled_pool_keeps_transcripts_and_writes_supervisions(tmp_path):
 def test_labeled_pool_refuses_audio_only_cuts_by_id(tmp_path, capsys):
     _corpus(tmp_path / "b", "b", 1, labeled=False)
     with pytest.raises(SystemExit) as exit_info:
-        main([f"out={tmp_path / 'en'}", "corpus=en", "split=train", "labeled=true", f"inputs=[{tmp_path / 'b'}:b:src]"])
+        prepare_main(
+            [
+                "pool",
+                f"out={tmp_path / 'en'}",
+                "corpus=en",
+                "split=train",
+                "labeled=true",
+                f"inputs=[{tmp_path / 'b'}:b:src]",
+            ]
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "cut b0 of" in err and "has no transcript" in err

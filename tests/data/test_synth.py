@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from usmkit.cli.prepare import main as prepare_main
 from usmkit.data.manifests import available_splits, load_cuts, load_text_only, manifest_path
-from usmkit.data.recipes import normalize_text
 from usmkit.data.synth import SynthConfig, build_corpus
-from usmkit.data.synth.__main__ import main as synth_main
 from usmkit.data.synth.espeak import EspeakError, get_espeak
 from usmkit.data.synth.external import detect_external_engines
 from usmkit.data.synth.plan import AUDIO_SPLITS, plan_corpus
 from usmkit.data.synth.text import LANGUAGES
 from usmkit.data.tokenizer import Tokenizer
+from usmkit.metrics import normalize_text
 
 HELD_OUT_VOICE_SPLITS = ("train", "dev", "test", "test_other")
 
@@ -146,18 +146,18 @@ def test_same_seed_same_texts_and_audio_bytes(corpus: Path, tmp_path: Path) -> N
 
 def test_second_run_is_skipped(corpus: Path, capsys) -> None:
     before = (corpus / "corpus.json").stat().st_mtime_ns
-    assert synth_main([f"out={corpus}", "size=tiny", "seed=0"]) == 0
+    assert prepare_main(["synth", f"out={corpus}", "size=tiny", "seed=0"]) == 0
     assert "already built" in capsys.readouterr().out
     assert (corpus / "corpus.json").stat().st_mtime_ns == before
 
 
 def test_cli_help_and_bad_arguments(capsys) -> None:
     with pytest.raises(SystemExit) as ok:
-        synth_main(["--help"])
+        prepare_main(["synth", "--help"])
     assert ok.value.code == 0 and "default|demo|english|tiny" in capsys.readouterr().out
     for bad in (["size"], ["colour=red"], ["seed=abc"]):
         with pytest.raises(SystemExit) as err:
-            synth_main(bad)
+            prepare_main(["synth", *bad])
         assert err.value.code == 2
     with pytest.raises(ValueError, match="unknown corpus size 'huge'"):
         build_corpus(SynthConfig(out=Path("unused"), size="huge"))

@@ -80,7 +80,7 @@ def test_bpe_and_missing_model(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         bpe = Tokenizer.train(TEXTS, tmp_path / "bpe", vocab_size=300, model_type="bpe")
     assert bpe.decode(bpe.encode(TEXTS[1])) == TEXTS[1]
-    with pytest.raises(FileNotFoundError, match="python -m usmkit.data.synth"):
+    with pytest.raises(FileNotFoundError, match="python -m usmkit.cli.prepare synth"):
         Tokenizer.load(tmp_path / "nowhere")
 
 

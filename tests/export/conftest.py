@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from usmkit.checkpoint import save_checkpoint
+from usmkit.checkpointing.checkpoint import save_checkpoint
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats
@@ -77,11 +77,11 @@ def export_ckpt(tmp_path_factory) -> Path:
 
 
 def _export_cli(*argv: str) -> tuple[Path, str]:
-    """``python -m usmkit.export argv`` in this process: (the export directory, what it printed)."""
+    """``python -m usmkit.cli.export argv`` in this process: (the export directory, what it printed)."""
     import contextlib
     import io
 
-    from usmkit.export.__main__ import main
+    from usmkit.cli.export import main
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

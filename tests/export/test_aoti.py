@@ -8,8 +8,8 @@ import torch
 from usmkit.export import export_checkpoint, load_export, read_manifest
 from usmkit.export.aoti import load_aoti
 from usmkit.export.graphs import STEP_OUTPUTS
-from usmkit.models.stream_step import init_state, stream_step
 from usmkit.streaming.pipeline import load_model
+from usmkit.streaming.step import init_state, stream_step
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -62,7 +62,7 @@ def test_aoti_offline_equals_the_full_forward(export_ckpt, aoti_export):
 
 
 def test_engine_aoti_gives_the_eager_transcript(export_ckpt, aoti_export, speech_wav, capsys):
-    from usmkit.transcribe import main
+    from usmkit.cli.transcribe import main
 
     finals = {}
     for argv in (["--checkpoint", export_ckpt, "--step", "eager"], ["--engine", "aoti", "--model", aoti_export]):

@@ -1,4 +1,4 @@
-"""``python -m usmkit.export`` and ``usmkit-transcribe --engine onnx``: end to end, and their bad input."""
+"""``python -m usmkit.cli.export`` and ``usmkit-transcribe --engine onnx``: end to end, and their bad input."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 
+from usmkit.cli.export import main as export_main
+from usmkit.cli.transcribe import main as transcribe_main
 from usmkit.export import ExportError, read_manifest
-from usmkit.export.__main__ import main as export_main
-from usmkit.transcribe import main as transcribe_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

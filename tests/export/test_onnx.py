@@ -17,8 +17,8 @@ from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.export import read_manifest
 from usmkit.export.graphs import STATE_NAMES, STEP_INPUTS, STEP_OUTPUTS
-from usmkit.models.stream_step import EncoderStreamState, init_state, stream_step
 from usmkit.streaming.pipeline import load_model
+from usmkit.streaming.step import EncoderStreamState, init_state, stream_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

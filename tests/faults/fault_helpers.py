@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import yaml
 
-from usmkit.checkpoint import save_checkpoint
+from usmkit.checkpointing.checkpoint import save_checkpoint
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats

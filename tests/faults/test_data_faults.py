@@ -137,7 +137,7 @@ def test_manifest_paths_relative_inside_absolute_outside(tmp_path):
 
 
 def test_user_errors_exit_codes_and_debug(monkeypatch, capsys):
-    from usmkit.checkpoint import CheckpointWriteError
+    from usmkit.checkpointing.checkpoint import CheckpointWriteError
     from usmkit.errors import DEBUG_ENV, UsageError, strip_debug_flag, user_errors
 
     monkeypatch.setenv(DEBUG_ENV, "")  # recorded: strip_debug_flag below sets it, the teardown undoes that

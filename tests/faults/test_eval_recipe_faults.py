@@ -1,4 +1,4 @@
-"""usmkit.evaluate and the corpus recipes under faults: a misspelled test set, a decode mode the model
+"""usmkit.cli.evaluate and the corpus recipes under faults: a misspelled test set, a decode mode the model
 cannot serve, a failure after some sets were scored; missing, corrupt and untranscribed corpus files."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import usmkit.evaluate as ev
+import usmkit.inference.evaluate as ev
+from usmkit.cli.prepare import main as prepare_main
+from usmkit.data.corpora.librispeech import prepare_librispeech
 from usmkit.data.manifests import load_cuts
-from usmkit.data.recipes.librispeech import main as librispeech_main
-from usmkit.data.recipes.librispeech import prepare_librispeech
 from usmkit.data.validate import BadInputError
 from usmkit.errors import UsageError
 
@@ -75,7 +75,7 @@ def test_evaluate_command_prints_one_line_and_exits_2(ctc_ckpt, corpus, tmp_path
     cmd = [
         sys.executable,
         "-m",
-        "usmkit.evaluate",
+        "usmkit.cli.evaluate",
         f"checkpoint={ctc_ckpt}",
         f"manifest_dir={corpus}",
         "test_sets=[dev,tset]",
@@ -117,7 +117,7 @@ def test_librispeech_fail_mode_names_the_first_bad_file(tmp_path):
 
 def test_librispeech_skip_mode_counts_every_left_out_file(tmp_path, capsys):
     root = _write_corpus(tmp_path / "c")
-    code = librispeech_main([f"corpus_dir={root}", f"out={tmp_path / 'out'}", "on_error=skip"])
+    code = prepare_main(["librispeech", f"corpus_dir={root}", f"out={tmp_path / 'out'}", "on_error=skip"])
     assert code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "skipped 4 of 6 files:" in out
@@ -129,7 +129,7 @@ def test_librispeech_skip_mode_counts_every_left_out_file(tmp_path, capsys):
 
 def test_recipe_bad_argument_is_one_line_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        librispeech_main([f"corpus_dir={tmp_path / 'nope'}", "on_error=skip"])
+        prepare_main(["librispeech", f"corpus_dir={tmp_path / 'nope'}", "on_error=skip"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: LibriSpeech directory") and "Traceback" not in err
@@ -155,8 +155,8 @@ def _write_fsdd(root: Path) -> Path:
 
 
 def test_fsdd_fail_and_skip_modes(tmp_path, capsys):
-    from usmkit.data.recipes.fsdd import main as fsdd_main
-    from usmkit.data.recipes.fsdd import prepare_fsdd
+    from usmkit.cli.prepare import main as prepare_main
+    from usmkit.data.corpora.fsdd import prepare_fsdd
 
     root = _write_fsdd(tmp_path / "fsdd")
     with pytest.raises(UsageError, match=r"notes.wav: FSDD file names must look like .*on_error=skip"):
@@ -165,7 +165,7 @@ def test_fsdd_fail_and_skip_modes(tmp_path, capsys):
     with pytest.raises(BadInputError, match=r"corrupt audio: .*0_ann_5.wav: cannot read it as audio.*on_error=skip"):
         prepare_fsdd(root, tmp_path / "out")
     (tmp_path / "notes.wav").rename(root / "recordings" / "notes.wav")
-    assert fsdd_main([f"corpus_dir={root}", f"out={tmp_path / 'out'}", "on_error=skip"]) == 0
+    assert prepare_main(["fsdd", f"corpus_dir={root}", f"out={tmp_path / 'out'}", "on_error=skip"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "skipped 3 of 37 files:" in out
     for kind in ("1 unexpected file name (notes.wav)", "1 corrupt audio (0_ann_5.wav)", "1 empty audio (1_bob_5.wav)"):

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from composed_config import train_config
 
-from usmkit import checkpoint as ck
+from usmkit.checkpointing import checkpoint as ck
 from usmkit.config import ConfigError, TrainConfig
-from usmkit.trainer import Trainer
+from usmkit.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")  # also what the command line runs with (OMP_NUM_THREADS=1)
@@ -51,7 +51,7 @@ def config(corpus: Path, exp: Path, *extra: str) -> tuple[TrainConfig, str]:
 
 
 def train(corpus: Path, exp: Path, *extra: str) -> dict:
-    from usmkit.train import run
+    from usmkit.training.recipe import run
 
     return run(*config(corpus, exp, *extra))
 
@@ -147,7 +147,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(corpus, uninterrupt
     truncated = exp / "checkpoints" / "step-000004" / ck.STATE_TENSORS_FILE
     truncated.write_bytes(truncated.read_bytes()[:50])
     cfg, yaml_text = config(corpus, exp, "resume=true")
-    from usmkit.train import run
+    from usmkit.training.recipe import run
 
     run(cfg, yaml_text)
     text = caplog.text
@@ -273,7 +273,7 @@ def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "usmkit.train",
+        "usmkit.cli.train",
         "recipe=stage3_ctc",
         f"data.manifest_dir={tmp_path}/none",
         "optim.lr=-1",
@@ -287,13 +287,13 @@ def test_bad_config_values_are_refused_before_any_data_is_read(tmp_path):
 @pytest.mark.slow
 def test_debug_flag_shows_the_traceback(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "usmkit.train", "recipe=stage3_ctc", "optim.lr=-1", "--debug"]
+    cmd = [sys.executable, "-m", "usmkit.cli.train", "recipe=stage3_ctc", "optim.lr=-1", "--debug"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "optim.lr" in proc.stderr
 
 
 def test_metrics_cut_by_a_kill_mid_line_are_trimmed(tmp_path):
-    from usmkit.trainer import truncate_metrics
+    from usmkit.training.metric_log import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "train/lo')
@@ -314,14 +314,14 @@ def test_resume_with_only_old_pickled_checkpoints_refuses_to_start_over(corpus, 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sigkill_at_a_random_moment_then_resume(corpus, uninterrupted, tmp_path, seed):
-    """A real ``kill -9`` of ``python -m usmkit.train`` at a random moment (maybe mid checkpoint write)."""
+    """A real ``kill -9`` of ``python -m usmkit.cli.train`` at a random moment (maybe mid checkpoint write)."""
     import random
     import signal
     import time
 
     exp = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "usmkit.train", *FAST, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}"]
+    cmd = [sys.executable, "-m", "usmkit.cli.train", *FAST, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     target = random.Random(seed).uniform(1.5, 5.5)  # in steps: somewhere between step 2 and step 6
     deadline = time.time() + 300

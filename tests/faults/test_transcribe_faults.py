@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 from fault_helpers import SR, speech_silence_speech
 
-from usmkit.transcribe import main
+from usmkit.cli.transcribe import main
 
 FINAL = re.compile(r"^\[(\d\d:\d\d\.\d\d) - (\d\d:\d\d\.\d\d)\] (.+)$")
 

@@ -9,7 +9,7 @@ import torch
 
 from usmkit.kernels.chunk_attention.api import chunk_attention
 from usmkit.kernels.chunk_attention.flex import chunk_block_layout
-from usmkit.masks import lengths_to_padding_mask, padded_chunk_mask
+from usmkit.kernels.masks import lengths_to_padding_mask, padded_chunk_mask
 
 # The CPU flex path is the eager (unfused) one on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from usmkit.masks import lengths_to_padding_mask
+from usmkit.kernels.masks import lengths_to_padding_mask
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.convolution import ConvolutionModule
@@ -234,7 +234,7 @@ def test_causal_conv_with_left_context_ignores_the_future(left_chunks):
 def _triton_available() -> bool:
     """The Triton kernel is another module's; run it when it is importable and can execute here."""
     try:
-        from usmkit.kernels.chunk_attention.triton import chunk_attention_triton  # noqa: F401
+        import usmkit.kernels.chunk_attention.triton  # noqa: F401
     except ImportError:
         return False
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from usmkit.checkpoint import MODEL_FILE, load_weights, save_checkpoint
+from usmkit.checkpointing.checkpoint import MODEL_FILE, load_weights, save_checkpoint
 from usmkit.config import TaskConfig
 from usmkit.models.presets import tiny
 from usmkit.tasks import build_task

@@ -23,7 +23,8 @@ import soundfile as sf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "streaming"))  # the streaming tests' builders
 from test_transcribe_cli import SR, make_checkpoint, speech_silence_speech, speechlike  # noqa: E402
 
-from usmkit.serve.server import ServeConfig, Server, build_parser, build_recognizer  # noqa: E402
+from usmkit.cli.serve import build_parser, build_recognizer  # noqa: E402
+from usmkit.serve.server import ServeConfig, Server  # noqa: E402
 
 __all__ = ["SR", "speech_silence_speech", "speechlike"]
 

@@ -26,7 +26,7 @@ import soundfile as sf
 from serve_helpers import SR, speech_silence_speech
 from websockets.sync.client import connect
 
-from usmkit.transcribe import main as transcribe
+from usmkit.cli.transcribe import main as transcribe
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -127,9 +127,9 @@ class Chromium:
 
 
 def start_server_process(checkpoint: Path, log: Path) -> tuple[subprocess.Popen, int]:
-    """``python -m usmkit.serve`` on a free port (the entry point as users run it); returns it and its port."""
+    """``python -m usmkit.cli.serve`` on a free port (the entry point as users run it); returns it and its port."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "usmkit.serve", "--checkpoint", str(checkpoint), "--port", "0", "--threads", "1"],
+        [sys.executable, "-m", "usmkit.cli.serve", "--checkpoint", str(checkpoint), "--port", "0", "--threads", "1"],
         stdout=subprocess.PIPE,
         stderr=log.open("w"),
         text=True,

@@ -16,7 +16,7 @@ from serve_helpers import messages_until_closed, pcm_bytes, recognizer_for, star
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from usmkit.transcribe import main as transcribe
+from usmkit.cli.transcribe import main as transcribe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny models run best on one thread
 
@@ -285,7 +285,7 @@ def test_http_serves_the_page_and_stats_and_404s_the_rest(server):
 
 
 def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer):
-    from usmkit.serve.server import main
+    from usmkit.cli.serve import main
 
     with pytest.raises(SystemExit) as e:
         main(["--checkpoint", str(tmp_path / "missing")])

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from usmkit.checkpoint import load_weights, save_checkpoint
+from usmkit.checkpointing.checkpoint import load_weights, save_checkpoint
 from usmkit.data.batch import Batch
 from usmkit.models.output import StepOutput
 from usmkit.ssl.bestrq import BestRQConfig, BestRQModel, code_perplexity

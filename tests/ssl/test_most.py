@@ -285,16 +285,13 @@ def test_aligner_checkpoint_supplies_the_alignments(monkeypatch):
 # ---- checkpoints and decoding
 
 
-def test_init_heads_from_stage1_loads_the_bestrq_heads_and_quantizer(tmp_path):
-    from safetensors.torch import save_file
-
+def test_init_heads_from_stage1_loads_the_bestrq_heads_and_quantizer():
     donor = _model(seed=7)
     stage1 = {f"encoder.{k}": v for k, v in donor.encoder.state_dict().items()}
     stage1 |= {k: v.clone() for k, v in donor.bestrq.state_dict().items()}  # quantizer.*, heads.*
     stage1["heads.weight"] = stage1["heads.weight"] + 1.0
-    save_file(stage1, str(tmp_path / "model.safetensors"))
     model = _model(seed=8)
-    loaded = model.init_heads_from(tmp_path)
+    loaded = model.init_heads_from(stage1)
     assert set(loaded) == {f"bestrq.{k}" for k in donor.bestrq.state_dict()}
     assert torch.equal(model.bestrq.heads.weight, stage1["heads.weight"])
     assert not torch.equal(model.encoder.blocks[0].ff1.up.weight, donor.encoder.blocks[0].ff1.up.weight)
@@ -418,8 +415,8 @@ def test_compiled_blocks_meet_fewer_text_lengths_with_pad_text_to(aot_eager):
     text path takes a few lengths, so fewer graphs compile than unpadded (the speech batches stay one length)."""
     from torch._dynamo.utils import counters
 
-    from usmkit.compile_blocks import compile_blocks
-    from usmkit.tasks import compile_units
+    from usmkit.training.compile_blocks import compile_blocks
+    from usmkit.training.task_spec import compile_units
 
     paired = _audio(2, 80, seed=2, lengths=[80, 61], rows=[[4, 5, 6, 6, 7], [8, 9, 10]])
     graphs = {}
@@ -428,7 +425,7 @@ def test_compiled_blocks_meet_fewer_text_lengths_with_pad_text_to(aot_eager):
         counters.clear()
         model = _model(pad_text_to=pad, text_mask_prob=0.0, max_token_frames=2).train()
         compile_blocks(compile_units(model))
-        with torch._dynamo.config.patch(recompile_limit=64):  # as usmkit.train raises it: count them all
+        with torch._dynamo.config.patch(recompile_limit=64):  # as usmkit.cli.train raises it: count them all
             for n in (3, 4, 6, 9, 10, 11):  # text-only sentences of n tokens, n to 2n frames
                 text = TextBatch(*_tokens([[4 + i % 7 for i in range(n)], [5, 6, 7]]))
                 model(MostBatch(_audio(2, 96, seed=1, lengths=[96, 70]), paired, text, 10)).loss.backward()

@@ -1,8 +1,8 @@
 """The stage-2 recipe end to end on the tiny corpus: stage 1 -> stage 2 (resumed) -> stage 3 (CTC, or joint) and evaluation.
 
-``python -m usmkit.train recipe=stage2 init_from=<stage 1>`` trains from a BEST-RQ checkpoint on the three
+``python -m usmkit.cli.train recipe=stage2 init_from=<stage 1>`` trains from a BEST-RQ checkpoint on the three
 streams, logs every loss and weight, picks its best checkpoint by dev WER, resumes exactly, and its weights
-start stage 3 (``encoder.*``) and decode with ``usmkit.evaluate``.
+start stage 3 (``encoder.*``) and decode with ``usmkit.cli.evaluate``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from composed_config import train_config
 
-from usmkit.evaluate import EvalConfig, evaluate
+from usmkit.inference.evaluate import EvalConfig, evaluate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,8 +37,8 @@ SMALL_BESTRQ = ["task.bestrq.codebook_size=64", "task.bestrq.num_codebooks=2"]
 
 
 def _train(*overrides: str) -> dict:
-    """``python -m usmkit.train <overrides>``, in this process."""
-    from usmkit.train import run
+    """``python -m usmkit.cli.train <overrides>``, in this process."""
+    from usmkit.training.recipe import run
 
     return run(*train_config(*overrides))
 
@@ -71,7 +71,7 @@ def runs(synth_corpus, tmp_path_factory) -> dict[str, Path]:
               "trainer.eval_every=2", "trainer.save_every=2", "optim.schedule=constant"]  # fmt: skip
     straight, resumed = cwd / "straight", cwd / "resumed"
     _train(*stage2, "trainer.max_steps=4", f"trainer.exp_dir={straight}")
-    messages, logger = _Messages(), logging.getLogger("usmkit.train")
+    messages, logger = _Messages(), logging.getLogger("usmkit.training.recipe")
     level = logger.level
     logger.addHandler(messages)
     logger.setLevel(logging.INFO)
@@ -113,7 +113,7 @@ def test_stage2_resumed_run_matches_the_uninterrupted_run(runs):
 
 def test_stage2_weights_start_stage3_and_decode_with_evaluate(runs, caplog):
     cwd, stage2 = runs["cwd"], runs["straight"]
-    with caplog.at_level(logging.INFO, logger="usmkit.train"):
+    with caplog.at_level(logging.INFO, logger="usmkit.training.recipe"):
         _train("recipe=stage3_ctc", *FAST, f"data.manifest_dir={runs['corpus']}", f"init_from={stage2}",
                "trainer.max_steps=1", "trainer.eval_every=0", f"trainer.exp_dir={cwd / 'stage3'}")  # fmt: skip
     assert any("encoder tensors from" in m and str(stage2) in m for m in caplog.messages)
@@ -126,7 +126,7 @@ def test_stage3_joint_fine_tunes_a_stage2_model_with_its_text_losses_and_without
     """``recipe=stage3_joint init_from=<stage 2>``: the stage-2 objective with BEST-RQ off and every other loss on
     from the first step, starting from the stage-2 run's encoder, text encoder and CTC head."""
     exp = runs["cwd"] / "joint"
-    with caplog.at_level(logging.INFO, logger="usmkit.train"):
+    with caplog.at_level(logging.INFO, logger="usmkit.training.recipe"):
         _train("recipe=stage3_joint", *FAST, *SMALL_BESTRQ, f"data.manifest_dir={runs['corpus']}",
                f"init_from={runs['straight']}", "trainer.max_steps=2", "trainer.eval_every=2",
                f"trainer.exp_dir={exp}")  # fmt: skip
@@ -147,7 +147,7 @@ def test_stage2_under_torchrun_with_terms_held_back(runs, tmp_path):
     step (their parameters unused), stage 2 still trains in two processes."""
     exp = tmp_path / "ddp"
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "-m", "usmkit.train", "recipe=stage2", *FAST, *SMALL_BESTRQ, f"data.manifest_dir={runs['corpus']}",
+            "-m", "usmkit.cli.train", "recipe=stage2", *FAST, *SMALL_BESTRQ, f"data.manifest_dir={runs['corpus']}",
             "task.most.text_warmup_steps=1", "task.most.align_warmup_steps=1", "trainer.max_steps=3",
             "trainer.eval_every=0", "trainer.save_every=3", "trainer.device=cpu", f"trainer.exp_dir={exp}"]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")

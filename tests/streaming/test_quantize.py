@@ -7,7 +7,7 @@ from torch import nn
 
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
-from usmkit.models.stream_step import StreamingEncoder
+from usmkit.streaming.encoder import StreamingEncoder
 from usmkit.streaming.quantize import quantize_linear_int8
 
 

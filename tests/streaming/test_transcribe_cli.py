@@ -23,14 +23,14 @@ import soundfile as sf
 import torch
 import yaml
 
-from usmkit.checkpoint import save_checkpoint
+from usmkit.checkpointing.checkpoint import save_checkpoint
+from usmkit.cli.transcribe import format_time, main
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats
 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 from usmkit.models.las import LASConfig
 from usmkit.tasks import build_task
-from usmkit.transcribe import format_time, main
 
 SR = 16000
 TEXTS = [
@@ -228,7 +228,17 @@ def test_stdin_pipe_closed_mid_stream_in_a_real_process(ckpt):
     """The console entry in a subprocess: the writer stops after 2 s of audio and closes the pipe."""
     pcm = (speech_silence_speech() * 32767).astype("<i2").tobytes()[: 2 * SR * 2 + 1]
     proc = subprocess.run(
-        [sys.executable, "-m", "usmkit.transcribe", "-", "--checkpoint", str(ckpt), "--no-partials", "--threads", "1"],
+        [
+            sys.executable,
+            "-m",
+            "usmkit.cli.transcribe",
+            "-",
+            "--checkpoint",
+            str(ckpt),
+            "--no-partials",
+            "--threads",
+            "1",
+        ],
         input=pcm,
         capture_output=True,
         timeout=120,
@@ -382,7 +392,7 @@ def test_traced_step_gives_the_eager_transcript_and_timings(ckpt, audio, capsys,
 
 @pytest.mark.parametrize("option", ["utterance_mean_norm", "speaker_mean_norm"])
 def test_checkpoint_trained_with_a_whole_audio_mean_is_refused(tmp_path, audio, capsys, option):
-    from usmkit.checkpoint import CONFIG_FILE
+    from usmkit.checkpointing.checkpoint import CONFIG_FILE
 
     root = make_checkpoint(tmp_path / "cmn")
     config = root / "checkpoints" / "step-000001" / CONFIG_FILE
@@ -390,7 +400,7 @@ def test_checkpoint_trained_with_a_whole_audio_mean_is_refused(tmp_path, audio, 
     cfg["data"][option] = True
     config.write_text(yaml.safe_dump(cfg))
     code, _, err = run_cli(capsys, audio, "--checkpoint", root)
-    assert code == 2 and option in err and "usmkit.evaluate" in err
+    assert code == 2 and option in err and "usmkit.cli.evaluate" in err
     assert "Traceback" not in err
 
 

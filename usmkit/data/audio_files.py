@@ -1,4 +1,4 @@
-"""Audio files written whole or not at all (``usmkit.atomic_files``)."""
+"""Audio files written whole or not at all (``usmkit.checkpointing.atomic``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from usmkit.atomic_files import replaced_atomically
+from usmkit.checkpointing.atomic import replaced_atomically
 
 
 def write_audio(path: str | os.PathLike[str], samples: np.ndarray, rate: int, **kwargs: Any) -> Path:

@@ -100,7 +100,7 @@ class DataConfig:
       refused with ``speed_perturb`` (it changes lengths after batching). Evaluation is unchanged.
     - ``utterance_mean_norm``: after global normalization, subtract each utterance's own per-bin mean
       (CMN; removes recording-level gain and channel offsets). Needs the whole utterance, so models
-      trained with it decode offline (``usmkit.evaluate``), not with streaming ``usmkit-transcribe``.
+      trained with it decode offline (``usmkit.cli.evaluate``), not with streaming ``usmkit-transcribe``.
     - ``speaker_mean_norm``: after global normalization, subtract each speaker's own per-bin mean,
       computed over all of that speaker's utterances in the set being loaded (Kaldi's per-speaker
       CMN: removes the speaker's microphone and room, keeps what distinguishes one word from another,

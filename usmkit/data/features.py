@@ -34,7 +34,7 @@ from lhotse.cut import Cut
 from lhotse.dataset import OnTheFlyFeatures, PrecomputedFeatures
 from lhotse.dataset.input_strategies import BatchIO
 
-from usmkit.atomic_files import replaced_atomically
+from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.config import FeatureConfig
 from usmkit.data.manifests import read_cuts, write_manifest
 

@@ -27,15 +27,15 @@ from typing import Any
 from lhotse import CutSet
 from lhotse.serialization import deserialize_item, load_jsonl, save_to_jsonl
 
-from usmkit.atomic_files import replaced_atomically
+from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.validate import BadInputError, check_sources
 
 KINDS: tuple[str, ...] = ("recordings", "supervisions", "cuts")
 _SUFFIX = ".jsonl.gz"
 
 _HOW_TO_BUILD = (
-    "build the embedded corpus with `python -m usmkit.data.synth out=DIR`, or prepare a real corpus with "
-    "`python -m usmkit.data.recipes.fsdd out=DIR` / `python -m usmkit.data.recipes.librispeech corpus_dir=... out=DIR`"
+    "build the embedded corpus with `python -m usmkit.cli.prepare synth out=DIR`, or prepare a real corpus with "
+    "`python -m usmkit.cli.prepare fsdd out=DIR` / `python -m usmkit.cli.prepare librispeech corpus_dir=... out=DIR`"
 )
 
 

@@ -21,7 +21,7 @@ from lhotse.features.base import StatsAccumulator
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from usmkit.atomic_files import replaced_atomically
+from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor, rate_suffix, to_sample_rate
 from usmkit.data.sampling import cut_speaker

@@ -66,7 +66,7 @@ def read_text_only(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     if not path.is_file():
         raise UsageError(
             f"no text-only file at {path}: name one with task.most.text_only=PATH (JSON lines of "
-            '{"text": ..., "language": ...}), or build the embedded corpus with `python -m usmkit.data.synth out=DIR`'
+            '{"text": ..., "language": ...}), or build the embedded corpus with `python -m usmkit.cli.prepare synth out=DIR`'
         )
     try:
         records = list(load_jsonl(path))

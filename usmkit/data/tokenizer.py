@@ -71,7 +71,7 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(
                 f"no sentencepiece model at {path}; train one with Tokenizer.train(...) or build the corpus "
-                f"with `python -m usmkit.data.synth out=...` (it writes out/tokenizer/{MODEL_FILE})"
+                f"with `python -m usmkit.cli.prepare synth out=...` (it writes out/tokenizer/{MODEL_FILE})"
             )
         return cls(spm.SentencePieceProcessor(model_file=str(path)), path)
 

@@ -46,7 +46,7 @@ class LexiconConfig:
     - ``lm_path``: an ARPA or KenLM binary file to use instead of the built one (its words should be
       the lexicon's words).
     - ``nbest``: hypotheses kept per utterance; the transcript is the first, an ensemble
-      (``usmkit.evaluate ensemble=[...]``) takes them all as candidates.
+      (``usmkit.cli.evaluate ensemble=[...]``) takes them all as candidates.
     """
 
     order: int = 1

@@ -1,6 +1,6 @@
 """Exported models: a trained streaming CTC checkpoint as ONNX or AOTInductor graphs, and engines that run them.
 
-    python -m usmkit.export checkpoint=exp/demo_ctc format=onnx [quantize=int8] [out=DIR]
+    python -m usmkit.cli.export checkpoint=exp/demo_ctc format=onnx [quantize=int8] [out=DIR]
     usmkit-transcribe talk.wav --engine onnx --model exp/demo_ctc/export_onnx
 
 An export directory holds two graphs (``usmkit.export.graphs``: the streaming step with its state as
@@ -41,8 +41,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # Imported on first use, so that ``python -m usmkit.export`` runs ``__main__``'s first import
-    # (usmkit.entrypoint) before torch loads.
+    # Imported on first use, so that ``python -m usmkit.cli.export`` runs ``__main__``'s first import
+    # (usmkit.cli) before torch loads.
     if name in _WHERE:
         import importlib
 

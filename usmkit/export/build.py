@@ -7,16 +7,15 @@ feature statistics, global normalization), writes everything into a temporary di
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from usmkit.checkpoint import run_dir
+from usmkit.checkpointing.atomic import replaced_dir_atomically
+from usmkit.checkpointing.checkpoint import run_dir
 from usmkit.data.normalize import STATS_FILE
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.export.graphs import (
@@ -38,10 +37,10 @@ from usmkit.export.manifest import (
     write_manifest,
 )
 from usmkit.models.ctc import BLANK_ID
-from usmkit.models.stream_step import NotStreamableError, check_streamable
 from usmkit.models.subsampling import feature_context
 from usmkit.runs import load_trained
 from usmkit.streaming.pipeline import ModelError, load_model
+from usmkit.streaming.step import NotStreamableError, check_streamable
 
 CTC_HEAD_FILE = "ctc_head.safetensors"
 EXPORTABLE_ATTENTION = ("sdpa", "reference")  # flex and triton are training kernels; both graphs run SDPA
@@ -127,8 +126,7 @@ def export_checkpoint(
     suffix = {"onnx": ".int8.onnx" if quantize == "int8" else ".onnx", "aoti": ".pt2"}[fmt]
     files = (f"stream_step{suffix}", f"offline{suffix}")
     step_spec, offline_spec = _graph_specs(step, offline, files)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))
-    try:
+    with replaced_dir_atomically(out) as tmp:
         for graph, name, inputs, outputs in (
             (step, files[0], STEP_INPUTS, STEP_OUTPUTS),
             (offline, files[1], OFFLINE_INPUTS, OFFLINE_OUTPUTS),
@@ -158,13 +156,6 @@ def export_checkpoint(
             torch_version=torch.__version__,
         )
         write_manifest(manifest, tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out, manifest
 
 

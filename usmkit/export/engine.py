@@ -3,7 +3,7 @@
 Shapes: B batch, C chunk size (encoder frames), F feature bins, D model dim, V vocabulary.
 
 ``OnnxStreamStep`` (onnxruntime) and ``AotiStreamStep`` (an AOTInductor package) have the call
-signature of ``usmkit.models.stream_step.stream_step`` and of the traced step,
+signature of ``usmkit.streaming.step.stream_step`` and of the traced step,
 ``(encoder, chunk (B, 4C, F), state, lengths (B,)) -> (enc (B, C, D), out_lens (B,), new state)``, so
 ``StreamingEncoder(encoder, step=engine)`` runs them: only the encoder step changes, the features,
 endpointing and decoding stay those of ``usmkit.streaming.pipeline``.
@@ -29,9 +29,9 @@ from usmkit.export.graphs import STEP_INPUTS, STEP_OUTPUTS
 from usmkit.export.manifest import ExportError, ExportManifest, read_manifest
 from usmkit.models.config import ConformerConfig
 from usmkit.models.ctc import CTCHead
-from usmkit.models.stream_step import EncoderStreamState, chunk_lengths
 from usmkit.models.subsampling import output_lengths
 from usmkit.streaming.features import load_feature_stats
+from usmkit.streaming.step import EncoderStreamState, chunk_lengths
 
 PIPELINE_OUTPUTS = tuple(n for n in STEP_OUTPUTS if n != "log_probs")  # the pipeline applies the CTC head itself
 

@@ -3,7 +3,7 @@
 Shapes: B batch (dynamic in both graphs), T feature frames, F feature bins, C chunk size (encoder
 frames), K left chunks, L layers, H heads, Dh head dim, D model dim, Kc conv kernel, V vocabulary.
 
-``StreamStepGraph`` is ``usmkit.models.stream_step.stream_step`` followed by the CTC head, with the
+``StreamStepGraph`` is ``usmkit.streaming.step.stream_step`` followed by the CTC head, with the
 state dataclass ``EncoderStreamState`` spelled out as tensors in ``STATE_NAMES`` order (its tensor
 fields, in declaration order; ``chunk_size`` and ``left_chunks`` are constants of the graph)::
 
@@ -26,8 +26,8 @@ from torch import nn
 
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead
-from usmkit.models.stream_step import STATE_TENSORS, EncoderStreamState, init_state, stream_step
 from usmkit.models.subsampling import feature_context
+from usmkit.streaming.step import STATE_TENSORS, EncoderStreamState, init_state, stream_step
 
 STATE_NAMES = STATE_TENSORS  # the state's inputs and outputs, in this order
 STEP_INPUTS: tuple[str, ...] = ("chunk", "lengths", *STATE_NAMES)

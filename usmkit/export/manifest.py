@@ -89,7 +89,7 @@ def read_manifest(directory: str | Path) -> ExportManifest:
     if not path.is_file():
         raise ExportError(
             f"{directory} is not an export directory: no {MANIFEST_FILE} in it (make one with "
-            "python -m usmkit.export checkpoint=EXP format=onnx out=DIR)"
+            "python -m usmkit.cli.export checkpoint=EXP format=onnx out=DIR)"
         )
     try:
         data = json.loads(path.read_text())

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from usmkit.kernels.chunk_attention.api import IMPLS
-from usmkit.masks import check_chunk_args
+from usmkit.kernels.masks import check_chunk_args
 from usmkit.models.subsampling import check_factor, conv_out_size, receptive_field
 
 

@@ -5,8 +5,8 @@ Shapes: B batch, T feature frames (10 ms), F feature bins, T' encoder frames (40
 
 features (B, T, F) -> 4x or 8x conv2d subsampling -> num_layers x ConformerBlock -> (B, T', D).
 Block (pre-norm, macaron): x + 0.5 FF(x); x + MHSA(x); x + Conv(x); x + 0.5 FF(x); LayerNorm. The
-streaming step (``usmkit.models.stream_step``) runs the same block body chunk by chunk.
-Attention sees only what the chunk mask allows (``usmkit.masks``); convolution crosses chunk
+streaming step (``usmkit.streaming.step``) runs the same block body chunk by chunk.
+Attention sees only what the chunk mask allows (``usmkit.kernels.masks``); convolution crosses chunk
 edges. Padded frames never influence valid ones: attention masks padded keys, the convolution
 zeroes them first, the rest works frame by frame. The forward has no data-dependent Python control
 flow (no ``.item()``), so ``torch.compile(fullgraph=True)`` can trace it.
@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from usmkit.masks import check_chunk_args, lengths_to_padding_mask
+from usmkit.kernels.masks import check_chunk_args, lengths_to_padding_mask
 from usmkit.models.attention import MultiHeadSelfAttention
 from usmkit.models.config import ConformerConfig
 from usmkit.models.convolution import ConvolutionModule
@@ -33,7 +33,7 @@ class ConformerBlock(nn.Module):
 
     Its body is two halves around the attention itself, as in torchaudio's Emformer layer: the full
     forward attends over the whole sequence under the chunk mask (``mhsa.attend``), while
-    ``usmkit.models.stream_step`` attends over the cached keys and values of the left chunks and
+    ``usmkit.streaming.step`` attends over the cached keys and values of the left chunks and
     passes the cached convolution inputs as ``conv_context``. Everything else is these two methods::
 
         x, q, k, v = block.before_attention(x, positions)  # x + 0.5 FF(x); rotated q, k, v

@@ -13,7 +13,7 @@ CTC likelihood, summed over all alignments, so it does not matter where a member
 
 and the best-scoring candidate wins: a seed that is sure of a word outweighs two that hesitate.
 Scores are acoustic only (the lexicon decoder's word LM shapes the candidates, not the choice).
-Members must share the tokenizer and the features (``usmkit.evaluate`` checks both).
+Members must share the tokenizer and the features (``usmkit.cli.evaluate`` checks both).
 """
 
 from __future__ import annotations

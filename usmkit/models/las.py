@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from usmkit.masks import lengths_to_padding_mask
+from usmkit.kernels.masks import lengths_to_padding_mask
 
 BOS_ID = 2
 EOS_ID = 3

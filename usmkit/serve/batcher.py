@@ -3,7 +3,7 @@
 The event loop never runs the model. ``Batcher.run`` (a task on the loop) waits until some stream
 has news (audio, the end), hands each such stream what it queued, and runs a *round* in one worker
 thread: features of the new audio; one chunk from every stream that has a chunk ready, their states
-stacked along the batch axis (``usmkit.models.stream_step.stack_states``) into batches of at most
+stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batches of at most
 ``max_batch`` rows, one step per batch, each row's output and state given back to its stream,
 which decodes it; then the end of streams whose audio ended. The events go back to each stream's
 sink on the loop. Audio keeps arriving while a round runs, and what is ready when it ends forms the

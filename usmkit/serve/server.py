@@ -1,7 +1,9 @@
 """``usmkit-serve``: streaming recognition over WebSocket (WeNet's protocol), and a browser page.
 
     usmkit-serve --checkpoint exp/demo_ctc [--host 127.0.0.1 --port 10086] [--quantize int8]
-    python -m usmkit.serve --checkpoint exp/demo_ctc --token "$SECRET" --max-connections 32
+    usmkit-serve --checkpoint exp/demo_ctc --token "$SECRET" --max-connections 32
+
+The command line (``usmkit.cli.serve``) builds the ``Recognizer`` and runs ``serve_until_stopped``.
 
 One asyncio process (the ``websockets`` package). Each connection speaks ``usmkit.serve.protocol``;
 its audio goes to a ``ServerStream`` (the command line's streaming pipeline), and the ``Batcher``
@@ -20,31 +22,23 @@ Binds to the loopback interface unless ``--host`` says otherwise.
 
 from __future__ import annotations
 
-import usmkit.entrypoint  # noqa: F401  (first: sets the OpenMP wait policy before torch loads)
-
-# isort: split
-import argparse
 import asyncio
 import contextlib
 import hmac
 import json
 import logging
-import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
-import torch
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from usmkit.cli import UsageParser, add_stream_options, positive_float, positive_int
-from usmkit.errors import UsageError, strip_debug_flag, user_errors
+from usmkit.errors import UsageError
 from usmkit.serve.batcher import Batcher, Error
 from usmkit.serve.protocol import (
     EndSignal,
@@ -59,11 +53,9 @@ from usmkit.serve.protocol import (
     speech_end,
 )
 from usmkit.serve.session import End, Final, Partial, Recognizer, ServerStream
-from usmkit.streaming.pipeline import ModelError, load_model, streaming_mask
 
 log = logging.getLogger("usmkit.serve")
 
-TOKEN_ENV = "USMKIT_SERVE_TOKEN"
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_TRY_LATER = 1000, 1008, 1011, 1013
 PAGE_FILES = {  # URL path -> (file under usmkit/serve/page, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -362,57 +354,6 @@ def page_file(name: str) -> str:
     return resources.files("usmkit.serve").joinpath("page", name).read_text(encoding="utf-8")
 
 
-# ---------------------------------------------------------------------------------------------- command line
-def build_parser() -> argparse.ArgumentParser:
-    p = UsageParser(
-        prog="usmkit-serve",
-        description="Streaming speech recognition over WebSocket (WeNet's protocol), with a browser page at /.",
-    )
-    p.add_argument("--checkpoint", required=True, help="checkpoint dir, or an experiment dir (its best/latest)")
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=10086, help="TCP port (0: any free port; the log says which)")
-    p.add_argument("--max-connections", type=positive_int, default=64, help="clients served at once")
-    p.add_argument("--max-seconds", type=positive_float, default=3600.0, help="longest audio of one stream (s)")
-    p.add_argument("--max-batch", type=positive_int, default=32, help="most streams in one encoder step")
-    p.add_argument(
-        "--token",
-        default=os.environ.get(TOKEN_ENV),
-        help=f"shared secret clients must send (?token=... or Authorization: Bearer ...); default ${TOKEN_ENV}",
-    )
-    add_stream_options(p)
-    p.add_argument(
-        "--step", choices=("jit", "eager"), default="jit", help="encoder step: traced graph or plain PyTorch"
-    )
-    p.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8 linear weights (CPU only)")
-    return p
-
-
-def build_recognizer(args) -> Recognizer:
-    """The model and decoding settings from the parsed arguments; ``UsageError`` for what the user can fix."""
-    from usmkit.transcribe import _decoder_config, _device  # the command line's checks of the same options
-
-    device = _device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    decoder_cfg = _decoder_config(args)
-    try:
-        loaded = load_model(args.checkpoint, device, rescore=args.rescore)
-        C, K, warning = streaming_mask(loaded.model, args.chunk_size, args.left_chunks, args.checkpoint)
-    except ModelError as e:
-        raise UsageError(str(e)) from e
-    if warning:
-        log.warning("%s", warning)
-    if args.quantize == "int8":
-        if device.type != "cpu":
-            raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
-        from dataclasses import replace
-
-        from usmkit.streaming.quantize import quantize_linear_int8
-
-        loaded = replace(loaded, model=quantize_linear_int8(loaded.model))
-    return Recognizer(loaded, decoder_cfg, C, K, silence_db=args.silence_db, step=args.step)
-
-
 async def serve_until_stopped(recognizer: Recognizer, cfg: ServeConfig, ready=print) -> None:
     """Serve until SIGINT / SIGTERM; ``ready(line)`` gets the listening address once the port is bound."""
     stop = asyncio.Event()
@@ -424,42 +365,3 @@ async def serve_until_stopped(recognizer: Recognizer, cfg: ServeConfig, ready=pr
         ready(f"usmkit-serve: listening on ws://{cfg.host}:{server.port} (page: http://{cfg.host}:{server.port}/)")
         await stop.wait()
         log.info("stopping: %d connections open", len(server.connections))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Console entry point: 0 after a clean stop (Ctrl-C / SIGTERM), 2 for bad usage, 1 for a failure."""
-    argv = strip_debug_flag(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("websockets").setLevel(logging.WARNING)
-    with user_errors():
-        args = build_parser().parse_args(argv)
-        cfg = ServeConfig(
-            host=args.host,
-            port=args.port,
-            max_connections=args.max_connections,
-            max_seconds=args.max_seconds,
-            max_batch=args.max_batch,
-            token=args.token or None,
-        )
-        start = time.perf_counter()
-        recognizer = build_recognizer(args)
-        recognizer.warm_up()
-        log.info(
-            "model %s: chunk %g ms, %d left chunks, %s, %s step%s, ready in %.1f s",
-            args.checkpoint,
-            recognizer.chunk_size * recognizer.model.encoder.subsampling_factor * recognizer.features.frame_shift_ms,
-            recognizer.left_chunks,
-            recognizer.decoder_cfg.mode + (" + rescoring" if recognizer.decoder_cfg.rescore else ""),
-            args.step,
-            ", int8 weights" if args.quantize == "int8" else "",
-            time.perf_counter() - start,
-        )
-        if cfg.token is None and cfg.host not in ("127.0.0.1", "localhost", "::1"):
-            log.warning("listening on %s without --token: anyone who can reach the port can use the server", cfg.host)
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(serve_until_stopped(recognizer, cfg, ready=lambda line: print(line, flush=True)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

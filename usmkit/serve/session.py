@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from usmkit.models.stream_step import (
+from usmkit.models.subsampling import feature_context
+from usmkit.streaming.decoder import DecoderConfig, Segment
+from usmkit.streaming.features import StreamingFbank
+from usmkit.streaming.pipeline import LoadedModel, StreamingTranscriber
+from usmkit.streaming.step import (
     EncoderStreamState,
     init_state,
     split_state,
     stack_states,
     stream_step,
 )
-from usmkit.models.subsampling import feature_context
-from usmkit.streaming.decoder import DecoderConfig, Segment
-from usmkit.streaming.features import StreamingFbank
-from usmkit.streaming.pipeline import LoadedModel, StreamingTranscriber
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Recognizer:
         self.silence_db = silence_db
         self.device = next(self.model.parameters()).device
         if step == "jit":
-            from usmkit.models.traced_step import TracedStreamStep
+            from usmkit.streaming.traced_step import TracedStreamStep
 
             self.step = TracedStreamStep(self.model.encoder, any_batch=True)
         elif step == "eager":

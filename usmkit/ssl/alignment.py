@@ -20,10 +20,6 @@ from __future__ import annotations
 import torch
 import torchaudio.functional as taf
 
-from usmkit.checkpoint import resolve_checkpoint, run_dir
-from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
-from usmkit.data.tokenizer import Tokenizer
-from usmkit.errors import UsageError
 from usmkit.models.ctc import BLANK_ID
 
 
@@ -76,35 +72,3 @@ def forced_durations(
         durations[b, :n] = token_durations(path[0], n)
         ok[b] = True
     return durations.to(device), ok.to(device)
-
-
-def check_aligner(align_from: str, tokenizer: Tokenizer) -> None:
-    """Refuse an aligner checkpoint that is missing or was trained with another tokenizer (its token ids
-    would mean other pieces); a user error naming the file."""
-    try:
-        ckpt = resolve_checkpoint(align_from)
-    except FileNotFoundError as e:
-        raise UsageError(f"task.most.align_from: {e}") from None
-    own = run_dir(ckpt) / TOKENIZER_FILE
-    if not own.is_file():
-        raise UsageError(
-            f"task.most.align_from={align_from}: {own} is missing (the tokenizer the aligner was trained with); "
-            "align with a CTC run of usmkit.train, or set task.most.align_from=null to align with the model itself"
-        )
-    if Tokenizer.load(own).model_proto != tokenizer.model_proto:
-        raise UsageError(
-            f"task.most.align_from={align_from} was trained with another tokenizer ({own}) than this run's; "
-            "train the aligner with the same tokenizer, or set task.most.align_from=null"
-        )
-
-
-def load_aligner(align_from: str, device: torch.device) -> torch.nn.Module:
-    """The frozen CTC model of ``align_from`` in eval mode on ``device`` (it must have a CTC head)."""
-    from usmkit.runs import load_trained  # here: usmkit.runs imports the task builders, which import MOST
-
-    module, cfg, _, ckpt = load_trained(align_from, device)
-    if getattr(module, "ctc", None) is None:
-        raise UsageError(f"task.most.align_from={align_from}: {ckpt} is a {cfg.task.kind} model without a CTC head")
-    for p in module.parameters():
-        p.requires_grad_(False)
-    return module

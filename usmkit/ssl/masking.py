@@ -10,13 +10,10 @@ start, the expected masked fraction is ``1 - (1 - p) ** L`` (BEST-RQ: p = 0.01, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from usmkit.ssl.bestrq import BestRQConfig
+from usmkit.ssl.bestrq_config import BestRQConfig
 
 
 def valid_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:

@@ -31,20 +31,18 @@ active loss reads is not even loaded (``MostConfig.active_streams``):
 
 Alignments: ``usmkit.ssl.alignment`` (forced alignment on the CTC posteriors of this model, or of the
 frozen ``align_from`` checkpoint). The module's state has ``encoder.*`` (what stage 3 loads with
-``init_from``), ``ctc.*`` (named as in ``AsrModel``, so ``usmkit.evaluate`` decodes a stage-2
+``init_from``), ``ctc.*`` (named as in ``AsrModel``, so ``usmkit.cli.evaluate`` decodes a stage-2
 checkpoint too), ``text_encoder.*``, ``text_mask`` and ``bestrq.*`` (quantizer buffers and heads).
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from usmkit.checkpoint import MODEL_FILE, load_tensors
 from usmkit.data.batch import Batch
 from usmkit.data.mixer import MostBatch
 from usmkit.data.text_only import TextBatch
@@ -53,7 +51,7 @@ from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead, ctc_loss
 from usmkit.models.output import StepOutput
 from usmkit.models.subsampling import conv_out_size
-from usmkit.ssl.alignment import forced_durations, load_aligner
+from usmkit.ssl.alignment import forced_durations
 from usmkit.ssl.bestrq import BestRQConfig, BestRQModel
 from usmkit.ssl.duration import durations_from_log, log_duration_errors
 from usmkit.ssl.masking import expand_spans, sample_span_starts, valid_mask
@@ -79,7 +77,7 @@ class MostModel(nn.Module):
     losses with every warm-up over). ``decode`` transcribes with the CTC head, like ``AsrModel``.
     """
 
-    las = None  # no attention decoder (what usmkit.evaluate asks of a model before decoding)
+    las = None  # no attention decoder (what usmkit.cli.evaluate asks of a model before decoding)
 
     def __init__(
         self, encoder: ConformerEncoder, vocab_size: int, cfg: MostConfig, bestrq: BestRQConfig, input_dim: int
@@ -98,7 +96,7 @@ class MostModel(nn.Module):
         )
         self.text_mask = nn.Parameter(torch.zeros(D))  # what masked text frames are replaced by
         self.bestrq = BestRQModel(None, bestrq, input_dim, encoder_dim=D)
-        self._aligner: list[nn.Module] = []  # the frozen align_from model, loaded at first use; not in the state
+        self._aligner: list[nn.Module] = []  # the frozen align_from model (set_aligner); not in the state
 
     # ---------------------------------------------------------------- helpers
     def encode(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,11 +128,18 @@ class MostModel(nn.Module):
             n += 1
         return conv_out_size(n * step, factor)
 
+    def set_aligner(self, aligner: nn.Module) -> None:
+        """The frozen CTC model (``encode`` and ``ctc``) that aligns the paired data when
+        ``cfg.align_from`` is set (``usmkit.runs.load_aligner`` builds it). It is not part of the state."""
+        self._aligner[:] = [aligner]
+
     def _aligner_log_probs(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """CTC log-posteriors (B, T', V) and lengths (B,) of the frozen ``align_from`` model."""
         if not self._aligner:
-            self._aligner.append(load_aligner(self.cfg.align_from, features.device))
-            log.info("aligning the paired data with %s", self.cfg.align_from)
+            raise RuntimeError(
+                f"task.most.align_from={self.cfg.align_from} but no aligner was given: call set_aligner with "
+                "usmkit.runs.load_aligner(align_from, device)"
+            )
         aligner = self._aligner[0]
         if aligner.training:
             aligner.eval()
@@ -142,13 +147,12 @@ class MostModel(nn.Module):
             enc, enc_lens = aligner.encode(features, lengths)
             return aligner.ctc(enc), enc_lens
 
-    def init_heads_from(self, ckpt_dir: str | Path) -> list[str]:
-        """Load what fits of another stage's heads from a checkpoint: stage 1's BEST-RQ quantizer and
+    def init_heads_from(self, weights: dict[str, torch.Tensor]) -> list[str]:
+        """Load what fits of another stage's heads from its weights: stage 1's BEST-RQ quantizer and
         heads (``quantizer.*``, ``heads.*`` -> ``bestrq.*``), a MOST run's text encoder. Tensors whose
         shapes differ (other codebooks) are left as they are. Returns the keys loaded. The CTC head is
         not among them: its token ids mean something only with its run's tokenizer, which
-        ``usmkit.train.init_ctc_head`` checks for every task."""
-        weights = load_tensors(Path(ckpt_dir) / MODEL_FILE)
+        ``usmkit.training.recipe.init_ctc_head`` checks for every task."""
         own = self.state_dict()
         renamed = {}
         for key, value in weights.items():

@@ -16,13 +16,14 @@ from itertools import islice
 
 from lhotse import CutSet
 
-from usmkit.config import TrainConfig
+from usmkit.data.config import DataConfig
 from usmkit.data.dataset import TextEncoder, cut_text
 from usmkit.data.loader import make_loader
 from usmkit.data.manifests import text_only_path
 from usmkit.data.mixer import StreamMixer
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.text_only import TextOnlyLoader, read_text_only, text_items
+from usmkit.ssl.most_config import MostConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +44,25 @@ def seconds_per_token(cuts: CutSet, tokenizer: TextEncoder) -> float:
 
 
 def build_most_loader(
-    cfg: TrainConfig,
+    most: MostConfig,
+    data: DataConfig,
     paired_cuts: CutSet,
     prepare_audio_only: Callable[[str], CutSet],
     tokenizer: TextEncoder,
     stats: FeatureStats,
     *,
+    seed: int,
+    batches_per_step: int = 1,
     rank: int = 0,
     world_size: int = 1,
     pin_memory: bool = False,
 ) -> StreamMixer:
-    """The mixer over the streams ``cfg.task.most`` needs.
+    """The mixer over the streams ``most`` needs, each a share of ``data.max_duration`` per batch.
 
     ``paired_cuts``: the training split, prepared with transcripts; ``prepare_audio_only(split)``
     prepares the unlabeled split's cuts (validated without transcripts). ``pin_memory``: the audio
     streams' batches arrive in page-locked memory (``make_loader``).
     """
-    most, data, seed = cfg.task.most, cfg.data, cfg.trainer.seed
     active = most.active_streams()
     streams = {}
     if "unlabeled" in active:
@@ -105,4 +108,4 @@ def build_most_loader(
             world_size=world_size,
             seed=seed + 2,
         )
-    return StreamMixer(streams, batches_per_step=cfg.optim.accum_steps)
+    return StreamMixer(streams, batches_per_step=batches_per_step)

@@ -13,14 +13,11 @@ saved in ``model.safetensors`` and a reloaded model produces the same targets.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from usmkit.ssl.bestrq import BestRQConfig
+from usmkit.ssl.bestrq_config import BestRQConfig
 
 
 class RandomProjectionQuantizer(nn.Module):

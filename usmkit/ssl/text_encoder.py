@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from usmkit.masks import lengths_to_padding_mask
+from usmkit.kernels.masks import lengths_to_padding_mask
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerBlock
 from usmkit.models.rotary import RotaryTable

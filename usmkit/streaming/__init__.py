@@ -1,8 +1,8 @@
 """Streaming recognition, audio in and text out: audio inputs, incremental features, the
 frame-synchronous decoder, int8 weights, and the pipeline that joins them (``usmkit.streaming.pipeline``).
 
-The encoder's chunk-by-chunk step and its state live with the model (``usmkit.models.stream_step``);
-the ``usmkit-transcribe`` console script (``usmkit.transcribe``) is the command line on the pipeline.
+The encoder's chunk-by-chunk step and its state live with the model (``usmkit.streaming.step``);
+the ``usmkit-transcribe`` console script (``usmkit.cli.transcribe``) is the command line on the pipeline.
 """
 
 from usmkit.streaming.audio import AudioError, FileSource, LevelMeter, MicrophoneSource, RawPcmSource, StreamResampler

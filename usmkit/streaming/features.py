@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from usmkit.checkpoint import run_dir
+from usmkit.checkpointing.checkpoint import run_dir
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path

@@ -3,11 +3,11 @@
 Shapes: N samples, t feature frames (10 ms), n encoder frames (40 ms), D model dim, V vocabulary.
 
 samples -> ``StreamingFbank`` (incremental log-mel) -> ``StreamingEncoder`` (one ``stream_step`` per
-chunk, ``usmkit.models.stream_step``) -> CTC log-probs -> ``StreamingDecoder`` (partials, endpoints,
+chunk, ``usmkit.streaming.step``) -> CTC log-probs -> ``StreamingDecoder`` (partials, endpoints,
 optional LAS rescoring). ``StreamingTranscriber`` runs it on samples as they arrive;
 ``transcribe_whole`` encodes all samples at once and decodes them the same way. ``load_model``
 loads a checkpoint that can serve it and ``streaming_mask`` picks the chunking a stream runs with;
-both raise ``ModelError`` with one line saying what is wrong. ``usmkit.transcribe`` is the command
+both raise ``ModelError`` with one line saying what is wrong. ``usmkit.cli.transcribe`` is the command
 line on top of this module.
 """
 
@@ -20,16 +20,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from usmkit.checkpoint import CheckpointError
+from usmkit.checkpointing.checkpoint import CheckpointError
 from usmkit.config import ConfigError, TrainConfig
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.models.asr import AsrModel
-from usmkit.models.stream_step import NotStreamableError, StreamingEncoder, check_streamable
 from usmkit.runs import load_trained
 from usmkit.streaming.audio import LevelMeter
 from usmkit.streaming.decoder import DecoderConfig, Segment, StreamingDecoder
+from usmkit.streaming.encoder import StreamingEncoder
 from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
+from usmkit.streaming.step import NotStreamableError, check_streamable
 
 
 class ModelError(ValueError):
@@ -68,7 +69,7 @@ def load_model(checkpoint: str | Path, device: torch.device | str = "cpu", resco
         which = "utterance_mean_norm" if cfg.data.utterance_mean_norm else "speaker_mean_norm"
         raise ModelError(
             f"checkpoint {ckpt} was trained with data.{which}=true (an utterance's or speaker's own mean "
-            "subtracted), which needs the whole audio first; decode it with python -m usmkit.evaluate"
+            "subtracted), which needs the whole audio first; decode it with python -m usmkit.cli.evaluate"
         )
     try:
         stats = checkpoint_feature_stats(ckpt, cfg.data)
@@ -169,7 +170,7 @@ class StreamingTranscriber:
     """Samples in (mono float32 at the feature sample rate), segments out; one encoder ``stream_step`` per chunk.
 
     ``model``: an ``AsrModel`` with a CTC head (and a LAS decoder for rescoring), in eval mode.
-    ``chunk_size`` / ``left_chunks``: None = the model's (see ``usmkit.models.stream_step.check_streamable``).
+    ``chunk_size`` / ``left_chunks``: None = the model's (see ``usmkit.streaming.step.check_streamable``).
     ``step``: how the encoder runs a chunk (``StreamingEncoder``); ``None`` for a caller that runs the
     chunks of many streams itself (``usmkit.serve``): it calls ``feed`` / ``feed_end``, takes the chunks
     from ``encoder`` (``next_chunk`` / ``last_chunk`` -> step -> ``advance``) and decodes their frames

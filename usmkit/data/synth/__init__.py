@@ -1,6 +1,6 @@
 """The embedded default corpus: multi-voice speech synthesized on this machine with espeak-ng.
 
-Build it with ``python -m usmkit.data.synth out=data/synth size=default seed=0``; see ``build.py``
+Build it with ``python -m usmkit.cli.prepare synth out=data/synth size=default seed=0``; see ``build.py``
 for the output layout, ``plan.py`` for the splits, ``voices.py`` and ``text.py`` for what is said.
 """
 
@@ -15,8 +15,8 @@ __all__ = ["BuildResult", "SynthConfig", "build_corpus"]
 
 
 def __getattr__(name: str):
-    # Imported on first use, so that ``python -m usmkit.data.synth`` runs ``__main__``'s first import
-    # (usmkit.entrypoint) before ``build`` loads torch.
+    # Imported on first use, so that ``python -m usmkit.cli.prepare synth`` runs ``__main__``'s first import
+    # (usmkit.cli) before ``build`` loads torch.
     if name in __all__:
         from usmkit.data.synth import build
 

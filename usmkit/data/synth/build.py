@@ -27,8 +27,9 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 from lhotse.audio import AudioSource
 from tqdm import tqdm
 
+from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.data.corpora import print_split_table
 from usmkit.data.manifests import manifest_path, text_only_path, write_jsonl, write_manifest
-from usmkit.data.recipes import print_split_table
 from usmkit.data.synth.external import detect_external_engines
 from usmkit.data.synth.plan import AUDIO_SPLITS, CorpusPlan, Utterance, get_size, plan_corpus, shard_seed
 from usmkit.data.synth.render import SAMPLE_RATE, Rendered, ShardTask, render_shard
@@ -44,7 +45,7 @@ SHARD_SIZE = 32
 
 @dataclass(frozen=True)
 class SynthConfig:
-    """``python -m usmkit.data.synth`` options (key=value on the command line)."""
+    """``python -m usmkit.cli.prepare synth`` options (key=value on the command line)."""
 
     out: Path = Path("data/synth")
     size: str = "default"  # "default" (~3 h train) or "tiny" (tests)
@@ -165,9 +166,8 @@ def _split_summary(utterances: tuple[Utterance, ...], rendered: dict[str, Render
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    with replaced_atomically(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -250,3 +250,34 @@ def build_corpus(cfg: SynthConfig) -> BuildResult:
     }
     _write_json(out / SUMMARY_FILE, summary)
     return BuildResult(summary, skipped=False)
+
+
+USAGE = """\
+usage: python -m usmkit.cli.prepare synth [key=value ...]
+
+Synthesize the embedded multi-voice corpus (espeak-ng; no download) and train its tokenizer.
+
+  out=PATH            output directory (default data/synth)
+  size=NAME           default|demo|english|tiny. default: ~3 h train in five languages + dev/test/test_other/
+                      test_textonly + 1 h unlabeled + 20k texts; demo: English, 400 words, 1.8 h (make demo);
+                      english: English, 1000 words, 5.2 h + 2.6 h unlabeled (the MOST study); tiny: tests
+  seed=INT            corpus seed (default 0): same seed, same texts, voices and audio bytes
+  force=true          rebuild even if out/corpus.json shows this seed and size already built
+  workers=INT         synthesis processes (default 0 = all cores)
+  vocab_size=INT      tokenizer pieces incl. 4 specials and 256 byte pieces (default 512)
+  external_engines=false   do not add flite/festival voices even if installed
+"""
+
+
+def run(cfg: SynthConfig) -> None:
+    """``python -m usmkit.cli.prepare synth key=value ...`` (``USAGE``)."""
+    result = build_corpus(cfg)
+    if result.skipped:
+        print(
+            f"{cfg.out}/corpus.json: the corpus with seed={cfg.seed} size={cfg.size} is already built; "
+            "nothing to do (force=true rebuilds it)"
+        )
+    print_summary(result.summary)
+
+
+ARGS = SynthConfig

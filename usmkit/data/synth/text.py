@@ -19,7 +19,7 @@ import unicodedata
 from dataclasses import dataclass
 from functools import cache
 
-from usmkit.data.recipes import normalize_text
+from usmkit.metrics import normalize_text
 
 LANGUAGES: tuple[str, ...] = ("en", "de", "es", "fr", "it")
 LANGUAGE_SHARES: dict[str, float] = {"en": 0.70, "de": 0.075, "es": 0.075, "fr": 0.075, "it": 0.075}

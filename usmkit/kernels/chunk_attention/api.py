@@ -1,7 +1,7 @@
 """Public entry point for chunk-wise attention: one signature, several implementations.
 
 Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.masks``. Every implementation is tested against ``reference``.
+Mask semantics: ``usmkit.kernels.masks``. Every implementation is tested against ``reference``.
 
 The Triton path is two ``torch.library`` custom ops, ``usmkit::chunk_attention_fwd`` (-> out, lse) and
 ``usmkit::chunk_attention_bwd`` (-> dq, dk, dv), with fake implementations and autograd registered here, so
@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from usmkit.masks import check_chunk_args
+from usmkit.kernels.masks import check_chunk_args
 
 Impl = Literal["reference", "sdpa", "flex", "triton"]
 IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex", "triton")

@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int;
 nq = nk = ceil(T / BLOCK_SIZE) blocks of queries and keys.
-Mask semantics: ``usmkit.masks`` (the same as ``reference.py``, which this is tested against):
+Mask semantics: ``usmkit.kernels.masks`` (the same as ``reference.py``, which this is tested against):
 the ``mask_mod`` below is the chunk rule written with chunk index arithmetic plus the lengths.
 
 Block mask: instead of ``create_block_mask`` (which evaluates ``mask_mod`` on every (q, k) pair)
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from usmkit.masks import check_chunk_args, lengths_to_padding_mask
+from usmkit.kernels.masks import check_chunk_args, lengths_to_padding_mask
 
 BLOCK_SIZE = 128  # FlexAttention's default sparse block size (queries and keys)
 

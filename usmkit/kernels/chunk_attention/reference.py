@@ -1,7 +1,7 @@
 """Eager chunk-wise attention: the oracle every fast implementation is tested against.
 
 Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.masks``.
+Mask semantics: ``usmkit.kernels.masks``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from usmkit.masks import padded_chunk_mask
+from usmkit.kernels.masks import padded_chunk_mask
 
 
 def chunk_attention_reference(

@@ -1,7 +1,7 @@
 """Chunk-wise attention through ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask.
 
 Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.masks`` (the same as ``reference.py``, which this is tested against).
+Mask semantics: ``usmkit.kernels.masks`` (the same as ``reference.py``, which this is tested against).
 
 SDPA returns NaN for a query row whose mask is all False (padded queries). So each padded query row
 is allowed to see key 0, which keeps every softmax finite, and its output is set to 0 afterwards;
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from usmkit.masks import lengths_to_padding_mask, padded_chunk_mask
+from usmkit.kernels.masks import lengths_to_padding_mask, padded_chunk_mask
 
 
 def chunk_attention_sdpa(

@@ -2,7 +2,7 @@
 
 Shapes: B batch, H heads, T frames, D head dim (64, 96, 128; any D in 16..128 works, D is padded to a power
 of two inside the kernel). q, k, v: (B, H, T, D), any strides with a unit last stride; lengths: (B,) int.
-Mask semantics: ``usmkit.masks``; ``reference.py`` is the oracle the tests hold this file to.
+Mask semantics: ``usmkit.kernels.masks``; ``reference.py`` is the oracle the tests hold this file to.
 
 Block skipping. Query ``i`` sees keys ``[row_lo(i), row_hi(i))`` with (C chunk size, L left chunks)
 ``row_lo = max(0, (i // C - L) * C)`` (0 when L = -1) and ``row_hi = min((i // C + 1) * C, length)``.
@@ -653,21 +653,6 @@ def chunk_attention_bwd(
         HEAD_D=D, BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast,
     )  # fmt: skip
     return dq, dk, dv
-
-
-def chunk_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lengths: torch.Tensor,
-    chunk_size: int | None,
-    left_chunks: int,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """Differentiable Triton chunk attention (``api.triton_chunk_attention``). Returns (B, H, T, D)."""
-    from usmkit.kernels.chunk_attention import api
-
-    return api.triton_chunk_attention(q, k, v, lengths, chunk_size, left_chunks, scale)
 
 
 def tuning_report() -> dict[str, dict[str, object]]:

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from usmkit.kernels.ctc.layout import padded_states
+
 
 def _kernels():
     from usmkit.kernels.ctc import triton as kernels
 
     return kernels
-
-
-def padded_states(num_tokens: int) -> int:
-    """S_PAD: the 2U + 1 states of a target of U tokens, rounded up to a power of two (one lane each)."""
-    return 1 << (2 * num_tokens).bit_length()
 
 
 @torch.library.custom_op("usmkit::ctc_triton_fwd", mutates_args=())

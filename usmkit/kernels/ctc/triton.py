@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from usmkit.kernels.ctc.api import padded_states
+from usmkit.kernels.ctc.layout import padded_states
 from usmkit.kernels.interpreter import patch_interpreter_loop_bounds
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":

@@ -1,0 +1,66 @@
+"""usmkit.cli.compose: every ``python -m usmkit.cli.*`` command reads Hydra overrides, and a bad one is one
+``error:`` line (a ConfigError, exit status 2) that names it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from usmkit.cli.compose import compose_dataclass, compose_yaml
+from usmkit.config import ConfigError, TrainConfig, from_dict
+
+
+@dataclass(frozen=True)
+class _Args:
+    out: Path = Path("x")
+    seed: int = 0
+    force: bool = False
+
+
+def test_dataclass_overrides_are_typed() -> None:
+    args = compose_dataclass(_Args, ["out=/tmp/y", "seed=3", "force=true"], command="t", usage="USAGE")
+    assert args == _Args(Path("/tmp/y"), 3, True)
+    assert compose_dataclass(_Args, [], command="t", usage="USAGE") == _Args()
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [(["seed=x"], "seed"), (["sead=1"], "did you mean seed"), (["seed"], "key=value"), (["--seed=1"], "--seed=1")],
+)
+def test_a_bad_override_is_a_config_error_naming_it(bad, named) -> None:
+    with pytest.raises(ConfigError, match=named):
+        compose_dataclass(_Args, bad, command="t", usage="USAGE")
+
+
+def test_help_prints_the_usage(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        compose_dataclass(_Args, ["--help"], command="t", usage="USAGE TEXT")
+    assert done.value.code == 0 and "USAGE TEXT" in capsys.readouterr().out
+
+
+def test_train_config_composes_recipes_and_overrides() -> None:
+    cfg = from_dict(TrainConfig, compose_yaml("train", ["recipe=stage1", "trainer.max_steps=7"], command="t"))
+    assert cfg.task.kind == "bestrq" and cfg.trainer.max_steps == 7
+    assert cfg.trainer.exp_dir == "exp/stage1"  # ${hydra:runtime.choices.recipe} resolves
+
+
+def test_a_schema_key_the_yaml_leaves_out_is_settable_without_plus() -> None:
+    with pytest.raises(ConfigError, match="unknown key data.allow_urls"):
+        compose_yaml("train", ["data.allow_urls=true"], command="t")
+    got = compose_yaml("train", ["data.allow_urls=true"], command="t", schema=TrainConfig)
+    assert from_dict(TrainConfig, got).data.allow_urls is True
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        (["trainer.max_stepz=3"], "unknown key trainer.max_stepz .*did you mean trainer.max_steps"),
+        (["recipe=nope"], "recipe/nope.*choose one of stage1, stage2"),
+        (["trainer.max_steps=[3"], "overrides look like key=value"),
+    ],
+)
+def test_train_config_errors_name_the_override(bad, named) -> None:
+    with pytest.raises(ConfigError, match=named):
+        compose_yaml("train", bad, command="usmkit.cli.train", schema=TrainConfig)

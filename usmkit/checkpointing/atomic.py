@@ -1,0 +1,93 @@
+"""Files and folders that are never seen half-written: write under a private temporary name beside the
+target, then rename into place.
+
+A reader (another process building the same folder, a loader, a resumed run) sees the old version or
+the new one, never a part; a write that fails or is killed leaves the old version as it was (and a
+temporary ``.tmp-*`` entry that the next writer may clear). The temporary name is the writer's own, so
+two processes writing one path at once each rename a whole file. Every atomic write in usmkit goes
+through this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (same suffix) to write; on success it replaces ``path``.
+
+    >>> with replaced_atomically("out/x.flac") as tmp:  # doctest: +SKIP
+    ...     soundfile.write(tmp, samples, 16000)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def replaced_dir_atomically(path: str | os.PathLike[str], *, durable: bool = False) -> Iterator[Path]:
+    """Yield a new empty folder ``.tmp-<name>-*`` beside ``path`` to fill; on success it replaces ``path``
+    (``move_into_place``), on any failure it is removed and ``path`` is untouched. ``durable``: the files
+    and folders are flushed to disk before the rename (checkpoints), so a power cut cannot leave a
+    renamed folder of empty files."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it private; what it becomes is shared like any output
+        if durable:
+            fsync_tree(tmp)
+        move_into_place(tmp, path, durable=durable)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def move_into_place(tmp: Path, path: Path, *, durable: bool = False) -> None:
+    """Rename the finished folder ``tmp`` to ``path``. An existing ``path`` is first renamed aside and
+    removed only once ``tmp`` is in place, so a kill in between leaves one whole version under a name."""
+    old = None
+    if path.exists():
+        old = path.with_name(f".tmp-{path.name}-old-{uuid.uuid4().hex[:8]}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file under ``root``, then the folders, to disk."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(Path(folder) / name, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(folder))
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename inside it) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

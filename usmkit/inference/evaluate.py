@@ -1,0 +1,186 @@
+"""Scoring a trained model on test sets: WER/CER per set (``python -m usmkit.cli.evaluate`` runs it).
+
+Every test set name and the decode mode are checked before anything is decoded; ``on_set`` sees the
+results after each set, so a failure part way keeps the sets already scored.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+
+from usmkit.data.loader import split_loader
+from usmkit.data.manifests import available_splits, load_cuts, manifest_path
+from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.device import resolve_device
+from usmkit.errors import UsageError
+from usmkit.inference.batches import transcribe_batches
+from usmkit.metrics import TextNormConfig, normalize_text, score
+from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
+from usmkit.runs import load_trained
+from usmkit.streaming.features import checkpoint_feature_stats
+
+log = logging.getLogger(__name__)
+
+DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore", "ctc_lexicon")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    checkpoint: str
+    test_sets: tuple[str, ...] = ("test",)
+    decode: str = "ctc_greedy"
+    beam_size: int = 10
+    manifest_dir: str | None = None
+    corpus: str | None = None
+    output: str | None = None
+    device: str = "auto"
+    max_duration: float = 200.0
+    chunk_size: int | str | None = "default"
+    left_chunks: int | str = "default"
+    norm: TextNormConfig = field(default_factory=TextNormConfig)
+    lexicon: LexiconConfig = field(default_factory=LexiconConfig)
+    ensemble: tuple[str, ...] = ()  # more checkpoints, combined with checkpoint per hypothesis (models/ensemble.py)
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
+        if self.ensemble and self.decode not in (*ENSEMBLE_DECODE_MODES, "ctc_lexicon"):
+            raise ValueError(
+                f"decode={self.decode!r} with an ensemble: ensembles decode with "
+                f"{(*ENSEMBLE_DECODE_MODES, 'ctc_lexicon')}"
+            )
+
+
+def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
+    """Decode each test set with the checkpoint; returns the results dict that is also written as JSON.
+
+    ``on_set(results)`` (optional) is called after each set is scored, with the results so far."""
+    device = resolve_device(cfg.device)
+    changes = {}
+    if cfg.chunk_size != "default":
+        changes["chunk_size"] = cfg.chunk_size
+    if cfg.left_chunks != "default":
+        changes["left_chunks"] = cfg.left_chunks
+    module, train_cfg, tokenizer, ckpt = load_trained(cfg.checkpoint, device, **changes)
+    if tokenizer is None:
+        raise UsageError(f"{ckpt} is a {train_cfg.task.kind} checkpoint with no ASR head: fine-tune it first")
+    if cfg.decode in ("las_beam", "rescore") and getattr(module, "las", None) is None:
+        raise UsageError(
+            f"decode={cfg.decode} needs an attention (LAS) decoder, but {ckpt} is a {train_cfg.task.kind} model "
+            "without one; use decode=ctc_greedy, ctc_beam or ctc_lexicon"
+        )
+    data = replace(
+        train_cfg.data,
+        manifest_dir=cfg.manifest_dir or train_cfg.data.manifest_dir,
+        corpus=cfg.corpus or train_cfg.data.corpus,
+        max_duration=cfg.max_duration,
+    )
+    check_test_sets(cfg.test_sets, data.manifest_dir, data.corpus)
+    stats = checkpoint_feature_stats(ckpt, train_cfg.data)
+    if cfg.ensemble:
+        members = [load_trained(path, device, **changes) for path in cfg.ensemble]
+        for _, member_cfg, member_tok, member_ckpt in members:
+            check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, member_ckpt, ckpt)
+        module = CtcEnsemble([module, *(m[0] for m in members)])
+    word_decoder = build_word_decoder(cfg, train_cfg, tokenizer) if cfg.decode == "ctc_lexicon" else None
+    results: dict[str, Any] = {
+        "checkpoint": str(ckpt),
+        **({"ensemble": [str(ckpt), *(str(m[3]) for m in members)]} if cfg.ensemble else {}),
+        "decode": cfg.decode,
+        "beam_size": cfg.beam_size,
+        **({"lexicon": asdict(cfg.lexicon)} if cfg.decode == "ctc_lexicon" else {}),
+        "chunk_size": first_encoder_chunk(module),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "sets": {},
+    }
+    for name in cfg.test_sets:
+        loader, report = split_loader(data, name, tokenizer=tokenizer, stats=stats)
+        if report.num_skipped:
+            log.warning("%s: %s", name, report.summary())
+        records, seconds = transcribe_batches(
+            module,
+            loader,
+            tokenizer,
+            mode=cfg.decode,
+            beam_size=cfg.beam_size,
+            device=device,
+            norm=cfg.norm,
+            word_decoder=word_decoder,
+        )
+        audio_s = sum(r["frames"] for r in records) * data.features.frame_shift_ms / 1000
+        entry = score([r["ref"] for r in records], [r["hyp"] for r in records]).as_dict()
+        entry |= {"audio_seconds": audio_s, "decode_seconds": seconds, "rtf": seconds / max(audio_s, 1e-9)}
+        languages = sorted({r["language"] for r in records if r["language"]})
+        if len(languages) > 1:
+            entry["per_language"] = {
+                lang: score(
+                    [r["ref"] for r in records if r["language"] == lang],
+                    [r["hyp"] for r in records if r["language"] == lang],
+                ).as_dict()
+                for lang in languages
+            }
+        entry["examples"] = records[:5]
+        results["sets"][name] = entry
+        if on_set is not None:
+            on_set(results)
+    return results
+
+
+def check_test_sets(names: tuple[str, ...], manifest_dir: str, corpus: str) -> None:
+    """Refuse, before any decoding, test set names without a cuts manifest (naming all of them)."""
+    if not names:
+        raise UsageError("test_sets is empty: name at least one, e.g. test_sets=[test]")
+    missing = [n for n in names if not manifest_path(manifest_dir, corpus, "cuts", n).is_file()]
+    if missing:
+        raise UsageError(
+            f"test set(s) {missing} have no manifest in {manifest_dir} (corpus {corpus!r}); "
+            f"the sets there are {available_splits(manifest_dir, corpus) or 'none'}: fix test_sets=[...]"
+        )
+
+
+def first_encoder_chunk(module: torch.nn.Module) -> int | None:
+    """The encoder's chunk size (of the first member, for an ensemble), or None without an encoder."""
+    module = module.members[0] if isinstance(module, CtcEnsemble) else module
+    return module.encoder.cfg.chunk_size if hasattr(module, "encoder") else None
+
+
+def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, member_ckpt, ckpt) -> None:
+    """Refuse a member whose tokens, features or normalization differ from the first checkpoint's."""
+    if member_tok is None or member_tok.model_proto != tokenizer.model_proto:
+        raise ValueError(f"ensemble member {member_ckpt} has another tokenizer than {ckpt}; members must share it")
+    for field_name in ("features", "utterance_mean_norm", "speaker_mean_norm", "speaker_var_norm"):
+        if getattr(member_cfg.data, field_name) != getattr(train_cfg.data, field_name):
+            raise ValueError(
+                f"ensemble member {member_ckpt} was trained with other data.{field_name} than {ckpt}: "
+                f"{getattr(member_cfg.data, field_name)} vs {getattr(train_cfg.data, field_name)}"
+            )
+    member_stats = checkpoint_feature_stats(member_ckpt, member_cfg.data)
+    if not (torch.allclose(member_stats.mean, stats.mean) and torch.allclose(member_stats.std, stats.std)):
+        raise ValueError(
+            f"ensemble member {member_ckpt} normalizes features with other statistics than {ckpt} "
+            "(trained on another training set?); members must share them"
+        )
+
+
+def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer) -> LexiconDecoder:
+    """Lexicon and word LM from the transcripts of the split the checkpoint was trained on."""
+    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
+    texts = [normalize_text(s.text, cfg.norm) for c in cuts for s in c.supervisions if s.text]
+    with tempfile.TemporaryDirectory(prefix="usmkit-lexicon-") as tmp:  # flashlight reads the files once
+        decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon)
+    log.info(
+        "lexicon decoding: %d words from %d %s transcripts, LM order %d",
+        len({w for t in texts for w in t.split()}),
+        len(texts),
+        train_cfg.data.train_split,
+        cfg.lexicon.order,
+    )
+    return decoder

@@ -1,0 +1,349 @@
+"""A training run as a recipe object: check the config, set up data, model and trainer, train, clean up.
+
+    recipe = TrainingRecipe(cfg, config_yaml)  # checks every setting against the others, reads no data
+    summary = recipe.run()                     # setup_data, setup_model, setup_trainer, train, cleanup
+
+``python -m usmkit.cli.train`` builds ``cfg`` from Hydra's composed config and runs it; tests and
+benchmarks call ``run(cfg, config_yaml)``. Several processes (torchrun): rank 0 prepares what is cached
+on disk (tokenizer, stored features, statistics) first, and the others reuse it.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from usmkit.checkpointing.checkpoint import (
+    MODEL_FILE,
+    latest_checkpoint,
+    load_tensors,
+    load_weights,
+    resolve_checkpoint,
+    run_dir,
+)
+from usmkit.config import ConfigError, TrainConfig, tokenizer_path
+from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
+from usmkit.data.manifests import load_cuts
+from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
+from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
+from usmkit.data.tokenizer import Tokenizer
+from usmkit.device import resolve_device
+from usmkit.errors import UsageError
+from usmkit.inference.batches import make_dev_eval
+from usmkit.models.config import ConformerConfig
+from usmkit.runs import check_aligner, load_aligner
+from usmkit.ssl.most_data import build_most_loader
+from usmkit.tasks import build_task, check_task
+from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed
+from usmkit.training.frame_budget import check_frame_budget, frame_budget
+from usmkit.training.task_spec import train_spec
+from usmkit.training.trainer import Trainer, check_options
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: TrainConfig, config_yaml: str) -> dict:
+    """Train ``cfg`` (its YAML is saved with every checkpoint); returns a small summary."""
+    return TrainingRecipe(cfg, config_yaml).run()
+
+
+class TrainingRecipe:
+    """One training run of ``cfg``. The constructor checks the settings (model, task, trainer options,
+    ``init_from``) before any data is read; ``run`` does the rest."""
+
+    def __init__(self, cfg: TrainConfig, config_yaml: str) -> None:
+        self.cfg = cfg
+        self.config_yaml = config_yaml
+        self.encoder_cfg = check_config(cfg)
+        self.exp_dir = Path(cfg.trainer.exp_dir)
+        self.rank, self.world, self.device = 0, 1, resolve_device(cfg.trainer.device)
+        self.tokenizer: Tokenizer | None = None
+        self.trainer: Trainer | None = None
+
+    def run(self) -> dict:
+        try:
+            self.setup_distributed()
+            self.setup_data()
+            self.setup_model()
+            self.setup_trainer()
+            return self.train()
+        finally:
+            self.cleanup()
+
+    # ---------------------------------------------------------------- setup
+    def setup_distributed(self) -> None:
+        cfg = self.cfg
+        if cfg.trainer.compile:
+            raise_recompile_limit(cfg)
+        self.rank, self.world, self.device = setup_distributed(cfg.trainer.device, cfg.trainer.strategy)
+        torch.manual_seed(cfg.trainer.seed + self.rank)
+        if not cfg.resume and latest_checkpoint(self.exp_dir / "checkpoints") is not None:
+            raise UsageError(
+                f"{self.exp_dir} already holds checkpoints: pass resume=true to continue that run, "
+                f"or choose another trainer.exp_dir"
+            )
+
+    def setup_data(self) -> None:
+        """Tokenizer, validated cuts, the CTC frame budget, feature statistics, the training loader and
+        the dev evaluation; the tokenizer and statistics are copied into the experiment directory."""
+        cfg, data, rank = self.cfg, self.cfg.data, self.rank
+        audio_only = cfg.task.kind == "bestrq"
+        self.tokenizer = tokenizer = (
+            None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank))
+        )
+        prepare = functools.partial(self._prepare, require_text=not audio_only)
+        train_cuts = prepare(data.train_split)
+        if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
+            # What CTC cannot align it ignores: counted now rather than found in the results.
+            budget = frame_budget(
+                train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
+            )
+            check_frame_budget(budget, data.train_split, warn=rank == 0)
+        stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
+        if rank == 0:
+            self.exp_dir.mkdir(parents=True, exist_ok=True)
+            stats.save(self.exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
+            if tokenizer is not None:  # so does the tokenizer the run loaded (the corpus's may be retrained)
+                (self.exp_dir / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+        pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
+        if cfg.task.kind == "most":  # three streams in every step: unlabeled audio, paired, text-only
+            if cfg.task.most.align_from:
+                check_aligner(cfg.task.most.align_from, tokenizer)
+            self.loader = build_most_loader(
+                cfg.task.most,
+                data,
+                train_cuts,
+                functools.partial(self._prepare, require_text=False),
+                tokenizer,
+                stats,
+                seed=cfg.trainer.seed,
+                batches_per_step=cfg.optim.accum_steps,
+                rank=rank,
+                world_size=self.world,
+                pin_memory=pin,
+            )
+        else:
+            self.loader = make_loader(
+                train_cuts,
+                data,
+                tokenizer=tokenizer,
+                stats=stats,
+                train=True,
+                rank=rank,
+                world_size=self.world,
+                seed=cfg.trainer.seed,
+                pin_memory=pin,
+                endless=True,  # the workers prefetch across epoch boundaries
+            )
+        self.dev_eval = None
+        if cfg.trainer.eval_every and data.dev_split:
+            dev_cuts = prepare(data.dev_split)
+            dev_norms = speaker_norms_for(dev_cuts, data, stats)
+
+            def dev_batches():  # a fresh loader per dev evaluation; the speaker means are computed once
+                return make_loader(
+                    dev_cuts, data, tokenizer=tokenizer, stats=stats, train=False, speaker_norms=dev_norms
+                )
+
+            self.dev_eval = make_dev_eval(
+                dev_batches, tokenizer, cfg.task.kind, max_batches=cfg.trainer.dev_max_batches
+            )
+
+    def _prepare(self, split: str, require_text: bool):
+        data = self.cfg.data
+        cuts, report = rank0_first(
+            self.rank,
+            lambda: prepare_cuts(
+                load_cuts(data.manifest_dir, split, corpus=data.corpus, allow_urls=data.allow_urls),
+                data,
+                split=split,
+                require_text=require_text,
+            ),
+        )
+        if self.rank == 0 and report.num_skipped:
+            log.warning("%s: %s", split, report.summary())
+        return cuts
+
+    def setup_model(self) -> None:
+        """The task's module, initialized from ``init_from`` (encoder, and the heads that fit), and MOST's
+        frozen aligner."""
+        cfg, rank = self.cfg, self.rank
+        vocab = self.tokenizer.vocab_size if self.tokenizer else 0
+        self.module = module = build_task(cfg.task, self.encoder_cfg, vocab)
+        if cfg.task.kind == "most" and cfg.task.most.align_from:
+            module.set_aligner(load_aligner(cfg.task.most.align_from, self.device))
+        if cfg.init_from and not (cfg.resume and latest_checkpoint(self.exp_dir / "checkpoints")):
+            src = resolve_checkpoint(cfg.init_from)
+            loaded = load_weights(module, src, prefix="encoder.")
+            if rank == 0:
+                log.info("initialized %d encoder tensors from %s", len(loaded), src)
+            if (
+                cfg.task.kind == "most"
+            ):  # stage 1's BEST-RQ heads and quantizer (a MOST run's text encoder), where they fit
+                heads = module.init_heads_from(load_tensors(src / MODEL_FILE))
+                if rank == 0:
+                    log.info("initialized %d head tensors from %s: %s", len(heads), src, ", ".join(heads) or "none fit")
+            if cfg.init_heads and self.tokenizer is not None:
+                heads = init_ctc_head(module, src, self.tokenizer)
+                if rank == 0 and heads:
+                    log.info("initialized the CTC head from %s (trained with this run's tokenizer)", src)
+        if rank == 0:
+            n = sum(p.numel() for p in module.parameters())
+            log.info(
+                "task %s, encoder %s: %.2fM parameters, device %s, world %d",
+                cfg.task.kind,
+                cfg.model.preset,
+                n / 1e6,
+                self.device,
+                self.world,
+            )
+
+    def setup_trainer(self) -> None:
+        cfg = self.cfg
+        trainer_cfg = cfg.trainer
+        if str(self.device) != trainer_cfg.device:
+            trainer_cfg = replace(trainer_cfg, device=str(self.device))
+        spec = train_spec(self.module, cfg.optim)
+        self.trainer = Trainer(
+            trainer_cfg, cfg.optim, self.module, self.loader, self.config_yaml, dev_eval=self.dev_eval, spec=spec
+        )
+        if cfg.resume and not self.trainer.resume():
+            log.warning("resume=true but %s has no checkpoint yet: starting from step 0", self.exp_dir)
+
+    # ---------------------------------------------------------------- train
+    def train(self) -> dict:
+        result = self.trainer.fit()
+        summary = {
+            "step": result.step,
+            "last_loss": result.last_loss,
+            "best": result.best,
+            "bad_steps": result.bad_steps,
+        }
+        if self.rank == 0:
+            log.info("done: %s", summary)
+        return summary
+
+    def cleanup(self) -> None:
+        if dist.is_initialized():
+            # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
+            # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
+            # releasing a finished collective's tensor waits for that GIL (a hang at exit). The group itself
+            # is destroyed with the GIL released.
+            self.trainer = None
+            gc.collect()
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- checks before any data is read
+def check_config(cfg: TrainConfig) -> ConformerConfig:
+    """The encoder's config, after checking the model's, the task's and the trainer's settings against
+    each other and the machine, and that ``init_from`` exists; ``ConfigError`` names what does not fit."""
+    try:
+        encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model: {e}") from e
+    try:
+        device = resolve_device(cfg.trainer.device)
+    except UsageError as e:
+        raise ConfigError(f"trainer.{e}") from None
+    try:
+        check_task(cfg.task, encoder_cfg)
+        check_options(cfg.trainer, cfg.optim, device, launched_distributed(cfg.trainer.strategy))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from e
+    if cfg.trainer.compile:
+        compiled_lengths(cfg)  # refuses unpadded batches
+        if cfg.trainer.compile_mode == "reduce-overhead" and not cfg.data.fixed_batch_shapes:
+            log.warning(
+                "trainer.compile_mode=reduce-overhead records a CUDA graph for every batch shape, and bucketed "
+                "batches vary in size: set data.fixed_batch_shapes=true for a few shapes"
+            )
+    if cfg.init_from:
+        resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
+    if cfg.task.kind == "most":  # MOST: where text enters must be one of the encoder's blocks
+        try:
+            cfg.task.most.resolve_text_layer(encoder_cfg.num_layers)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    return encoder_cfg
+
+
+def compiled_lengths(cfg: TrainConfig) -> int:
+    """With ``trainer.compile``: how many padded time lengths the training batches can take.
+
+    The compiled step is static in time, so each length compiles a graph of its own, and
+    ``torch._dynamo`` runs uncompiled whatever comes after its recompile limit (8 graphs per function).
+    Unpadded batches (``data.pad_to_frames=0``) would take every length: refused.
+    """
+    data = cfg.data
+    if data.pad_to_frames == 0:
+        raise UsageError(
+            "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256): unpadded batches "
+            "compile a new graph for every length, and past torch's recompile limit they run uncompiled"
+        )
+    if cfg.task.kind == "most" and cfg.task.most.pad_text_to == 0:
+        raise UsageError(
+            "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (set it to data.pad_to_frames): "
+            "unpadded text compiles a new graph for every token and frame length"
+        )
+    slowest = min((1.0, *data.speed_perturb))  # a factor below 1 lengthens the audio
+    max_frames = math.ceil(data.max_cut_duration / slowest * 1000 / data.features.frame_shift_ms)
+    return math.ceil(max_frames / data.pad_to_frames)
+
+
+def raise_recompile_limit(cfg: TrainConfig) -> None:
+    """Let torch compile a graph per padded length (and one more for a batch of one row: torch specializes
+    sizes 0 and 1), twice for MOST's text lengths."""
+    needed = 2 * compiled_lengths(cfg)
+    if cfg.task.kind == "most":  # the text encoder's token lengths: at most as many as the frame lengths
+        needed *= 2
+    limit = torch._dynamo.config.recompile_limit
+    if needed > limit:
+        torch._dynamo.config.recompile_limit = needed
+        log.info("compiled step: up to %d graphs per function, torch's recompile limit %d -> %d", needed, limit, needed)
+
+
+# ---------------------------------------------------------------- tokenizer and heads
+def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
+    """The run's tokenizer: on ``resume``, the copy in the experiment directory; else ``tokenizer_path``,
+    trained on the training transcripts (by rank 0, which runs this first: ``rank0_first``) when missing."""
+    copy = Path(cfg.trainer.exp_dir) / TOKENIZER_FILE
+    if cfg.resume and copy.is_file():
+        return Tokenizer.load(copy)
+    path = tokenizer_path(cfg)
+    if not path.is_file() and rank == 0:
+        log.info(
+            "no tokenizer at %s: training one (%s, vocab %d) on the training transcripts",
+            path,
+            cfg.tokenizer_type,
+            cfg.vocab_size,
+        )
+        cuts = load_cuts(
+            cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus, allow_urls=cfg.data.allow_urls
+        )
+        texts = [s.text for c in cuts for s in c.supervisions if s.text]
+        Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type)
+    return Tokenizer.load(path)
+
+
+def init_ctc_head(module: torch.nn.Module, src: Path, tokenizer: Tokenizer) -> list[str]:
+    """Load checkpoint ``src``'s CTC head (``ctc.*``) into ``module`` if ``src``'s run was trained with
+    ``tokenizer`` (its token ids mean the same pieces) and the shapes fit; returns the keys loaded."""
+    if getattr(module, "ctc", None) is None:
+        return []
+    stored_tokenizer = run_dir(src) / TOKENIZER_FILE
+    if not stored_tokenizer.is_file() or stored_tokenizer.read_bytes() != tokenizer.model_proto:
+        return []
+    own = module.state_dict()
+    head = {k: v for k, v in load_tensors(src / MODEL_FILE).items() if k.startswith("ctc.")}
+    if not head or any(k not in own or own[k].shape != v.shape for k, v in head.items()):
+        return []
+    module.load_state_dict(head, strict=False)
+    return sorted(head)
