@@ -29,6 +29,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from usmkit.errors import UsageError
+
 BLANK_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 NUM_BYTE_PIECES = 256
 PAD_VALUE = -1  # padding in Batch.tokens; decode skips it
@@ -42,6 +44,10 @@ def minimum_vocab_size(texts: Iterable[str]) -> int:
         chars.update(unicodedata.normalize("NFKC", text))
     chars.discard(" ")
     return 4 + NUM_BYTE_PIECES + len(chars) + 1  # +1: the word-boundary piece "▁"
+
+
+class VocabularyError(UsageError, ValueError):
+    """A vocabulary size the training texts cannot fit (the message says the smallest that fits)."""
 
 
 class Tokenizer:
@@ -91,7 +97,7 @@ class Tokenizer:
             raise ValueError("Tokenizer.train got no non-empty texts")
         minimum = minimum_vocab_size(texts)
         if vocab_size < minimum:
-            raise ValueError(
+            raise VocabularyError(
                 f"vocab_size={vocab_size} is too small for these texts: byte fallback needs 4 special + "
                 f"{NUM_BYTE_PIECES} byte pieces + {minimum - 4 - NUM_BYTE_PIECES} characters = {minimum}; "
                 f"pass vocab_size >= {minimum}"
