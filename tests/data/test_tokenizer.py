@@ -94,3 +94,12 @@ def test_bpe_gives_a_few_word_corpus_one_piece_per_word(tmp_path: Path) -> None:
         bpe = Tokenizer.train(texts, tmp_path / "bpe", vocab_size=512, model_type="bpe")
     assert all(len(bpe.encode(d)) == 1 for d in digits)
     assert len(bpe.encode("ten")) > 1  # an unseen word is still spelled, from the pieces BPE kept
+
+
+def test_a_vocabulary_too_small_for_the_texts_is_a_user_error(tmp_path):
+    from usmkit.data.tokenizer import VocabularyError
+    from usmkit.errors import UsageError
+
+    with pytest.raises(VocabularyError, match=r"vocab_size=100 is too small .* pass vocab_size >= \d+") as err:
+        Tokenizer.train(["hello world", "grüße"], tmp_path, vocab_size=100)
+    assert isinstance(err.value, UsageError)  # the entry points print it as one error line, exit 2
