@@ -1,8 +1,10 @@
-"""What every benchmark shares: the head of its JSON (command, device, date, torch) and where results go.
+"""What every benchmark and study shares: the head of its JSON (command, device, date, torch) and where results go.
 
-Each script writes ``bench/results/<script>[_variant].json`` whose first keys come from ``run_header``,
-so ``bench/README.md`` can index every result by the command that made it, the device and the date.
-Run scripts from the repository root: ``PYTHONPATH=. python bench/<script>.py ...``.
+Each script writes ``<its folder>/results/<script>[_variant].json`` (``bench/results/`` for the suite,
+``experiments/<study>/results/`` for a study) whose first keys come from ``run_header``, so
+``bench/README.md`` and ``experiments/README.md`` can index every result by the command that made it,
+the device and the date. Run scripts from the repository root: ``PYTHONPATH=. python bench/<script>.py ...``;
+studies import this module as ``bench.common``.
 """
 
 from __future__ import annotations
@@ -51,10 +53,14 @@ def run_header(**extra) -> dict:
     }
 
 
-def result_path(script: str, variant: str | None = None) -> Path:
-    """``bench/results/<script>[_<variant>].json`` (under ``$OUT`` instead when set, as on the lent GPU)."""
-    root = Path(os.environ["OUT"]) if os.environ.get("OUT") else RESULTS
-    name = Path(script).stem + (f"_{variant}" if variant else "")
+def result_path(script: str | os.PathLike, variant: str | None = None) -> Path:
+    """``<folder>/results/<script>[_<variant>].json``: ``script`` is a bare name (a suite benchmark:
+    ``bench/results/``) or a script's path, ``__file__`` (a study: the ``results/`` folder beside it).
+    Under ``$OUT`` instead when set, as on the lent GPU machines."""
+    script = Path(script)
+    folder = RESULTS if script.parent == Path() else script.resolve().parent / "results"
+    root = Path(os.environ["OUT"]) if os.environ.get("OUT") else folder
+    name = script.stem + (f"_{variant}" if variant else "")
     return root / f"{name}.json"
 
 

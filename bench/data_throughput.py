@@ -1,6 +1,6 @@
 """Data-loader throughput: seconds of audio per second and batches per second through the whole loader.
 
-    PYTHONPATH=. .venv/bin/python bench/data_throughput.py [--corpus-dir DIR] [--batches 30] [--workers 0 1]
+    PYTHONPATH=. python bench/data_throughput.py [--corpus-dir DIR] [--batches 30] [--workers 0 1]
 
 Train mode end to end (bucketing sampler, audio decode or stored-feature read, fbank, global
 normalization, SpecAugment, tokenization, collation into ``Batch``), for three feature paths:

@@ -123,7 +123,12 @@ def main() -> None:
             if not k.startswith("1") and one:
                 res["scaling"][k] = round(r["frames_per_s"] / one["frames_per_s"], 3)
         write_result(path, res)
-        print(json.dumps(res))
+        print(f"{'run':36s} {'ms/step':>8s} {'frames/s':>10s} {'scaling':>8s} {'vs no-sync':>10s}")
+        for k, r in res["runs"].items():
+            scaling = res["scaling"].get(k)
+            print(f"{k:36s} {r['step_ms']:8.1f} {r['frames_per_s']:10d} {scaling or '-':>8} "
+                  f"{r.get('scaling_vs_no_sync', '-'):>10}")  # fmt: skip
+        print(f"wrote {path}")
     dist.destroy_process_group()
 
 

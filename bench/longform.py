@@ -167,11 +167,10 @@ def run_memory(args) -> None:
                 "wall_seconds": round(time.perf_counter() - start, 1),
                 "segments": len(r["segments"]),
             }
-            print(minutes, rows[f"{minutes}min"], flush=True)
-    _merge(
-        "memory",
-        run_header(checkpoint=args.checkpoint, **rows),
-    )
+    _merge("memory", run_header(checkpoint=args.checkpoint, **rows))
+    print(f"\n{'recording':10s} {'peak RSS MiB':>12s} {'RTF':>6s} {'wall s':>7s}")
+    for name, r in rows.items():
+        print(f"{name:10s} {r['peak_rss_mib']:12.1f} {r['rtf']:6.3f} {r['wall_seconds']:7.1f}")
 
 
 def main() -> None:

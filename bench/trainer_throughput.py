@@ -15,7 +15,7 @@ Each runs in its own process group with an empty inductor cache, and is killed a
 - ``_ac``: ``trainer.activation_checkpointing=true``;
 - ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``;
 - ``_p64``: ``data.pad_to_frames=64 data.num_buckets=30`` instead of ``data.pad_to_frames=256``: 13%
-  of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``bench/padding_waste.py``);
+  of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``experiments/padding_waste``);
 - ``_xs``: the CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (segments
   that grow in place, so batches of changing shapes need not free the cache and wait for the device);
 - ``_tri``: ``model.attention_impl=triton`` (the project's chunk-attention kernel) instead of ``sdpa``
@@ -81,7 +81,7 @@ SIZES = {
     "usm2b": (135, 200, 5),
 }
 DEFAULT_VARIANTS = "base,large,usm600m,usm2b_ac"
-PADDING = {  # batch padding: 4 padded lengths with ~30% padding, or 11 with ~13% (bench/results/padding_waste.json)
+PADDING = {  # batch padding: 4 padded lengths with ~30% padding, or 11 with ~13% (experiments/padding_waste/results/padding_waste.json)
     "p256": ["data.pad_to_frames=256"],
     "p64": ["data.pad_to_frames=64", "data.num_buckets=30"],
 }

@@ -34,11 +34,11 @@ class ModelSection:
     full attention. USM's chunk-wise attention uses 8 s chunks (200 frames) with ``left_chunks=0``.
     """
 
-    preset: str = "tiny"
-    chunk_size: int | None = 200
-    left_chunks: int = 0
-    causal_conv: bool = False
-    attention_impl: str = "sdpa"
+    preset: str = "tiny"  # size preset: tiny, small, base, large, usm600m, usm2b (usmkit/models/presets.py)
+    chunk_size: int | None = 200  # attention chunk in encoder frames; None = full attention
+    left_chunks: int = 0  # chunks of history each chunk attends to: 0 USM's disjoint chunks, -1 all, k > 0 streaming
+    causal_conv: bool = False  # depthwise convolution padded on the left only (streaming)
+    attention_impl: str = "sdpa"  # sdpa, reference, flex or triton: one mask definition, four implementations
     dropout: float = 0.1
     subsampling_factor: int = 4  # feature frames per encoder frame: 4 or 8 (one more stride-2 conv stage)
     overrides: dict[str, Any] | None = None  # any other ConformerConfig field, e.g. {d_model: 192}
@@ -74,11 +74,11 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-3
+    lr: float = 1e-3  # peak learning rate (AdamW), reached after warmup_steps
     weight_decay: float = 1e-2
     betas: tuple[float, float] = (0.9, 0.98)
-    warmup_steps: int = 500
-    schedule: Literal["cosine", "constant", "noam"] = "cosine"
+    warmup_steps: int = 500  # linear warm-up from 0
+    schedule: Literal["cosine", "constant", "noam"] = "cosine"  # after the warm-up
     min_lr_ratio: float = 0.05  # cosine decays to lr * min_lr_ratio at max_steps
     grad_clip: float = 5.0  # max global grad norm; 0 disables
     accum_steps: int = 1  # micro-batches per optimizer step
@@ -117,39 +117,39 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    exp_dir: str = "exp/run"
-    max_steps: int = 1000
+    exp_dir: str = "exp/run"  # checkpoints, metrics.jsonl, TensorBoard, the tokenizer and the config that ran
+    max_steps: int = 1000  # optimizer steps; the learning-rate schedule counts to it
     # A wall-clock budget on top of max_steps (0 = none): once this many minutes of training have passed,
     # the run evaluates, saves and stops early, as after its last step (a job's time limit, a shared GPU).
     max_minutes: float = 0.0
-    log_every: int = 10
+    log_every: int = 10  # steps per logged window (metrics.jsonl, TensorBoard)
     eval_every: int = 200  # dev loss + dev WER; 0 disables
-    save_every: int = 200
+    save_every: int = 200  # steps between checkpoints; 0 = only the last
     keep_last: int = 3  # checkpoints kept besides the best
     dev_max_batches: int = 0  # 0 = the whole dev set
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
-    compile: bool = False
+    compile: bool = False  # torch.compile the training step (needs data.pad_to_frames; pays on a GPU)
     # With compile on a GPU: "reduce-overhead" replays the compiled forward and backward as CUDA
     # graphs, so the GPU no longer waits on the host between kernels. One graph is recorded per batch
     # shape, so it pays only where shapes repeat: with the bucketing sampler's varying batch sizes the
     # recordings cost more than they save (bench/trainer_compile.py). Needs CUDA, one process and accum_steps=1.
     compile_mode: Literal["default", "reduce-overhead"] = "default"
     # What compile covers: "blocks" (each Conformer block and the front end, the rest eager;
-    # usmkit/compile_blocks.py) or "whole" (the model's training step, one graph per padded length).
+    # usmkit/training/compile_blocks.py) or "whole" (the model's training step, one graph per padded length).
     # "blocks" is the default: one graph serves every identical block, so it compiles several times
     # sooner than the unrolled whole model (bench/compile_scope.py).
     compile_scope: Literal["whole", "blocks"] = "blocks"
     # Several processes (torchrun): "ddp" keeps a whole copy of the model, its gradients and optimizer
-    # state in each; "fsdp" shards all three over them (FSDP2, usmkit/fsdp.py; needs torchrun, also for
+    # state in each; "fsdp" shards all three over them (FSDP2, usmkit/training/fsdp.py; needs torchrun, also for
     # one process) with sharded checkpoints. See docs/performance.md for which to use for which preset.
     strategy: Literal["ddp", "fsdp"] = "ddp"
-    # Recompute each block's activations in the backward instead of keeping them (usmkit/activation_checkpoint.py):
+    # Recompute each block's activations in the backward instead of keeping them (usmkit/training/activation_checkpoint.py):
     # about a third more compute per step for a fraction of the activation memory.
     activation_checkpointing: bool = False
     device: str = "auto"  # auto = cuda if available, else cpu
-    seed: int = 0
+    seed: int = 0  # model initialization, data order and augmentation
     max_bad_steps: int = 10  # consecutive non-finite losses before training stops
-    progress: bool = True
+    progress: bool = True  # a progress bar on the terminal
     best_metric: str = "dev_wer"  # or dev_loss; lower is better
 
     def __post_init__(self) -> None:
@@ -170,7 +170,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    tokenizer: str | None = None  # sentencepiece model; default: tokenizer_path() below
+    tokenizer: str | None = None  # sentencepiece model; null = <data.manifest_dir>/tokenizer[_bpe]/tokenizer.model
     vocab_size: int = 512  # used when the tokenizer is trained here because none exists
     # The model type of a tokenizer trained here: ``unigram`` or ``bpe``. For a corpus of a few words
     # (FSDD's ten digits) BPE makes each word one piece, whatever the sentencepiece version; unigram's

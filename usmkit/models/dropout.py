@@ -4,7 +4,7 @@ Our own module, because PyTorch's CPU dropout is the slowest part of a small mod
 step: it draws one number per element from the single-threaded mt19937 generator. Here, on
 the CPU, each 64-bit draw (63 random bits) supplies 7 random bytes, and an element is kept when its
 byte is at least ``round(p * 256)``: the same independent Bernoulli mask, with ``p`` rounded to a
-multiple of 1/256 (0.1 -> 0.1016); speed against ``torch.dropout``: ``bench/dropout_cpu.py``. On GPUs and
+multiple of 1/256 (0.1 -> 0.1016); speed against ``torch.dropout``: ``experiments/dropout_cpu``. On GPUs and
 under ``torch.compile`` it is ``F.dropout`` (random numbers generated inside the kernel), unchanged.
 """
 

@@ -126,7 +126,7 @@ class BestRQModel(nn.Module):
 
         Collapse: after warm-up, each head predicts about one code (prediction perplexity < 2) while
         the targets use many, as many large codebooks on a small encoder with a short warm-up do
-        (``bench/bestrq_study.py``).
+        (``experiments/bestrq_study``).
         """
         pred = scalars.get("train/pred_perplexity_mean")
         target = scalars.get("train/perplexity_mean")

@@ -1,13 +1,13 @@
 """The MOST study: does stage 2 (text injection) help stage-3 CTC, above all on words only text has seen?
 
-    PYTHONPATH=. python bench/most_study.py                       # the GPU run (one H100, <= 10 minutes)
+    PYTHONPATH=. python experiments/most_study/most_study.py                       # the GPU run (one H100, <= 10 minutes)
 
 Steps, each with its budget on the command line:
 
 1. the embedded corpus (``python -m usmkit.cli.prepare synth out=<corpus> size=<size> workers=<workers>``, by default
    ``size=english``; skipped when already built), its stored features and statistics and a character-level
    tokenizer of its paired transcripts (once, before any training, so parallel runs only read them; pieces
-   keep CTC all-blank in these budgets, bench/results/vocab_escape_english.json);
+   keep CTC all-blank in these budgets, experiments/ctc_blank_phase/results/vocab_escape_english.json);
 2. stage 1, BEST-RQ on the unlabeled pool (``--stage1-steps``);
 3. side by side on the one GPU (separate processes):
    (a) ``ctc``:      stage 3 CTC from stage 1 (``--stage3-steps``);
@@ -31,18 +31,18 @@ finished step left ``<log>.done`` and is skipped, and the training runs resume f
 
 Budgets compared: (a) and (b) have equal stage-3 budgets; (b) has ``--stage2-steps`` more pre-training, in
 which it also sees the paired data (CTC loss) besides unlabeled audio and text; (c) gives CTC alone those
-steps. Results go to ``bench/results/most_study.json`` (``$OUT/most_study.json`` when ``$OUT`` is set),
+steps. Results go to ``experiments/most_study/results/most_study.json`` (``$OUT/most_study.json`` when ``$OUT`` is set),
 rewritten after each phase; the stage-2 curves (consistency loss, duration error, text and CTC losses) and
 the stage-3 dev-WER curves to ``most_study_curves.png`` beside it. The table is printed last.
 
 CPU dry run of the whole script (tiny corpus, tiny model, a few steps; about 2 minutes on 2 cores)::
 
-    OUT=/tmp/most_dry/out PYTHONPATH=. python bench/most_study.py --size tiny --vocab-size 330 --workers 2 \\
+    OUT=/tmp/most_dry/out PYTHONPATH=. python experiments/most_study/most_study.py --size tiny --vocab-size 330 --workers 2 \\
         --corpus /tmp/most_dry/synth --exp /tmp/most_dry/exp --model tiny --model-overrides '' --device cpu --num-workers 0 \\
         --stage1-steps 3 --stage2-steps 4 --stage3-steps 3 --eval-every 2 --text-warmup 2 --align-warmup 1 \\
         --max-duration 20 --num-codebooks 2 --codebook-size 64 --lr 1e-3 --warmup 2 --extra trainer.log_every=1
 
-The CPU-scale study of docs/most.md (tiny, about an hour on 2 cores) is the command given there.
+The CPU-scale study (tiny, about an hour on 2 cores) is the command in ``experiments/most_study/README.md``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import REPO, last_step, result_path, run_header, write_result
+from bench.common import REPO, last_step, result_path, run_header, write_result
 
 TEST_SETS = ("test", "test_textonly")
 
@@ -138,7 +138,9 @@ def parse_args() -> argparse.Namespace:
         help="variants whose stage 2 aligns the paired data with the trained (a) (task.most.align_from, no "
         "alignment warm-up) instead of with its own CTC head; they start when (a) has trained",
     )
-    ap.add_argument("--results", default="", help="results name suffix: bench/results/most_study_<NAME>.json")
+    ap.add_argument(
+        "--results", default="", help="results name suffix: experiments/most_study/results/most_study_<NAME>.json"
+    )
     ap.add_argument("--sequential", action="store_true", help="run (a), (b), (c) one after another")
     args = ap.parse_args()
     names = {v.partition("=")[0] for v in args.most_variants}
@@ -312,7 +314,7 @@ def plot(results: dict, exps: dict[str, Path], png: Path) -> Path:
 
 def main() -> None:
     args = parse_args()
-    RESULTS = result_path("most_study", args.results or None)
+    RESULTS = result_path(__file__, args.results or None)
     exp = REPO / args.exp
     logs = exp / "logs"
     results: dict = run_header(settings=vars(args), phases={}, stage1={}, stage2={}, runs={})

@@ -1,6 +1,6 @@
 """How close the compiled training step's generated kernels run to the GPU's memory bandwidth.
 
-    PYTHONPATH=. python bench/inductor_bandwidth.py [--size large] [--models ours,torchaudio] [--top 20] [--json OUT]
+    PYTHONPATH=. python experiments/inductor_bandwidth/inductor_bandwidth.py [--size large] [--models ours,torchaudio] [--top 20] [--json OUT]
 
 The step is ``bench/train_throughput.py``'s (bf16 autocast, CTC, fused AdamW, each Conformer layer
 compiled; ours with the Triton chunk attention). With ``TORCHINDUCTOR_PROFILE=1`` inductor records in
@@ -55,9 +55,8 @@ def _noting_run(self, *args, stream, **kwargs):
 
 triton_heuristics.DebugAutotuner.run = _noting_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the step of bench/train_throughput.py
 
-from common import result_path, run_header, write_result  # noqa: E402
 from train_throughput import (  # noqa: E402
     SHAPES,
     OursCTC,
@@ -67,6 +66,8 @@ from train_throughput import (  # noqa: E402
     make_batch,
     make_step,
 )
+
+from bench.common import result_path, run_header, write_result  # noqa: E402
 
 
 def copy_bandwidth() -> float:
@@ -140,7 +141,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=128)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--steps", type=int, default=3, help="steps recorded (averaged)")
-    ap.add_argument("--json", default=result_path("inductor_bandwidth"))
+    ap.add_argument("--json", default=result_path(__file__))
     args = ap.parse_args()
     copy_gbs = copy_bandwidth()
     B, T = SHAPES[args.size]

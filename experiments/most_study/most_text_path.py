@@ -1,6 +1,6 @@
 """Which directions a trained MOST model's text path carries its content in: those speech uses, or others.
 
-    PYTHONPATH=. python bench/most_text_path.py CHECKPOINT [CHECKPOINT ...] [--split dev] [--energy 0.99]
+    PYTHONPATH=. python experiments/most_study/most_text_path.py CHECKPOINT [CHECKPOINT ...] [--split dev] [--energy 0.99]
 
 For each stage-2 checkpoint, on the paired utterances of ``--split`` (evaluation mode, durations from
 forced alignment on the model's own CTC head, as in training without ``align_from``), the block-k inputs of both paths are decoded through the shared
@@ -18,21 +18,17 @@ blocks k.. and the CTC head (greedy), and scored against the transcripts (CER):
 
 If the text path decodes well only outside the speech subspace, the shared blocks learned to read text
 from directions speech never occupies, and what they learn from text cannot reach speech.
-Results go to ``bench/results/most_text_path.json`` (``$OUT`` when set).
+Results go to ``experiments/most_study/results/most_text_path.json`` (``$OUT`` when set).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import result_path, run_header, write_result  # noqa: E402
+from bench.common import result_path, run_header, write_result
 
 INPUTS = (
     "speech",
@@ -136,7 +132,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = [measure(c, args.split, args.energy, args.device) for c in args.checkpoints]
     result = run_header(split=args.split, energy=args.energy, runs=runs)
-    path = write_result(args.json or result_path("most_text_path"), result)
+    path = write_result(args.json or result_path(__file__), result)
     print(f"CER % on {args.split} ({args.energy:.0%} of the speech variance kept)")
     for r in runs:
         print(f"{r['checkpoint']} (speech subspace: {r['speech_subspace_dims']} dimensions)")

@@ -1,29 +1,28 @@
-"""Baseline WER on this CPU: tiny CTC models trained on the embedded corpus and on FSDD.
+"""Baseline WER on a 2-core CPU: tiny CTC models trained on the embedded corpus and on FSDD.
 
-    python bench/baseline_wer.py synth   # needs data/synth (python -m usmkit.cli.prepare synth out=data/synth)
-    python bench/baseline_wer.py synth8  # the same on 8 kHz features: FSDD's pre-training
-    python bench/baseline_wer.py fsdd    # builds data/fsdd from ../shared/data/fsdd (theo held out);
-                                         # fine-tunes the synth8 run's encoder, so run synth8 first
-    python bench/baseline_wer.py plot    # training curves of both runs -> bench/results/baseline_wer_curves.png
-    python bench/baseline_wer.py synth --eval-only   # re-score an existing run (minutes from its train.log)
+    PYTHONPATH=. python experiments/baseline_wer/baseline_wer.py synth   # needs data/synth
+                      # (python -m usmkit.cli.prepare synth out=data/synth)
+    PYTHONPATH=. python experiments/baseline_wer/baseline_wer.py synth8  # the same on 8 kHz features: FSDD's pre-training
+    PYTHONPATH=. python experiments/baseline_wer/baseline_wer.py fsdd    # builds data/fsdd (theo held out); fine-tunes
+                      # the synth8 run's encoder, so run synth8 first
+    PYTHONPATH=. python experiments/baseline_wer/baseline_wer.py plot    # training curves -> results/baseline_wer_curves.png
+    PYTHONPATH=. python experiments/baseline_wer/baseline_wer.py synth --eval-only   # re-score an existing run
 
 Each run trains with the command recorded in the JSON, times it, evaluates the held-out voices /
 speaker with every decode mode in ``decodes`` (the first is the headline number), and merges its
-entry into bench/results/baseline_wer.json.
+entry into ``experiments/baseline_wer/results/baseline_wer.json``.
 
-The synth settings come from the GPU sweeps in ``bench/results/baseline_wer_gpu_sweep.json``: 50-s
+The synth settings come from the GPU sweeps in ``results/baseline_wer_gpu_sweep.json``: 50-s
 batches, lr 2.5e-3, a 320-piece (about character) tokenizer, light SpecAugment (2 time masks, freq
-width 15), dropout 0.1 and intermediate CTC at weight 0.3 (GPU round 8, at 2800 steps: test-en
-lexicon WER 23.8 / 24.0 / 22.4% over three seeds, against 25.1-29.4% over six seeds without it).
-On this CPU these settings run at 2.1 steps/s since our CPU dropout (``usmkit/models/dropout.py``;
-``bench/results/dropout_cpu.json``: the tiny model's step 1.48x faster than with torch's dropout),
-so the 20-minute budget holds 2200 steps with one dev evaluation at the end: 17.6 minutes on
-2026-11-22 (before it, 20.6 minutes, and 23.6 minutes for 2100 steps while the VM lost 11% of its
-CPU time to steal).
+width 15), dropout 0.1 and intermediate CTC at weight 0.3 (at 2800 steps: test-en lexicon WER
+23.8 / 24.0 / 22.4% over three seeds, against 25.1-29.4% over six seeds without it). On 2 cores these
+settings run at 2.1 steps/s with the library's CPU dropout (``usmkit/models/dropout.py``;
+``experiments/dropout_cpu``), so a 20-minute budget holds 2200 steps with one dev evaluation at the end.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -32,9 +31,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from common import REPO, result_path, run_header
+from bench.common import REPO, result_path, run_header
 
-RESULTS = result_path("baseline_wer")
+RESULTS = result_path(__file__)
 
 RUNS = {
     "synth": {
@@ -85,7 +84,7 @@ RUNS = {
         "prepare": [sys.executable, "-m", "usmkit.cli.prepare", "fsdd", "out=data/fsdd", "test_speakers=theo"],
         # Fine-tuned from the synth run's encoder (58 espeak voices; run() adds its init_from): from
         # scratch, four training speakers gave theo 22.4% (400 steps) to 28.4% (1200 steps, GPU sweep
-        # round 4); fine-tuned, 7-15% over nine seeds (bench/results/baseline_wer_gpu_sweep.json, rounds 5-10).
+        # round 4); fine-tuned, 7-15% over nine seeds (results/baseline_wer_gpu_sweep.json, rounds 5-10).
         # Per-speaker CMN (data.speaker_mean_norm) lowered that to 8.7-9.0% on average over 3 x 8 seeds
         # and an ensemble of 3 seeds to 5.2% (rounds 11-13), so the baseline is 3 seeds, ensembled.
         # Narrowband features in both stages (round 18) took the mean to 7.7% and 3 seeds to 3.8%.
@@ -249,7 +248,6 @@ def run(name: str, eval_only: bool = False) -> None:
 
 
 def plot() -> None:
-    sys.path.insert(0, str(REPO))
     from usmkit.training.curves import plot_training_curves
 
     runs = {
@@ -257,12 +255,17 @@ def plot() -> None:
         for n, s in RUNS.items()
         if (REPO / member_exps(s)[0] / "metrics.jsonl").is_file()
     }
-    print(
-        plot_training_curves(runs, REPO / "bench" / "results" / "baseline_wer_curves.png", "tiny CTC baselines (CPU)")
-    )
+    print(plot_training_curves(runs, RESULTS.with_name("baseline_wer_curves.png"), "tiny CTC baselines (CPU)"))
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--eval-only"]
-    for w in args or ["synth", "synth8", "fsdd", "plot"]:
-        plot() if w == "plot" else run(w, eval_only="--eval-only" in sys.argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "runs", nargs="*", help=f"what to run, in order: {', '.join(RUNS)} or plot (default: all, then plot)"
+    )
+    ap.add_argument("--eval-only", action="store_true", help="re-score existing runs (minutes from their train.log)")
+    args = ap.parse_args()
+    if unknown := sorted(set(args.runs) - {*RUNS, "plot"}):
+        ap.error(f"unknown run(s) {unknown}: choose from {', '.join(RUNS)} or plot")
+    for w in args.runs or [*RUNS, "plot"]:
+        plot() if w == "plot" else run(w, eval_only=args.eval_only)

@@ -1,6 +1,6 @@
 """Where the trainer's host waits for the GPU: the synchronizing CUDA calls of each training step, by call site.
 
-    PYTHONPATH=. python bench/trainer_syncs.py [--steps 40] [--skip 20] [--json OUT] -- OVERRIDE...
+    PYTHONPATH=. python experiments/trainer_syncs/trainer_syncs.py [--steps 40] [--skip 20] [--json OUT] -- OVERRIDE...
     e.g. -- recipe=stage3_ctc model=large data.manifest_dir=data/synth data.max_duration=300 \\
             data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16
 
@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
 import traceback
 import warnings
 from pathlib import Path
 
-from common import bench_train_config, run_header, write_result
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import bench_train_config, run_header, write_result
 
 
 def _frame(f: traceback.FrameSummary) -> str:

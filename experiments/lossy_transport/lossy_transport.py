@@ -1,6 +1,6 @@
 """What lossy transport of AN4 / Kathleen costs: log-mel distance between original and Opus/Vorbis audio.
 
-    PYTHONPATH=. python bench/lossy_transport.py [--files 24] [--bitrates 16,24,32] [--pack-json DIR/pack.json ...]
+    PYTHONPATH=. python experiments/lossy_transport/lossy_transport.py [--files 24] [--bitrates 16,24,32] [--pack-json DIR/pack.json ...]
 
 For every ``--files``-th file of each corpus (evenly spread over the sorted file list), encode the
 original samples with libsndfile (the codec ``usmkit.data.corpora.pack`` writes) in memory, decode,
@@ -11,7 +11,7 @@ the utterance's loudest (the audible part; quiet bins carry the codec's noise fl
 signed difference (bias), and the original features' standard deviation in dB for scale. A
 reference row adds white noise 40 dB below the signal instead of coding it.
 ``--pack-json`` adds whole-corpus sizes from ``pack.json`` files written by the pack script.
-Writes ``bench/results/lossy_transport.json``.
+Writes ``experiments/lossy_transport/results/lossy_transport.json``.
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ import argparse
 import io
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from common import result_path, run_header, write_result
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from usmkit.data.config import FeatureConfig  # noqa: E402
-from usmkit.data.corpora.common import default_corpus_dir  # noqa: E402
-from usmkit.data.corpora.pack import PackSettings  # noqa: E402
-from usmkit.data.corpora.sphere import read_sphere  # noqa: E402
-from usmkit.data.features import fbank_extractor  # noqa: E402
+from bench.common import result_path, run_header, write_result
+from usmkit.data.config import FeatureConfig
+from usmkit.data.corpora.common import default_corpus_dir
+from usmkit.data.corpora.pack import PackSettings
+from usmkit.data.corpora.sphere import read_sphere
+from usmkit.data.features import fbank_extractor
 
 DB = 10 / math.log(10)  # natural-log energy -> dB
 AUDIBLE_DB = 40.0
@@ -133,7 +130,7 @@ def main() -> None:
     for p in packed:
         print(f"pack {p['src']} {p['codec']}: {p['out_total_bytes'] / 1e6:.1f} MB ({p['kbps']} kbit/s)")
     result = run_header(audible_db=AUDIBLE_DB, features=vars(FeatureConfig()), rows=rows, packed=packed)
-    print(f"wrote {write_result(result_path('lossy_transport'), result)}")
+    print(f"wrote {write_result(result_path(__file__), result)}")
 
 
 if __name__ == "__main__":

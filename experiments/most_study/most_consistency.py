@@ -1,27 +1,23 @@
 """How close a trained MOST model's text path comes to speech, on a split's paired utterances.
 
-    PYTHONPATH=. python bench/most_consistency.py CHECKPOINT [CHECKPOINT ...] [--split dev] [--device cpu]
+    PYTHONPATH=. python experiments/most_study/most_consistency.py CHECKPOINT [CHECKPOINT ...] [--split dev] [--device cpu]
 
 For each stage-2 checkpoint (run or checkpoint directory): its forward on every batch of ``--split``
 (evaluation mode, alignments from its own CTC head or its ``align_from`` model, as in training), and
 the frame-weighted means of ``consistency_rel`` (the consistency MSE over the variance of the speech
 states it is measured against: 0 = the text encoder reproduces the speech encoder's block-k input,
 1 = no closer than their mean), ``loss_consistency``, ``dur_abs_log_err`` and ``align_ok_frac``.
-Results go to ``bench/results/most_consistency.json`` (``$OUT`` when set).
+Results go to ``experiments/most_study/results/most_consistency.json`` (``$OUT`` when set).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from common import result_path, run_header, write_result  # noqa: E402
+from bench.common import result_path, run_header, write_result
 
 KEYS = ("consistency_rel", "loss_consistency", "dur_abs_log_err", "align_ok_frac")
 
@@ -58,7 +54,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     result = run_header(split=args.split, runs=[measure(c, args.split, args.device) for c in args.checkpoints])
-    path = write_result(args.json or result_path("most_consistency"), result)
+    path = write_result(args.json or result_path(__file__), result)
     print(f"{'checkpoint':50s} {'block k':>7s} " + " ".join(f"{k:>16s}" for k in KEYS))
     for r in result["runs"]:
         print(f"{r['checkpoint'][-50:]:50s} {r['text_layer']:7d} " + " ".join(f"{r[k]:16.4f}" for k in KEYS))

@@ -1,6 +1,6 @@
 """Padding waste of the training batches: the share of the frames a step computes that are padding.
 
-    PYTHONPATH=. python bench/padding_waste.py --corpus data/synth:synth --corpus data/an4:an4 \
+    PYTHONPATH=. python experiments/padding_waste/padding_waste.py --corpus data/synth:synth --corpus data/an4:an4 \
         [--max-durations 50,200,300] [--num-buckets 10,30] [--pad-to 0,64,128,256] [--json OUT]
 
 For each corpus (``MANIFEST_DIR:CORPUS``, its ``train`` split) and each setting, one epoch of the
@@ -17,22 +17,17 @@ Sequence packing or finer buckets pay only where the waste is large; the table s
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
-from common import result_path, run_header, write_result
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import usmkit.cli  # noqa: E402, F401  (first: the OpenMP wait policy)
+import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy)
+from bench.common import result_path, run_header, write_result
 
 # isort: split
-from lhotse.utils import compute_num_frames  # noqa: E402
+from lhotse.utils import compute_num_frames
 
-from usmkit.data.config import DataConfig  # noqa: E402
-from usmkit.data.manifests import load_cuts  # noqa: E402
-from usmkit.data.sampling import make_sampler  # noqa: E402
+from usmkit.data.config import DataConfig
+from usmkit.data.manifests import load_cuts
+from usmkit.data.sampling import make_sampler
 
 HOP_S = 0.01  # feature frame shift (data.features.frame_shift_ms=10)
 
@@ -66,7 +61,7 @@ def main() -> None:
     ap.add_argument("--max-durations", default="50,200,300")
     ap.add_argument("--num-buckets", default="10,30")
     ap.add_argument("--pad-to", default="0,64,128,256")
-    ap.add_argument("--json", default=result_path("padding_waste"))
+    ap.add_argument("--json", default=result_path(__file__))
     args = ap.parse_args()
     result = run_header(corpora={})
     print(

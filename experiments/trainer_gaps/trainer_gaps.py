@@ -1,7 +1,7 @@
 """Where the GPU idles while the trainer trains: a profiler trace of real steps, each idle gap put down to
 what the host was doing when it launched the work that ended the gap.
 
-    PYTHONPATH=. python bench/trainer_gaps.py [--skip 40] [--steps 8] [--json OUT] [--trace OUT.json] -- OVERRIDE...
+    PYTHONPATH=. python experiments/trainer_gaps/trainer_gaps.py [--skip 40] [--steps 8] [--json OUT] [--trace OUT.json] -- OVERRIDE...
     e.g. -- recipe=stage3_ctc model=large data.manifest_dir=data/synth data.max_duration=300 \\
             data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16
 
@@ -29,15 +29,11 @@ import argparse
 import bisect
 import collections
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import bench_train_config, run_header, write_result
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import bench_train_config, run_header, write_result
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}

@@ -1,6 +1,6 @@
 """The low-label study: does BEST-RQ pre-training help CTC fine-tuning on 10% of the labels?
 
-    PYTHONPATH=. python bench/bestrq_study.py [--pretrain-steps 300] [--finetune-steps 300]
+    PYTHONPATH=. python experiments/bestrq_study/bestrq_study.py [--pretrain-steps 300] [--finetune-steps 300]
 
 Same fine-tuning budget for (a) from scratch, (b) from BEST-RQ with 1 codebook, (c) from BEST-RQ
 with 16 codebooks (USM's multi-softmax), on 10% of the embedded corpus's labeled training data;
@@ -8,7 +8,7 @@ WER on the held-out-voice ``test`` set. Then the same three on FSDD with 10% of 
 (pre-training on the synthetic corpus' unlabeled pool; FSDD is real human speech).
 Pre-training uses the ``unlabeled`` pool (1 h, its own utterances) or ``--pretrain-split train``
 (the 3 h of training audio, labels unused). Each run is added to the ``runs`` list of
-``bench/results/bestrq_study.json`` with every command and setting, and the pre-training curves
+``experiments/bestrq_study/results/bestrq_study.json`` with every command and setting, and the pre-training curves
 (masked accuracy, target and prediction code perplexity, masked fraction) to diagnose collapse.
 
 On the CPU use ``--codebook-size 1024`` (16 heads of 8192 classes are 10x the tiny encoder's
@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
-from common import REPO, result_path, run_header
+from bench.common import REPO, result_path, run_header
 
-RESULTS = result_path("bestrq_study")
+RESULTS = result_path(__file__)
 EXP = "exp/study"
 
 

@@ -1,10 +1,10 @@
 """Which digits the FSDD held-out speaker gets wrong: a confusion count of lexicon-decoded test words.
 
-    PYTHONPATH=. python bench/fsdd_errors.py [--checkpoint exp/fsdd_init] [--set test]
+    PYTHONPATH=. python experiments/baseline_wer/fsdd_errors.py [--checkpoint exp/fsdd_init] [--set test]
 
 Decodes the set the way ``python -m usmkit.cli.evaluate ... decode=ctc_lexicon`` does (same loader,
 same lexicon decoder), then counts (reference, hypothesis) pairs of the wrong utterances (one digit
-per FSDD file). Prints them and writes ``bench/results/fsdd_errors.json``.
+per FSDD file). Prints them and writes ``experiments/baseline_wer/results/fsdd_errors.json``.
 """
 
 from __future__ import annotations
@@ -14,18 +14,13 @@ import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry poi
 # isort: split
 import argparse
 import collections
-import sys
-from pathlib import Path
 
-from common import result_path, run_header, write_result
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from usmkit.data.loader import split_loader  # noqa: E402
-from usmkit.inference.batches import transcribe_batches  # noqa: E402
-from usmkit.inference.evaluate import EvalConfig, build_word_decoder  # noqa: E402
-from usmkit.runs import load_trained  # noqa: E402
-from usmkit.streaming.features import checkpoint_feature_stats  # noqa: E402
+from bench.common import result_path, run_header, write_result
+from usmkit.data.loader import split_loader
+from usmkit.inference.batches import transcribe_batches
+from usmkit.inference.evaluate import EvalConfig, build_word_decoder
+from usmkit.runs import load_trained
+from usmkit.streaming.features import checkpoint_feature_stats
 
 
 def main() -> None:
@@ -53,7 +48,7 @@ def main() -> None:
         wrong=len(wrong),
         confusions=[{"ref": r, "hyp": h, "count": n, "takes": per_ref[r]} for (r, h), n in pairs],
     )
-    print(f"wrote {write_result(result_path('fsdd_errors'), result)}")
+    print(f"wrote {write_result(result_path(__file__), result)}")
 
 
 if __name__ == "__main__":

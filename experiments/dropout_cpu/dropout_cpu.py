@@ -1,6 +1,6 @@
 """CPU dropout: torch's ``F.dropout`` against ours (``usmkit/models/dropout.py``), side by side.
 
-    PYTHONPATH=. python bench/dropout_cpu.py [--repeats 15]
+    PYTHONPATH=. python experiments/dropout_cpu/dropout_cpu.py [--repeats 15]
 
 Two measurements, interleaved so that this shared machine's drift hits both alike:
 
@@ -9,7 +9,7 @@ Two measurements, interleaved so that this shared machine's drift hits both alik
 - the tiny model's whole training step (forward, CTC loss, backward) on a 50-s batch (10 x 5 s) with
   dropout 0.1, once with our Dropout modules and once with them swapped for ``nn.Dropout``.
 
-Prints a table of medians and ratios and writes ``bench/results/dropout_cpu.json``.
+Prints a table of medians and ratios and writes ``experiments/dropout_cpu/results/dropout_cpu.json``.
 """
 
 from __future__ import annotations
@@ -19,21 +19,17 @@ import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry poi
 # isort: split
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-from common import result_path, run_header, write_result
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import result_path, run_header, write_result
+from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.ctc import CTCHead, ctc_loss
+from usmkit.models.dropout import Dropout
+from usmkit.models.presets import preset
 
-from usmkit.models.conformer import ConformerEncoder  # noqa: E402
-from usmkit.models.ctc import CTCHead, ctc_loss  # noqa: E402
-from usmkit.models.dropout import Dropout  # noqa: E402
-from usmkit.models.presets import preset  # noqa: E402
-
-OUT = result_path("dropout_cpu")
+OUT = result_path(__file__)
 
 
 def ms(fn) -> float:
