@@ -16,7 +16,7 @@ gets as many pieces as the texts support, with a warning.
 Unigram's pieces for a corpus of a few words depend on the sentencepiece version: for FSDD's ten
 digit words 0.2.2 makes nine of them one piece each and 0.2.3 spells them in characters. BPE gives
 each one piece in both, and a model whose pieces are whole words learns FSDD better: hence
-``tokenizer_type=bpe`` in the FSDD baseline (``bench/baseline_wer.py``).
+``tokenizer_type=bpe`` in the FSDD baseline (``experiments/baseline_wer/``).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ class SizePreset:
     ``english_vocabulary`` most frequent English words: few enough words that a tiny model trained
     for minutes on a 2-core CPU hears each of them often enough to learn it (``make demo``).
     ``english`` is the same kind of corpus at GPU scale (1000 words, ~4.5 h of paired speech, a larger
-    ``test_textonly``): the MOST study's (``bench/most_study.py``).
+    ``test_textonly``): the MOST study's (``experiments/most_study/``).
     """
 
     name: str
