@@ -1,86 +1,353 @@
-"""The USM recipe on CMU AN4, one GPU, every stage a usmkit command (printed as it runs).
+"""The USM recipe on CMU AN4 in four stages, every step a usmkit command (printed as it runs).
 
-    python recipes/an4/run.py [--an4 DIR] [--kathleen DIR] [--out DIR] [--model tiny] \\
-        [--variants scratch,cb1,cb16,las] [--pretrain-steps 1000] [--finetune-steps 2000] \\
-        [--device cpu --stage1 cb1=DIR cb16=DIR]
+    python recipes/an4/run.py [prepare] [train] [decode] [report] [--out exp/an4_recipe] [--variants ...]
+        [--seeds 0,1,2] [--pretrain-seeds 0,1] [--jobs 4] [--device auto] ...
 
-Stages (each line below is one or more ``python -m usmkit...`` commands):
+No stage named: all four, in order.
 
-0. data: the AN4 and Kathleen recipes; an unlabeled pool = AN4 train audio + Kathleen's training
-   prompts' audio (``usmkit.data.corpora.pool``, split ``pool`` of ``data/an4``); never test audio.
-1. BEST-RQ (``recipe=stage1``) on the pool with 1 and with 16 codebooks, side by side on the GPU.
-2. Fine-tuning on AN4 ``train`` labels only (``recipe=stage3_ctc``, ``data=an4``): from scratch,
-   from each BEST-RQ encoder (``init_from``), and joint CTC/LAS from the 16-codebook encoder;
-   equal fine-tuning budgets, side by side. The scratch run starts with the pre-training runs (it
-   needs none), the others when theirs ends: one GPU serves several such runs at once, since a step
-   of a model this small waits mostly on the host.
-   Settings: the ``tiny`` encoder, a character-level tokenizer (AN4 spells letters), intermediate
-   CTC, 50-s batches, stored features, light SpecAugment (2 time masks). Wider or deeper encoders
-   stay in CTC's all-blank phase for far longer on 0.7 h of speech (bench/results/an4_model_size.json).
-3. Decoding: CTC greedy; CTC + lexicon and word n-gram built from AN4 train text only (LM order,
-   weight and word score tuned on ``dev`` with ``bench/lexicon_tuning.py``); LAS rescoring of the
-   CTC n-best for the LAS model. ``test`` is scored once per final configuration.
+- prepare: the AN4 manifests (``python -m usmkit.cli.prepare an4``; the corpus from ``--an4`` or
+  ``$USMKIT_CORPORA/an4``); for rows with pre-training, the unlabeled pool (``--pool``: AN4 train audio and
+  Kathleen's train and dev prompts' audio, never test audio); for the ``most`` row, AN4-style text.
+- train: every variant with each fine-tuning seed (``--seeds``), and for rows from a BEST-RQ encoder with
+  each pre-training seed too (``--pretrain-seeds``; it seeds the BEST-RQ run and its quantizer):
+  ``scratch`` (CTC from scratch), ``cb1`` / ``cb16`` (BEST-RQ with 1 / 16 codebooks on the pool, then CTC
+  fine-tuning from its encoder), ``las`` (joint CTC/LAS from the ``--las-from`` encoder), ``most`` (MOST,
+  stage 2, from the ``--most-from`` encoder, then CTC). Equal fine-tuning budgets, on AN4 ``train`` labels
+  only, up to ``--jobs`` runs side by side (one GPU serves several runs of a model this small).
+- decode: per fine-tuned run, CTC greedy on dev and test; the lexicon settings (LM order, weight, word
+  score, over ``--lm-orders`` x ``--lm-weights`` x ``--word-scores``) chosen on dev
+  (``python -m usmkit.cli.tune_lexicon``), then test once with them; LAS rescoring for ``las``. Each
+  variant's runs together as one ensemble (``--ensembles``) the same way.
+- report: mean +- standard deviation over the seeds per variant and decoding, ensembles apart, and how
+  many configurations were scored on test; every row to ``--report`` (bench/results/an4.json).
 
-On one H100 with the defaults: data 1.5 min, BEST-RQ 1.5 min, each CTC fine-tuning 3 min, the
-LAS fine-tuning 5.5 min (all side by side), decoding 1-2 min per variant.
+Each step that succeeds leaves a record (its command) in ``OUT/steps/``. A rerun skips the steps recorded
+with the same command and resumes a training run stopped part way, so a stage reruns alone and an
+interrupted stage goes on where it stopped; a step recorded with another command is refused (remove its
+record and its outputs to redo it). Logs: ``OUT/logs/<step>.log``.
 
-The 16-codebook BEST-RQ encoder is also saved as ``OUT/bestrq_encoder/`` (encoder weights only,
-``init_from`` reads nothing else): with ``--model tiny`` the starting point of the CPU fine-tuning
-path in docs/recipes.md.
+Train on a GPU machine, decode on another (run both from the same folder with the same ``--out``: runs
+find their manifests by the relative path they were trained with):
 
-Writes ``OUT/an4.json`` (every row: model, decoding, dev and test WER/CER, the command, minutes) and
-prints the table last. The corpus folders may be the originals or copies from
-``python -m usmkit.cli.prepare pack`` (how the audio travels to a GPU machine).
+    python recipes/an4/run.py --train-only --export exp/an4_export   # prepare, train, then copy each run's best
+    python recipes/an4/run.py --decode-only --runs exp/an4_export --device cpu   # prepare (AN4), decode, report
+
+Settings (the defaults): the ``tiny`` encoder with 32 subsampling channels, a character-level tokenizer
+(AN4 spells letters), intermediate CTC, 50-s batches, stored features, light SpecAugment, 1000 BEST-RQ
+and 2000 fine-tuning steps. The 16-codebook encoder of the first pre-training seed is also saved as
+``OUT/bestrq_encoder/`` (encoder weights only; ``--stage1 cb16=DIR`` starts from such an encoder instead
+of pre-training one).
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import os
 import shlex
-import subprocess
+import shutil
+import statistics
 import sys
-import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
+from steps import Execute, StageFailed, Step, now, parse_overrides, run_steps, subprocess_runner  # recipes/an4/steps.py
+
+from usmkit.checkpointing.atomic import replaced_atomically, replaced_dir_atomically
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from common import last_step, run_header, write_result  # noqa: E402
-
-PY = sys.executable
-T0 = time.time()
+STAGES = ("prepare", "train", "decode", "report")
+VARIANTS = ("scratch", "cb1", "cb16", "las", "most")
+CODEBOOKS = {"cb1": 1, "cb16": 16}  # the BEST-RQ encoders
 
 
-def sh(cmd: list[str], log: Path) -> float:
-    """Run ``cmd`` (logged to ``log``), raise on failure; returns minutes."""
-    print(f"[{(time.time() - T0) / 60:5.1f} min] $ {shlex.join(cmd)}", flush=True)
-    start = time.time()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = log.read_text().splitlines()[-15:]
-        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n" + "\n".join(tail))
-    return (time.time() - start) / 60
+@dataclass(frozen=True)
+class Settings:
+    """Every choice of the recipe (the command line's options, typed)."""
+
+    out: Path = Path("exp/an4_recipe")
+    an4: str = ""  # corpus folders; empty: $USMKIT_CORPORA/<name>
+    kathleen: str = ""
+    pool: tuple[str, ...] = ("an4", "kathleen")  # the corpora whose unlabeled audio BEST-RQ learns from
+    dev_utterances: int = 100
+    variants: tuple[str, ...] = VARIANTS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    pretrain_seeds: tuple[int, ...] = (0, 1)
+    stage1: Mapping[str, str] = field(default_factory=dict)  # BEST-RQ encoders given instead of pre-trained here
+    las_from: str = "cb16"
+    most_from: str = "cb16"
+    model: str = "tiny"
+    model_overrides: Mapping[str, Any] | None = field(default_factory=lambda: {"subsampling_channels": 32})
+    vocab_size: int = 290  # the specials, byte fallback and the letters
+    device: str = "auto"
+    workers: int = 2
+    max_duration: float = 50.0
+    speed_perturb: bool = False
+    finetune_steps: int = 2000
+    finetune_lr: float = 2.5e-3
+    finetune_warmup: int = 300
+    pretrain_steps: int = 1000
+    pretrain_lr: float = 2e-3
+    pretrain_warmup: int = 500
+    pretrain_max_duration: float = 100.0
+    stage2_steps: int = 400
+    text_count: int = 20000
+    minutes: tuple[float, float, float] = (0.0, 0.0, 0.0)  # trainer.max_minutes: pre-training, stage 2, fine-tuning
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more overrides of every fine-tuning run
+    pretrain_extra: Mapping[str, Any] = field(default_factory=dict)  # and of every BEST-RQ run
+    lm_orders: tuple[int, ...] = (1, 2)
+    lm_weights: tuple[float, ...] = (0.5, 1.0)
+    word_scores: tuple[float, ...] = (0.0, 1.0)
+    ensembles: tuple[str, ...] = VARIANTS  # variants whose runs are also decoded as one ensemble
+    runs: Path | None = None  # the fine-tuned runs to decode; None: OUT/runs
+    export: Path | None = None
+    save_encoder: str = "cb16"
+    jobs: int = 4
+    report: Path = ROOT / "bench" / "results" / "an4.json"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.runs or self.out / "runs"
 
 
-def evaluate(exp: Path, split: str, decode: str, extra: list[str], logs: Path, tag: str = "") -> dict:
-    name = f"{tag or exp.name}_{split}_{decode}"
-    out = exp.parent / f"eval_{name}.json" if tag else exp / f"eval_{split}_{decode}.json"
-    cmd = [PY, "-m", "usmkit.cli.evaluate", f"checkpoint={exp}", f"test_sets=[{split}]", f"decode={decode}", *extra]
-    sh([*cmd, f"output={out}"], logs / f"{name}.log")
-    s = json.loads(out.read_text())["sets"][split]
-    return {"wer": s["wer"], "cer": s["cer"], "command": shlex.join(cmd)}
+# ---------------------------------------------------------------- the plan
+@dataclass(frozen=True)
+class Run:
+    """One fine-tuning run: a variant, its fine-tuning seed and (rows from BEST-RQ) its pre-training seed."""
+
+    variant: str
+    seed: int
+    pretrain_seed: int | None = None  # None: from scratch, or from an encoder given with --stage1
+
+    @property
+    def name(self) -> str:
+        pre = "" if self.pretrain_seed is None else f"_p{self.pretrain_seed}"
+        return f"{self.variant}{pre}_s{self.seed}"
 
 
-def after(dep: cf.Future | None, cmd: list[str], log: Path) -> float:
-    """``sh(cmd, log)`` once ``dep`` (if any) has finished; raises if ``dep`` failed."""
-    if dep is not None:
-        dep.result()
-    return sh(cmd, log)
+def encoder_of(s: Settings, variant: str) -> str | None:
+    """The BEST-RQ encoder (cb1 / cb16) a variant starts from; None for scratch."""
+    return {"scratch": None, "las": s.las_from, "most": s.most_from}.get(variant, variant)
 
 
+def pretrain_seeds_of(s: Settings, encoder: str | None) -> tuple[int | None, ...]:
+    return (None,) if encoder is None or encoder in s.stage1 else s.pretrain_seeds
+
+
+def runs_of(s: Settings) -> list[Run]:
+    return [Run(v, seed, p) for v in s.variants for p in pretrain_seeds_of(s, encoder_of(s, v)) for seed in s.seeds]
+
+
+def encoder_dir(s: Settings, encoder: str, pretrain_seed: int | None) -> Path:
+    return Path(s.stage1[encoder]) if encoder in s.stage1 else s.out / "runs" / f"bestrq_{encoder}_p{pretrain_seed}"
+
+
+def stage2_name(encoder: str, pretrain_seed: int | None) -> str:
+    return f"most_{encoder}" + ("" if pretrain_seed is None else f"_p{pretrain_seed}")
+
+
+def _prepare(name: str, overrides: dict, deps: tuple[str, ...] = ()) -> Step:
+    return Step(f"prepare_{name}", "usmkit.cli.prepare", overrides, deps, positional=(name,))
+
+
+def data_steps(s: Settings, for_training: bool) -> list[Step]:
+    """The corpus steps: AN4; for training, the pool (when something is pre-trained here) and MOST's text."""
+    an4, data = s.out / "data" / "an4", s.out / "data"
+    steps = [_prepare("an4", {"out": an4, "dev_utterances": s.dev_utterances, **_corpus_dir(s.an4)})]
+    if for_training and pretrained_here(s):
+        inputs = [f"{an4}:an4:unlabeled"]
+        if "kathleen" in s.pool:
+            steps.append(_prepare("kathleen", {"out": data / "kathleen", **_corpus_dir(s.kathleen)}))
+            inputs.append(f"{data / 'kathleen'}:kathleen:unlabeled")
+        deps = tuple(step.name for step in steps)
+        steps.append(_prepare("pool", {"out": an4, "corpus": "an4", "split": "pool", "inputs": inputs}, deps))
+    if for_training and "most" in s.variants:
+        steps.append(_prepare("an4_text", {"out": an4, "count": s.text_count}, ("prepare_an4",)))
+    return steps
+
+
+def _corpus_dir(path: str) -> dict[str, str]:
+    return {"corpus_dir": path} if path else {}
+
+
+def pretrained_here(s: Settings) -> set[str]:
+    """The BEST-RQ encoders this recipe pre-trains (those the variants need and --stage1 does not give)."""
+    return {e for v in s.variants if (e := encoder_of(s, v)) is not None and e not in s.stage1}
+
+
+def common_overrides(s: Settings) -> dict[str, Any]:
+    return {
+        "data": "an4",
+        "data.manifest_dir": s.out / "data" / "an4",
+        "model": s.model,
+        "model.overrides": s.model_overrides or None,
+        "vocab_size": s.vocab_size,
+        "trainer.device": s.device,
+        "trainer.progress": False,
+        "trainer.log_every": 50,
+        "trainer.keep_last": 1,
+        "data.num_workers": s.workers,
+    }
+
+
+def finetune_overrides(s: Settings) -> dict[str, Any]:
+    """Every fine-tuning run's settings (stage 2 shares the data and optimizer ones)."""
+    every = max(1, s.finetune_steps // 5)
+    features = {} if s.speed_perturb else {"data.features.precomputed": True, "data.speed_perturb": []}
+    return {
+        "recipe": "stage3_ctc",
+        **common_overrides(s),
+        "data.max_duration": s.max_duration,
+        "trainer.max_steps": s.finetune_steps,
+        "optim.lr": s.finetune_lr,
+        "optim.warmup_steps": s.finetune_warmup,
+        "task.inter_ctc_weight": 0.3,
+        "trainer.eval_every": every,
+        "trainer.save_every": every,
+        "trainer.max_minutes": s.minutes[2],
+        "data.spec_augment.time_masks": 2,
+        "data.spec_augment.freq_width": 15,
+        **features,
+        **s.extra,
+    }
+
+
+def pretrain_overrides(s: Settings) -> dict[str, Any]:
+    return {
+        "recipe": "stage1",
+        **common_overrides(s),
+        "data.train_split": "pool",
+        "data.features.precomputed": True,
+        "data.speed_perturb": [],
+        "data.max_duration": s.pretrain_max_duration,
+        "trainer.max_steps": s.pretrain_steps,
+        "optim.lr": s.pretrain_lr,
+        "optim.warmup_steps": s.pretrain_warmup,
+        "trainer.eval_every": s.pretrain_steps,
+        "trainer.save_every": s.pretrain_steps,
+        "trainer.max_minutes": s.minutes[0],
+        **s.pretrain_extra,
+    }
+
+
+def stage2_overrides(s: Settings, encoder: str, pretrain_seed: int | None) -> dict[str, Any]:
+    """MOST from a BEST-RQ encoder: its quantizer settings, the fine-tuning data, AN4 train text + generated."""
+    an4, every = s.out / "data" / "an4", max(1, s.stage2_steps // 4)
+    return {
+        **finetune_overrides(s),
+        "recipe": "stage2",
+        "task.inter_ctc_weight": 0.0,
+        "task.most.unlabeled_split": "pool",
+        "task.most.text_only": an4 / "an4_text_only.jsonl.gz",
+        "task.bestrq.num_codebooks": CODEBOOKS[encoder],
+        "task.bestrq.seed": pretrain_seed or 0,  # stage 1's quantizer: MOST loads it and its heads
+        "trainer.seed": pretrain_seed or 0,
+        "trainer.max_steps": s.stage2_steps,
+        "trainer.eval_every": every,
+        "trainer.save_every": every,
+        "task.most.align_warmup_steps": s.stage2_steps // 4,
+        "task.most.text_warmup_steps": s.stage2_steps // 3,
+        "trainer.max_minutes": s.minutes[1],
+        "init_from": encoder_dir(s, encoder, pretrain_seed),
+    }
+
+
+def train_steps(s: Settings) -> list[Step]:
+    """Data, then one step per BEST-RQ, MOST and fine-tuning run, each after what it starts from."""
+    steps = data_steps(s, for_training=True)
+    pool_deps = ("prepare_pool",) if pretrained_here(s) else ()
+    runs_dir = s.out / "runs"
+
+    def train(name: str, overrides: dict, deps: tuple[str, ...]) -> Step:
+        return Step(name, "usmkit.cli.train", {**overrides, "trainer.exp_dir": runs_dir / name}, deps)
+
+    # The tokenizer and the feature statistics (of AN4 train, shared by every run) made once, before runs share them.
+    steps.append(train("prep_finetune", {**finetune_overrides(s), "trainer.max_steps": 0}, ("prepare_an4",)))
+    if pretrained_here(s):
+        prep = {**pretrain_overrides(s), "trainer.max_steps": 0}
+        steps.append(train("prep_pretrain", prep, ("prep_finetune", *pool_deps)))
+    for encoder in sorted(pretrained_here(s)):
+        for p in s.pretrain_seeds:
+            seeds = {"task.bestrq.num_codebooks": CODEBOOKS[encoder], "trainer.seed": p, "task.bestrq.seed": p}
+            steps.append(train(f"bestrq_{encoder}_p{p}", {**pretrain_overrides(s), **seeds}, ("prep_pretrain",)))
+    if "most" in s.variants:
+        for p in pretrain_seeds_of(s, s.most_from):
+            deps = ("prep_finetune", "prepare_an4_text", *_encoder_step(s, s.most_from, p))
+            steps.append(train(stage2_name(s.most_from, p), stage2_overrides(s, s.most_from, p), deps))
+    for run in runs_of(s):
+        overrides = {**finetune_overrides(s), "trainer.seed": run.seed}
+        encoder, deps = encoder_of(s, run.variant), ("prep_finetune",)
+        if run.variant == "most":  # stage 3 from the MOST model (its CTC head too: the same tokenizer)
+            overrides["init_from"] = runs_dir / stage2_name(encoder, run.pretrain_seed)
+            deps += (stage2_name(encoder, run.pretrain_seed),)
+        elif encoder is not None:
+            overrides["init_from"] = encoder_dir(s, encoder, run.pretrain_seed)
+            deps += _encoder_step(s, encoder, run.pretrain_seed)
+        if run.variant == "las":
+            overrides["recipe"] = "stage3_las"
+        steps.append(train(run.name, overrides, deps))
+    return steps
+
+
+def _encoder_step(s: Settings, encoder: str, pretrain_seed: int | None) -> tuple[str, ...]:
+    return () if encoder in s.stage1 else (f"bestrq_{encoder}_p{pretrain_seed}",)
+
+
+def decodes_of(variant: str) -> tuple[str, ...]:
+    return ("ctc_greedy", "ctc_lexicon", "rescore") if variant == "las" else ("ctc_greedy", "ctc_lexicon")
+
+
+def ensembles_of(s: Settings) -> dict[str, list[Run]]:
+    """``ensemble_<variant>``: each variant of ``s.ensembles`` with at least two runs, all of them."""
+    by_variant = {v: [r for r in runs_of(s) if r.variant == v] for v in s.variants if v in s.ensembles}
+    return {f"ensemble_{v}": runs for v, runs in by_variant.items() if len(runs) > 1}
+
+
+def decode_steps(s: Settings) -> list[Step]:
+    """Per run and per ensemble: greedy (and LAS rescoring) on dev and test; the lexicon settings chosen on
+    dev, then test once with them."""
+    steps = data_steps(s, for_training=False)
+    models = {run.name: ([run], decodes_of(run.variant)) for run in runs_of(s)}
+    models |= {name: (runs, ("ctc_greedy", "ctc_lexicon")) for name, runs in ensembles_of(s).items()}
+    for name, (runs, decodes) in models.items():
+        out = s.out / "decode" / name
+        model = {"checkpoint": s.runs_dir / runs[0].name, "device": s.device}
+        if len(runs) > 1:
+            model["ensemble"] = [s.runs_dir / r.name for r in runs[1:]]
+        for decode in decodes:
+            if decode == "ctc_lexicon":
+                continue
+            evaluate = {**model, "test_sets": ["dev", "test"], "decode": decode, "output": out / f"{decode}.json"}
+            steps.append(Step(f"{decode}_{name}", "usmkit.cli.evaluate", evaluate, ("prepare_an4",)))
+        grid = {"orders": s.lm_orders, "lm_weights": s.lm_weights, "word_scores": s.word_scores}
+        tuned = out / "lexicon_tuning_dev.json"
+        tune = {**model, "set": "dev", **grid, "output": tuned}
+        steps.append(Step(f"tune_lexicon_{name}", "usmkit.cli.tune_lexicon", tune, ("prepare_an4",)))
+        steps.append(
+            Step(
+                f"ctc_lexicon_{name}",
+                "usmkit.cli.evaluate",
+                lambda model=model, tuned=tuned, out=out: {
+                    **model,
+                    "test_sets": ["test"],
+                    "decode": "ctc_lexicon",
+                    **chosen_lexicon(tuned),
+                    "output": out / "ctc_lexicon.json",
+                },
+                (f"tune_lexicon_{name}",),
+            )
+        )
+    return steps
+
+
+def chosen_lexicon(tuning_json: Path) -> dict[str, Any]:
+    best = json.loads(tuning_json.read_text())["best"]
+    return {f"lexicon.{k}": best[k] for k in ("order", "lm_weight", "word_score")}
+
+
+# ---------------------------------------------------------------- what the runs hand on
 def save_encoder(exp: Path, dest: Path) -> None:
     """The encoder's weights (``init_from`` reads nothing else) of ``exp``'s best (else latest) checkpoint,
     with its config."""
@@ -89,316 +356,257 @@ def save_encoder(exp: Path, dest: Path) -> None:
     from usmkit.checkpointing.checkpoint import MODEL_FILE, resolve_checkpoint
 
     src = resolve_checkpoint(exp)
-    dest.mkdir(parents=True, exist_ok=True)
     weights = {k: v for k, v in load_file(src / MODEL_FILE).items() if k.startswith("encoder.")}
-    save_file(weights, dest / MODEL_FILE)
-    (dest / "config.yaml").write_text((src / "config.yaml").read_text())
+    with replaced_dir_atomically(dest) as tmp:
+        save_file(weights, tmp / MODEL_FILE)
+        (tmp / "config.yaml").write_text((src / "config.yaml").read_text())
 
 
 def export_run(exp: Path, dest: Path) -> None:
     """What decoding ``exp`` needs, nothing more: its best (else latest) checkpoint's weights and config, the
     run's tokenizer and feature statistics, and its metrics; ``dest`` then decodes as ``exp`` would."""
-    import shutil
-
     from usmkit.checkpointing.checkpoint import BEST_FILE, CONFIG_FILE, MODEL_FILE, resolve_checkpoint
 
     src = resolve_checkpoint(exp)
-    ckpt = dest / "checkpoints" / src.name
-    ckpt.mkdir(parents=True, exist_ok=True)
-    for f in (MODEL_FILE, CONFIG_FILE):
-        shutil.copy2(src / f, ckpt / f)
-    best = src.parent / BEST_FILE  # how the copy is found: as its run's best checkpoint
-    best_json = json.loads(best.read_text()) if best.is_file() else {}
-    if best_json.get("path") != src.name:
-        best_json = {"path": src.name, "metric": "latest", "value": None, "step": None}
-    (ckpt.parent / BEST_FILE).write_text(json.dumps(best_json))
-    for f in ("tokenizer.model", "feature_stats.safetensors", "metrics.jsonl"):
-        shutil.copy2(exp / f, dest / f)
+    with replaced_dir_atomically(dest) as tmp:
+        ckpt = tmp / "checkpoints" / src.name
+        ckpt.mkdir(parents=True)
+        for f in (MODEL_FILE, CONFIG_FILE):
+            shutil.copy2(src / f, ckpt / f)
+        best = src.parent / BEST_FILE  # how the copy is found: as its run's best checkpoint
+        best_json = json.loads(best.read_text()) if best.is_file() else {}
+        if best_json.get("path") != src.name:
+            best_json = {"path": src.name, "metric": "latest", "value": None, "step": None}
+        (ckpt.parent / BEST_FILE).write_text(json.dumps(best_json))
+        for f in ("tokenizer.model", "feature_stats.safetensors", "metrics.jsonl"):
+            shutil.copy2(exp / f, tmp / f)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--an4", default=str(ROOT.parent / "shared/data/an4"))
-    ap.add_argument("--kathleen", default=str(ROOT.parent / "shared/data/kathleen"))
-    ap.add_argument("--out", default=os.environ.get("OUT", "exp/an4_recipe"))
-    ap.add_argument("--data", default="data")
-    ap.add_argument("--exp", default="exp/an4")
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument(
-        "--model-overrides", default="{subsampling_channels: 32}", help="model.overrides for every run ('' for none)"
-    )
-    ap.add_argument("--variants", default="scratch,cb1,cb16,las")
-    ap.add_argument("--pretrain-steps", type=int, default=1000)
-    ap.add_argument("--finetune-steps", type=int, default=2000)
-    ap.add_argument("--finetune-lr", type=float, default=2.5e-3)
-    ap.add_argument("--finetune-warmup", type=int, default=300)
-    ap.add_argument("--pretrain-lr", type=float, default=2e-3)
-    ap.add_argument("--max-duration", type=float, default=50.0)
-    ap.add_argument("--vocab-size", type=int, default=290, help="290: the specials, byte fallback and the letters")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--workers", type=int, default=2, help="loader workers per training run")
-    ap.add_argument(
-        "--speed-perturb",
-        action="store_true",
-        help="fine-tune with 0.9/1.0/1.1 speed perturbation (features on the fly: loader-bound steps)",
-    )
-    ap.add_argument(
-        "--stage1",
-        nargs="*",
-        default=[],
-        metavar="NAME=DIR",
-        help="start these variants from encoders pre-trained before (e.g. cb16=DIR, a --save-encoder output) "
-        "instead of pre-training them here; with --device cpu the CPU fine-tuning path",
-    )
-    ap.add_argument("--pretrain-max-duration", type=float, default=100.0)
-    ap.add_argument("--stage2-steps", type=int, default=400, help="MOST steps of the 'most' variant")
-    ap.add_argument("--most-from", default="cb16", help="the BEST-RQ encoder the 'most' variant starts from")
-    ap.add_argument("--las-from", default="cb16", help="the BEST-RQ encoder the 'las' variant starts from")
-    ap.add_argument(
-        "--seeds", default="0", help="fine-tuning seeds (trainer.seed); a seed s > 0 runs as <variant>_s<s>"
-    )
-    ap.add_argument("--seed-variants", default="scratch,cb1", help="the variants that run every seed (others: seed 0)")
-    ap.add_argument("--train-only", action="store_true", help="stop after training (decode the runs elsewhere)")
-    ap.add_argument(
-        "--export",
-        default="",
-        help="copy each fine-tuned run's best checkpoint, tokenizer, feature stats and metrics here (to decode "
-        "the runs on another machine with usmkit.cli.evaluate)",
-    )
-    ap.add_argument("--text-count", type=int, default=20000, help="generated AN4-style sentences for MOST")
-    ap.add_argument(
-        "--minutes",
-        type=float,
-        nargs=3,
-        default=(0.0, 0.0, 0.0),
-        metavar=("PRETRAIN", "STAGE2", "FINETUNE"),
-        help="trainer.max_minutes of BEST-RQ, MOST and every fine-tuning (a safety net under a time limit; 0 = none)",
-    )
-    ap.add_argument(
-        "--save-encoder",
-        default="cb16",
-        help="save this BEST-RQ encoder's weights to OUT/bestrq_encoder (the CPU path's start; '' for none)",
-    )
-    ap.add_argument(
-        "--decode-only",
-        action="store_true",
-        help="decode the fine-tuned runs already in --exp (e.g. an --export copy from a GPU machine), train nothing",
-    )
-    ap.add_argument(
-        "--ensembles",
-        nargs="*",
-        default=[],
-        metavar="NAME=RUN+RUN[+...]",
-        help="also decode these ensembles of fine-tuned runs (CTC + lexicon, its settings tuned on dev)",
-    )
-    ap.add_argument("--extra", default="", help="more overrides for every fine-tuning run")
-    ap.add_argument("--pretrain-extra", default="", help="more overrides for every BEST-RQ run")
-    args = ap.parse_args()
-    out, data, exp = Path(args.out), Path(args.data), Path(args.exp)
-    logs = out / "logs"
-    variants = args.variants.split(",")
-    codebooks = {"cb1": 1, "cb16": 16}
-    given = dict(kv.split("=", 1) for kv in args.stage1 if "=" in kv)
-    if len(given) != len(args.stage1) or not set(given) <= set(codebooks):
-        ap.error(f"--stage1 takes NAME=DIR with NAME in {sorted(codebooks)}, got {args.stage1}")
-    stage1_dir = {name: Path(given.get(name, exp / f"stage1_{name}")) for name in codebooks}
-    seeds = [int(x) for x in args.seeds.split(",")]
-    seeded = set(args.seed_variants.split(","))
-    runs = {v if s == 0 else f"{v}_s{s}": (v, s) for v in variants for s in seeds if s == 0 or v in seeded}
-    wanted = {v for v in variants if v in codebooks} | ({args.las_from} if "las" in variants else set())
-    wanted |= {args.most_from} if "most" in variants else set()
-    wanted -= set(given)  # the encoders pre-trained here
-    if args.decode_only:
-        wanted = set()
-    for d in (out, logs, exp):
-        d.mkdir(parents=True, exist_ok=True)
-    an4 = data / "an4"
-    common = [f"model={args.model}", f"trainer.device={args.device}", "trainer.progress=false", "trainer.log_every=50"]
-    if args.model_overrides:
-        common.append(f"model.overrides={args.model_overrides}")
+# ---------------------------------------------------------------- report
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
 
-    # 0. data
-    minutes = {
-        "data": sh(
-            [PY, "-m", "usmkit.cli.prepare", "an4", f"out={an4}", f"corpus_dir={args.an4}", "num_jobs=8"],
-            logs / "an4.log",
-        )
-    }
-    if wanted:  # the unlabeled pool, for pre-training only
-        minutes["data"] += sh(
-            [PY, "-m", "usmkit.cli.prepare", "kathleen", f"out={data / 'kathleen'}", f"corpus_dir={args.kathleen}", "num_jobs=8"],
-            logs / "kathleen.log",
-        )  # fmt: skip
-        pool = [f"inputs=[{an4}:an4:unlabeled,{data / 'kathleen'}:kathleen:unlabeled]"]
-        minutes["data"] += sh(
-            [PY, "-m", "usmkit.cli.prepare", "pool", f"out={an4}", "corpus=an4", "split=pool", *pool], logs / "pool.log"
-        )
-    if "most" in variants and not args.decode_only:  # MOST's text-only data: AN4 train text + generated sentences
-        minutes["data"] += sh(
-            [PY, "-m", "usmkit.cli.prepare", "an4_text", f"out={an4}", f"count={args.text_count}"],
-            logs / "an4_text.log",
-        )
-    # the tokenizer (AN4 train text) and the fine-tuning statistics once, before runs share them
-    ft = [
-        "recipe=stage3_ctc", "data=an4", f"data.manifest_dir={an4}", *common, f"vocab_size={args.vocab_size}", f"data.max_duration={args.max_duration}",
-        f"data.num_workers={args.workers}", f"trainer.max_steps={args.finetune_steps}", f"optim.lr={args.finetune_lr}",
-        f"optim.warmup_steps={args.finetune_warmup}", "task.inter_ctc_weight=0.3", f"trainer.eval_every={max(1, args.finetune_steps // 5)}",
-        f"trainer.save_every={max(1, args.finetune_steps // 5)}", "trainer.keep_last=1", "data.spec_augment.time_masks=2",
-        f"trainer.max_minutes={args.minutes[2]}",
-        "data.spec_augment.freq_width=15", *args.extra.split(),
-    ]  # fmt: skip
-    if not args.speed_perturb:
-        ft += ["data.features.precomputed=true", "data.speed_perturb=[]"]
-    pt = [
-        "recipe=stage1", "data=an4", f"data.manifest_dir={an4}", *common, "data.train_split=pool", "data.features.precomputed=true",
-        "data.speed_perturb=[]", f"data.max_duration={args.pretrain_max_duration}", f"data.num_workers={args.workers}",
-        f"trainer.max_steps={args.pretrain_steps}", f"optim.lr={args.pretrain_lr}", "optim.warmup_steps=500",
-        f"trainer.eval_every={args.pretrain_steps}", f"trainer.save_every={args.pretrain_steps}", "trainer.keep_last=1",
-        f"trainer.max_minutes={args.minutes[0]}", *args.pretrain_extra.split(),
-    ]  # fmt: skip
-    # one after the other: the feature statistics (of AN4 train, computed by the first) are the corpus's, shared by both stages
-    if not args.decode_only:
-        minutes["data"] += sh(
-            [PY, "-m", "usmkit.cli.train", *ft, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_ft'}"],
-            logs / "prep_ft.log",
-        )
-    if wanted:
-        minutes["data"] += sh(
-            [PY, "-m", "usmkit.cli.train", *pt, "trainer.max_steps=0", f"trainer.exp_dir={exp / 'prep_pt'}"],
-            logs / "prep_pt.log",
-        )
 
-    # 1. BEST-RQ, with the scratch fine-tuning alongside
-    first = {
-        "stage1_" + name: (
-            [
-                PY,
-                "-m",
-                "usmkit.cli.train",
-                *pt,
-                f"task.bestrq.num_codebooks={n}",
-                f"trainer.exp_dir={exp / ('stage1_' + name)}",
-            ],
-            logs / f"stage1_{name}.log",
-        )
-        for name, n in codebooks.items()
-        if name in wanted
-    }
-    finetune = {}
-    for name, (v, seed) in runs.items():
-        cmd = [PY, "-m", "usmkit.cli.train", *ft, f"trainer.seed={seed}", f"trainer.exp_dir={exp / name}"]
-        if v in codebooks:
-            cmd.append(f"init_from={stage1_dir[v]}")
-        if v == "las":
-            cmd = [c.replace("recipe=stage3_ctc", "recipe=stage3_las") for c in cmd] + [
-                f"init_from={stage1_dir[args.las_from]}"
-            ]
-        if v == "most":  # stage 3 from the MOST model (its CTC head too: same tokenizer)
-            cmd.append(f"init_from={exp / 'stage2'}")
-        finetune[name] = (cmd, logs / f"finetune_{name}.log")
-    stage2 = [
-        PY, "-m", "usmkit.cli.train", "recipe=stage2", *[c for c in ft if not c.startswith(("recipe=", "trainer.max_steps=",
-        "trainer.eval_every=", "trainer.save_every=", "trainer.max_minutes=", "task.inter_ctc_weight="))],
-        "task.most.unlabeled_split=pool", f"task.most.text_only={an4 / 'an4_text_only.jsonl.gz'}",
-        "task.bestrq.num_codebooks=" + str(codebooks[args.most_from]), f"trainer.max_steps={args.stage2_steps}",
-        f"trainer.eval_every={max(1, args.stage2_steps // 4)}", f"trainer.save_every={max(1, args.stage2_steps // 4)}",
-        f"task.most.align_warmup_steps={args.stage2_steps // 4}", f"task.most.text_warmup_steps={args.stage2_steps // 3}",
-        f"trainer.max_minutes={args.minutes[1]}", f"init_from={stage1_dir[args.most_from]}", f"trainer.exp_dir={exp / 'stage2'}",
-    ]  # fmt: skip
-    # Each fine-tuning run starts as soon as the encoder it starts from is ready.
-    finetune_now = {} if args.decode_only else finetune  # (with --decode-only nothing is pre-trained either)
-    with cf.ThreadPoolExecutor(len(first) + len(finetune) + 1) as pool:
-        futures = {name: pool.submit(sh, cmd, log) for name, (cmd, log) in first.items()}
-        if "most" in finetune_now:
-            futures["stage2"] = pool.submit(after, futures.get(f"stage1_{args.most_from}"), stage2, logs / "stage2.log")
-        for name, (cmd, log) in finetune_now.items():
-            v = runs[name][0]
-            dep = futures.get({"las": f"stage1_{args.las_from}", "most": "stage2"}.get(v, f"stage1_{v}"))
-            futures[name] = pool.submit(after, dep, cmd, log)
-        minutes_of = {name: f.result() for name, f in futures.items()}
-    if args.save_encoder and f"stage1_{args.save_encoder}" in first:
-        save_encoder(exp / f"stage1_{args.save_encoder}", out / "bestrq_encoder")
-    pre_minutes = {k.removeprefix("stage1_"): m for k, m in minutes_of.items() if k.startswith("stage1_")}
-    pre_minutes["most"] = pre_minutes.get(args.most_from, 0.0) + minutes_of.get("stage2", 0.0)
-    pre_minutes["las"] = pre_minutes.get(args.las_from, 0.0)
-    ft_minutes = {name: minutes_of.get(name, 0.0) for name in finetune}
-    if args.export:
-        for name in finetune:
-            export_run(exp / name, Path(args.export) / name)
-    if args.train_only:
-        print(f"trained {', '.join(finetune)} in {(time.time() - T0) / 60:.1f} min (--train-only: not decoded)")
-        return
+def scores(s: Settings, name: str, decode: str) -> dict[str, Any] | None:
+    """dev and test WER (test CER) of one model and decoding from the decode stage's files; None if missing."""
+    folder = s.out / "decode" / name
+    if decode == "ctc_lexicon":
+        tuning, test = _read(folder / "lexicon_tuning_dev.json"), _read(folder / "ctc_lexicon.json")
+        if tuning is None or test is None:
+            return None
+        lexicon = {k: tuning["best"][k] for k in ("order", "lm_weight", "word_score")}
+        return {"dev_wer": tuning["best"]["wer"], **_test(test), "lexicon": lexicon}
+    result = _read(folder / f"{decode}.json")
+    return None if result is None else {"dev_wer": result["sets"]["dev"]["wer"], **_test(result)}
 
-    # 3. decoding: dev for choices, test once per final configuration (the models side by side)
-    def decode_variant(name: str) -> list[dict]:
-        e, v = exp / name, runs[name][0]
-        tune_out = out / f"lexicon_{name}.json"
-        sh(
-            [PY, str(ROOT / "bench/lexicon_tuning.py"), "--checkpoint", str(e), "--set", "dev", "--orders", "1,2",
-             "--lm-weights", "0.5,1", "--word-scores=0,1", "--output", str(tune_out)],
-            logs / f"lexicon_{name}.log",
-        )  # fmt: skip
-        best = json.loads(tune_out.read_text())["best"]
-        lex = [
-            f"lexicon.order={best['order']}",
-            f"lexicon.lm_weight={best['lm_weight']}",
-            f"lexicon.word_score={best['word_score']}",
-        ]
-        decodes = {"ctc_greedy": [], "ctc_lexicon": lex}
-        if v == "las":
-            decodes["rescore"] = []
-        rows = []
-        for decode, extra in decodes.items():
-            dev, test = evaluate(e, "dev", decode, extra, logs), evaluate(e, "test", decode, extra, logs)
+
+def _test(result: dict) -> dict[str, float]:
+    return {"test_wer": result["sets"]["test"]["wer"], "test_cer": result["sets"]["test"]["cer"]}
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (n - 1; None for one value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def build_report(s: Settings, command: str = "") -> dict[str, Any]:
+    """Rows per run and decoding, their mean +- sd per variant and decoding, ensembles apart."""
+    rows, ensembles, missing = [], [], []
+    for run in runs_of(s):
+        for decode in decodes_of(run.variant):
+            found = scores(s, run.name, decode)
+            if found is None:
+                missing.append(f"{run.name} {decode}")
+                continue
             rows.append(
-                {
-                    "model": name, "decode": decode, "seed": runs[name][1], "dev_wer": dev["wer"], "test_wer": test["wer"], "test_cer": test["cer"],
-                    "finetune_steps_done": last_step(e),
-                    "eval_command": test["command"], "pretrain_minutes": round(pre_minutes.get(v, 0.0), 2),
-                    "finetune_minutes": round(ft_minutes[name], 2), "finetune_command": shlex.join(finetune[name][0]),
-                }
+                {"variant": run.variant, "seed": run.seed, "pretrain_seed": run.pretrain_seed, "run": run.name,
+                 "decode": decode, **found, "finetune_steps": _last_step(s.runs_dir / run.name)}
             )  # fmt: skip
-        return rows
+    for name, members in ensembles_of(s).items():
+        for decode in ("ctc_greedy", "ctc_lexicon"):
+            found = scores(s, name, decode)
+            if found is None:
+                missing.append(f"{name} {decode}")
+                continue
+            variant = members[0].variant
+            ensembles.append({"variant": variant, "members": [r.name for r in members], "decode": decode, **found})
+    summary = []
+    for variant in s.variants:
+        for decode in decodes_of(variant):
+            group = [r for r in rows if r["variant"] == variant and r["decode"] == decode]
+            if not group:
+                continue
+            dev, dev_sd = mean_sd([r["dev_wer"] for r in group])
+            test, test_sd = mean_sd([r["test_wer"] for r in group])
+            summary.append({"variant": variant, "decode": decode, "runs": len(group), "dev_wer_mean": dev,
+                            "dev_wer_sd": dev_sd, "test_wer_mean": test, "test_wer_sd": test_sd})  # fmt: skip
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()}
+    return {
+        "recipe": "recipes/an4/run.py",
+        "command": command,
+        "date": now(),
+        "settings": settings,
+        "test_configurations": len(rows) + len(ensembles),
+        "summary": summary,
+        "rows": rows,
+        "ensembles": ensembles,
+        "missing": missing,
+    }
 
-    def decode_ensemble(spec: str) -> list[dict]:
-        """``NAME=RUN+RUN[+...]``: the runs as one CTC ensemble (usmkit.cli.evaluate's ``ensemble=``), lexicon
-        settings chosen on dev over the same grid as a single run's, then test once."""
-        name, members = spec.split("=", 1)
-        first_run, *others = [exp / m for m in members.split("+")]
-        ens = [f"ensemble=[{','.join(map(str, others))}]"]
-        grid = [(o, w, ws) for o in (1, 2) for w in (0.5, 1.0) for ws in (0.0, 1.0)]
-        scored = []
-        for o, w, ws in grid:
-            lex = [f"lexicon.order={o}", f"lexicon.lm_weight={w}", f"lexicon.word_score={ws}"]
-            dev = evaluate(first_run, "dev", "ctc_lexicon", [*ens, *lex], logs, tag=f"{name}_{o}_{w}_{ws}")
-            scored.append((dev["wer"], lex))
-        dev_wer, lex = min(scored, key=lambda x: x[0])
-        test = evaluate(first_run, "test", "ctc_lexicon", [*ens, *lex], logs, tag=name)
-        return [{"model": name, "decode": "ctc_lexicon", "ensemble": members.split("+"), "dev_wer": dev_wer,
-                 "test_wer": test["wer"], "test_cer": test["cer"], "eval_command": test["command"]}]  # fmt: skip
 
-    # Stored features: the first evaluation of a split stores its features, so the first variant goes alone.
-    # The table is rewritten as each variant's rows come in (a run cut short keeps what it scored).
-    rows = []
+def _last_step(exp: Path) -> int | None:
+    """The last step a run logged in its ``metrics.jsonl`` (below trainer.max_steps when max_minutes stopped it)."""
+    metrics = exp / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    return max(
+        (json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if line.strip()), default=0
+    )
 
-    def save(new_rows: list[dict]) -> None:
-        rows.extend(new_rows)
-        write_result(out / "an4.json", run_header(args=vars(args), minutes=minutes, rows=rows))
 
-    names = list(runs)
-    save(decode_variant(names[0]))
-    with cf.ThreadPoolExecutor(len(names)) as pool:
-        for rows_v in pool.map(decode_variant, names[1:]):
-            save(rows_v)
-        for rows_e in pool.map(decode_ensemble, args.ensembles):
-            save(rows_e)
-    print(f"\n{'model':<8} {'decode':<12} {'dev WER':>8} {'test WER':>9} {'test CER':>9}")
-    for r in rows:
-        print(
-            f"{r['model']:<8} {r['decode']:<12} {100 * r['dev_wer']:8.2f} {100 * r['test_wer']:9.2f} {100 * r['test_cer']:9.2f}"
-        )
-    print(f"total {(time.time() - T0) / 60:.1f} min; {len(rows)} configurations scored on test")
+def print_report(report: dict[str, Any]) -> None:
+    def pm(mean: float, sd: float | None) -> str:
+        return f"{100 * mean:6.2f} +- {100 * sd:5.2f}" if sd is not None else f"{100 * mean:6.2f}         "
+
+    print(f"\n{'variant':<8} {'decode':<12} {'runs':>4}  {'dev WER %':<15} {'test WER %':<15}")
+    for r in report["summary"]:
+        dev, test = pm(r["dev_wer_mean"], r["dev_wer_sd"]), pm(r["test_wer_mean"], r["test_wer_sd"])
+        print(f"{r['variant']:<8} {r['decode']:<12} {r['runs']:>4}  {dev} {test}")
+    if report["ensembles"]:
+        print("\nensembles (all runs of a variant as one model):")
+        for e in report["ensembles"]:
+            print(
+                f"{e['variant']:<8} {e['decode']:<12} {len(e['members']):>4}  {pm(e['dev_wer'], None)} {pm(e['test_wer'], None)}"
+            )
+    if report["missing"]:
+        print(f"\nnot decoded yet: {', '.join(report['missing'])}")
+    print(f"\n{report['test_configurations']} configurations scored on test, once each")
+
+
+# ---------------------------------------------------------------- command line
+def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Settings]:
+    d = Settings()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stages", nargs="*", metavar="STAGE", help=f"of {', '.join(STAGES)} (default: all)")
+    ap.add_argument("--out", type=Path, default=d.out)
+    ap.add_argument("--an4", default="", help="the AN4 corpus folder (default $USMKIT_CORPORA/an4)")
+    ap.add_argument("--kathleen", default="", help="the Kathleen corpus folder (default $USMKIT_CORPORA/kathleen)")
+    ap.add_argument("--pool", default=",".join(d.pool), help="corpora of the unlabeled pool: an4[,kathleen]")
+    ap.add_argument("--dev-utterances", type=int, default=d.dev_utterances)
+    ap.add_argument("--variants", default=",".join(d.variants), help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--seeds", default=_csv(d.seeds), help="fine-tuning seeds (trainer.seed)")
+    ap.add_argument("--pretrain-seeds", default=_csv(d.pretrain_seeds), help="BEST-RQ seeds (run and quantizer)")
+    ap.add_argument("--stage1", nargs="*", default=[], metavar="NAME=DIR", help="start cb1/cb16 from these encoders")
+    ap.add_argument("--las-from", default=d.las_from, choices=sorted(CODEBOOKS))
+    ap.add_argument("--most-from", default=d.most_from, choices=sorted(CODEBOOKS))
+    ap.add_argument("--model", default=d.model)
+    ap.add_argument("--model-overrides", default="{subsampling_channels: 32}", help="model.overrides ('' for none)")
+    ap.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    ap.add_argument("--device", default=d.device)
+    ap.add_argument("--workers", type=int, default=d.workers, help="loader workers per training run")
+    ap.add_argument("--max-duration", type=float, default=d.max_duration)
+    ap.add_argument("--speed-perturb", action="store_true", help="0.9/1.0/1.1 speed perturbation (features on the fly)")
+    ap.add_argument("--finetune-steps", type=int, default=d.finetune_steps)
+    ap.add_argument("--finetune-lr", type=float, default=d.finetune_lr)
+    ap.add_argument("--finetune-warmup", type=int, default=d.finetune_warmup)
+    ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps)
+    ap.add_argument("--pretrain-lr", type=float, default=d.pretrain_lr)
+    ap.add_argument("--pretrain-warmup", type=int, default=d.pretrain_warmup)
+    ap.add_argument("--pretrain-max-duration", type=float, default=d.pretrain_max_duration)
+    ap.add_argument("--stage2-steps", type=int, default=d.stage2_steps, help="MOST steps of the 'most' variant")
+    ap.add_argument("--text-count", type=int, default=d.text_count, help="generated AN4-style sentences for MOST")
+    ap.add_argument("--minutes", type=float, nargs=3, default=d.minutes, metavar=("PRETRAIN", "STAGE2", "FINETUNE"),
+                    help="trainer.max_minutes of each kind of run (0 = none)")  # fmt: skip
+    ap.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more fine-tuning overrides")
+    ap.add_argument("--pretrain-extra", nargs="*", default=[], metavar="KEY=VALUE", help="more BEST-RQ overrides")
+    ap.add_argument("--lm-orders", default=_csv(d.lm_orders))
+    ap.add_argument("--lm-weights", default=_csv(d.lm_weights))
+    ap.add_argument("--word-scores", default=_csv(d.word_scores))
+    ap.add_argument("--ensembles", default=",".join(d.ensembles), help="variants also decoded as one ensemble ('')")
+    ap.add_argument("--runs", type=Path, default=None, help="decode the fine-tuned runs here (default OUT/runs)")
+    ap.add_argument("--export", type=Path, default=None, help="after training, copy each run's best checkpoint here")
+    ap.add_argument("--save-encoder", default=d.save_encoder, help="save this encoder to OUT/bestrq_encoder ('')")
+    ap.add_argument("--jobs", type=int, default=d.jobs, help="steps run side by side")
+    ap.add_argument("--report", type=Path, default=d.report)
+    ap.add_argument("--train-only", action="store_true", help="= the stages prepare train")
+    ap.add_argument("--decode-only", action="store_true", help="= the stages prepare decode report")
+    a = ap.parse_args(argv)
+    if not set(a.stages) <= set(STAGES):
+        ap.error(f"stages are {', '.join(STAGES)}, got {' '.join(a.stages)}")
+    if (a.train_only or a.decode_only) and (a.stages or a.train_only == a.decode_only):
+        ap.error("--train-only and --decode-only each replace the list of stages: give one of them, and no stage")
+    stages = ("prepare", "train") if a.train_only else ("prepare", "decode", "report") if a.decode_only else ()
+    stages = stages or tuple(st for st in STAGES if st in a.stages) or STAGES
+    variants, stage1 = _names(a.variants), dict(kv.split("=", 1) for kv in a.stage1 if "=" in kv)
+    if not set(variants) <= set(VARIANTS) or len(stage1) != len(a.stage1) or not set(stage1) <= set(CODEBOOKS):
+        ap.error(f"--variants takes {', '.join(VARIANTS)}; --stage1 takes NAME=DIR with NAME in {sorted(CODEBOOKS)}")
+    try:
+        extra, pretrain_extra = parse_overrides(a.extra), parse_overrides(a.pretrain_extra)
+    except ValueError as e:
+        ap.error(f"--extra / --pretrain-extra: {e}")
+    settings = Settings(
+        out=a.out, an4=a.an4, kathleen=a.kathleen, pool=_names(a.pool), dev_utterances=a.dev_utterances,
+        variants=variants, seeds=_ints(a.seeds), pretrain_seeds=_ints(a.pretrain_seeds), stage1=stage1,
+        las_from=a.las_from, most_from=a.most_from, model=a.model,
+        model_overrides=yaml.safe_load(a.model_overrides) if a.model_overrides else None, vocab_size=a.vocab_size,
+        device=a.device, workers=a.workers, max_duration=a.max_duration, speed_perturb=a.speed_perturb,
+        finetune_steps=a.finetune_steps, finetune_lr=a.finetune_lr, finetune_warmup=a.finetune_warmup,
+        pretrain_steps=a.pretrain_steps, pretrain_lr=a.pretrain_lr, pretrain_warmup=a.pretrain_warmup,
+        pretrain_max_duration=a.pretrain_max_duration, stage2_steps=a.stage2_steps, text_count=a.text_count,
+        minutes=tuple(a.minutes), extra=extra, pretrain_extra=pretrain_extra,
+        lm_orders=_ints(a.lm_orders), lm_weights=_floats(a.lm_weights), word_scores=_floats(a.word_scores),
+        ensembles=_names(a.ensembles), runs=a.runs, export=a.export, save_encoder=a.save_encoder, jobs=a.jobs,
+        report=a.report,
+    )  # fmt: skip
+    return stages, settings
+
+
+def _csv(values: Sequence) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x for x in text.split(",") if x)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in _names(text))
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in _names(text))
+
+
+def main(argv: Sequence[str] | None = None, execute: Execute | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    stages, s = parse_args(argv)
+    execute = execute or subprocess_runner(s.out, s.jobs)
+    try:
+        if "prepare" in stages:
+            for_training = "train" in stages or stages == ("prepare",)
+            run_steps("prepare", data_steps(s, for_training), s.out, s.jobs, execute)
+        if "train" in stages:
+            run_steps("train", train_steps(s), s.out, s.jobs, execute)
+            if s.save_encoder in pretrained_here(s):
+                p = s.pretrain_seeds[0]
+                save_encoder(encoder_dir(s, s.save_encoder, p), s.out / "bestrq_encoder")
+            if s.export:
+                for run in runs_of(s):
+                    export_run(s.out / "runs" / run.name, s.export / run.name)
+                print(f"[train] exported {len(runs_of(s))} runs to {s.export}")
+        if "decode" in stages:
+            run_steps("decode", decode_steps(s), s.out, s.jobs, execute)
+        if "report" in stages:
+            report = build_report(s, shlex.join(["python", "recipes/an4/run.py", *argv]))
+            with replaced_atomically(s.report) as tmp:
+                tmp.write_text(json.dumps(report, indent=2) + "\n")
+            print_report(report)
+            print(f"wrote {s.report}")
+    except StageFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

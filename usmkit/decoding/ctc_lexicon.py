@@ -52,7 +52,7 @@ class LexiconConfig:
     order: int = 1
     lm_weight: float = 1.0
     word_score: float = 0.0
-    beam_size: int = 200  # wider than flashlight's 50: fewer search errors on dev (bench/lexicon_tuning.py)
+    beam_size: int = 200  # wider than flashlight's 50: fewer search errors on dev (usmkit.cli.tune_lexicon)
     beam_threshold: float = 50.0
     lm_path: str | None = None
     nbest: int = 1

@@ -11,12 +11,16 @@ import platform
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from usmkit.config import DataConfig, TrainConfig
 from usmkit.data.loader import split_loader
 from usmkit.data.manifests import available_splits, load_cuts, manifest_path
+from usmkit.data.normalize import FeatureStats
+from usmkit.data.tokenizer import Tokenizer
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
@@ -58,10 +62,23 @@ class EvalConfig:
             )
 
 
-def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
-    """Decode each test set with the checkpoint; returns the results dict that is also written as JSON.
+@dataclass(frozen=True)
+class LoadedModel:
+    """What decoding a split needs, loaded and checked once (``load_for_eval``)."""
 
-    ``on_set(results)`` (optional) is called after each set is scored, with the results so far."""
+    module: torch.nn.Module  # the model, or a CtcEnsemble of it and EvalConfig.ensemble
+    train_cfg: TrainConfig  # the checkpoint's
+    tokenizer: Tokenizer
+    checkpoint: Path
+    members: tuple[Path, ...]  # every ensemble member's checkpoint, the first included; () without one
+    data: DataConfig  # the checkpoint's data settings with EvalConfig's manifest_dir, corpus and max_duration
+    stats: FeatureStats  # the feature statistics the checkpoint was trained with
+    device: torch.device
+
+
+def load_for_eval(cfg: EvalConfig) -> LoadedModel:
+    """Load ``cfg.checkpoint`` (and its ensemble) for decoding ``cfg.test_sets`` with ``cfg.decode``; every
+    set name, the decode mode and the members are checked here, before anything is decoded."""
     device = resolve_device(cfg.device)
     changes = {}
     if cfg.chunk_size != "default":
@@ -84,15 +101,26 @@ def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
     )
     check_test_sets(cfg.test_sets, data.manifest_dir, data.corpus)
     stats = checkpoint_feature_stats(ckpt, train_cfg.data)
+    members: tuple[Path, ...] = ()
     if cfg.ensemble:
-        members = [load_trained(path, device, **changes) for path in cfg.ensemble]
-        for _, member_cfg, member_tok, member_ckpt in members:
+        loaded = [load_trained(path, device, **changes) for path in cfg.ensemble]
+        for _, member_cfg, member_tok, member_ckpt in loaded:
             check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, member_ckpt, ckpt)
-        module = CtcEnsemble([module, *(m[0] for m in members)])
-    word_decoder = build_word_decoder(cfg, train_cfg, tokenizer) if cfg.decode == "ctc_lexicon" else None
+        module = CtcEnsemble([module, *(m[0] for m in loaded)])
+        members = (ckpt, *(m[3] for m in loaded))
+    return LoadedModel(module, train_cfg, tokenizer, ckpt, members, data, stats, device)
+
+
+def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
+    """Decode each test set with the checkpoint; returns the results dict that is also written as JSON.
+
+    ``on_set(results)`` (optional) is called after each set is scored, with the results so far."""
+    loaded = load_for_eval(cfg)
+    module, tokenizer, data, stats, device = loaded.module, loaded.tokenizer, loaded.data, loaded.stats, loaded.device
+    word_decoder = build_word_decoder(cfg, loaded.train_cfg, tokenizer) if cfg.decode == "ctc_lexicon" else None
     results: dict[str, Any] = {
-        "checkpoint": str(ckpt),
-        **({"ensemble": [str(ckpt), *(str(m[3]) for m in members)]} if cfg.ensemble else {}),
+        "checkpoint": str(loaded.checkpoint),
+        **({"ensemble": [str(m) for m in loaded.members]} if loaded.members else {}),
         "decode": cfg.decode,
         "beam_size": cfg.beam_size,
         **({"lexicon": asdict(cfg.lexicon)} if cfg.decode == "ctc_lexicon" else {}),
@@ -170,10 +198,10 @@ def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, m
         )
 
 
-def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer) -> LexiconDecoder:
-    """Lexicon and word LM from the transcripts of the split the checkpoint was trained on."""
-    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
-    texts = [normalize_text(s.text, cfg.norm) for c in cuts for s in c.supervisions if s.text]
+def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] | None = None) -> LexiconDecoder:
+    """Lexicon and word LM from the transcripts of the split the checkpoint was trained on (``texts``:
+    those transcripts, ``lexicon_texts``, when already loaded)."""
+    texts = lexicon_texts(train_cfg, cfg.norm) if texts is None else texts
     with tempfile.TemporaryDirectory(prefix="usmkit-lexicon-") as tmp:  # flashlight reads the files once
         decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon)
     log.info(
@@ -184,3 +212,9 @@ def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer) -> LexiconDecoder:
         cfg.lexicon.order,
     )
     return decoder
+
+
+def lexicon_texts(train_cfg, norm: TextNormConfig) -> list[str]:
+    """The normalized transcripts of the split the checkpoint was trained on: the lexicon's words, the LM's text."""
+    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
+    return [normalize_text(s.text, norm) for c in cuts for s in c.supervisions if s.text]
