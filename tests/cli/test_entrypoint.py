@@ -41,6 +41,7 @@ ENTRY_MODULES = [
             "usmkit.cli.average",
             "usmkit.cli.export",
             "usmkit.cli.serve",
+            "usmkit.cli.tune_lexicon",
         )
     ),
 ]
