@@ -12,6 +12,10 @@ arguments, audio source, printing. Partial results are shown live on one rewritt
 is a terminal (plain ``partial:`` lines otherwise); finals as ``[00:01.20 - 00:03.48] text``. At the
 end the real-time factor and the per-chunk latency go to stderr.
 
+``--no-streaming`` encodes the whole input as the full forward does (any checkpoint), under chunk-wise
+attention window by window in flat memory (``usmkit.streaming.windowed``); under full attention it is
+refused for inputs too long to encode at once.
+
 Exit status: 0 done (also when there was no speech), 2 bad input or usage (the message says which),
 1 a failure at run time. Errors are one line on stderr, never a traceback (``--debug`` shows it).
 """
@@ -27,7 +31,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-import numpy as np
 import torch
 
 from usmkit.cli.args import UsageParser, add_stream_options, decoder_config, device_arg, positive_int
@@ -37,11 +40,11 @@ from usmkit.streaming.decoder import Segment
 from usmkit.streaming.features import StreamingFbank
 from usmkit.streaming.pipeline import (
     ModelError,
+    OfflineTranscriber,
     RunStats,
     StreamingTranscriber,
     load_model,
     streaming_mask,
-    transcribe_whole,
 )
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -245,8 +248,10 @@ def _clipping_warning(meter: LevelMeter, source: AudioSource, err: TextIO) -> bo
     return True
 
 
-def _run_streaming(transcriber: StreamingTranscriber, source: AudioSource, printer: Printer, err: TextIO):
-    """Feed the source through the transcriber; returns (segments, interrupted by Ctrl-C)."""
+def _run_streaming(
+    transcriber: StreamingTranscriber | OfflineTranscriber, source: AudioSource, printer: Printer, err: TextIO
+):
+    """Feed the source through the transcriber; returns (segments, run stats, interrupted by Ctrl-C)."""
     segments: list[Segment] = []
     warned, interrupted = False, False
     try:
@@ -268,27 +273,13 @@ def _run_streaming(transcriber: StreamingTranscriber, source: AudioSource, print
     return segments, transcriber.stats, interrupted
 
 
-def _run_whole(
-    args, model, tokenizer, fbank, decoder_cfg, source, printer, err, mask: tuple[int | None, int], words=None
-):
-    """--no-streaming: read all of the input, then encode and decode it at once."""
-    interrupted = False
-    blocks: list[np.ndarray] = []
-    try:
-        for block in source:
-            blocks.append(block)
-    except KeyboardInterrupt:
-        interrupted = True
-    except AudioError as e:  # decoding failed part way: the audio before it is transcribed first
-        source.failure = e
-    samples = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.float32)
-    segments, stats, meter = transcribe_whole(
-        model, tokenizer, fbank, decoder_cfg, samples, *mask, args.silence_db, words=words
-    )
-    for seg in segments:
-        printer.final(seg)
-    _clipping_warning(meter, source, err)
-    return segments, stats, interrupted
+def _offline_transcriber(args, model, tokenizer, fbank, decoder_cfg, source, mask: tuple[int | None, int], words=None):
+    """--no-streaming: the full forward's encoding of the whole input (``OfflineTranscriber``); a file too
+    long to encode at once (full attention only) is refused before it is read."""
+    transcriber = OfflineTranscriber(model, tokenizer, fbank, decoder_cfg, *mask, args.silence_db, words=words)
+    if isinstance(source, FileSource):
+        transcriber.check_length(source.declared_frames / source.info.samplerate, source.describe)
+    return transcriber
 
 
 def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -318,7 +309,7 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     block_s = (C or 4) * frame_s
     source = _open_source(args, feature_cfg.sample_rate, block_s)
     fbank = StreamingFbank(feature_cfg, stats)
-    printer = Printer(out, partials=not args.no_partials)
+    printer = Printer(out, partials=streaming and not args.no_partials)  # offline: finals only, as they are ready
     if streaming:
         transcriber = StreamingTranscriber(
             model,
@@ -331,11 +322,9 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
             step=step,
             words=words,
         )
-        segments, run_stats, interrupted = _run_streaming(transcriber, source, printer, err)
     else:
-        segments, run_stats, interrupted = _run_whole(
-            args, model, tokenizer, fbank, decoder_cfg, source, printer, err, (C, K), words
-        )
+        transcriber = _offline_transcriber(args, model, tokenizer, fbank, decoder_cfg, source, (C, K), words)
+    segments, run_stats, interrupted = _run_streaming(transcriber, source, printer, err)
     printer.close()
     failure = getattr(source, "failure", None)
     for note in source.notes():

@@ -9,7 +9,10 @@ caches): lhotse writes one array per cut
 feature config it was made with (``feature_config.json``). The cache is reused when the config matches
 and every requested cut is in it; cuts missing from it are computed and appended; a different
 config rebuilds it. Runs that need the same cache at once take turns (a lock file beside it,
-``feats_{split}.lock``): the first computes, the others then find the features stored.
+``feats_{split}.lock``): the first computes, the others then find the features stored. A cache whose
+computation was killed before it wrote its config (arrays, maybe its manifest, no
+``feature_config.json``) is computed again, with a warning; a folder holding anything else is not
+ours, and is refused rather than deleted.
 
 Storage format: ``NumpyFilesWriter`` (raw float32 ``.npy``). lhotse's ``LilcomChunkyWriter`` is 4x
 smaller but needs the ``lilcom`` package, which usmkit does not depend on; raw arrays also decode
@@ -37,6 +40,7 @@ from lhotse.dataset.input_strategies import BatchIO
 from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.config import FeatureConfig
 from usmkit.data.manifests import read_cuts, write_manifest
+from usmkit.data.validate import BadInputError, OnBad, Problem, ValidationReport
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +90,15 @@ def precompute_features(
     storage_dir: str | Path,
     *,
     num_jobs: int = 1,
+    on_bad: OnBad = "error",
+    report: ValidationReport | None = None,
 ) -> CutSet:
     """Attach stored fbank features to ``cuts``, computing only what ``storage_dir`` lacks.
 
-    Returns the cuts (same ids, same order) with ``cut.features`` pointing into ``storage_dir``.
+    Returns the cuts (same ids, same order) with ``cut.features`` pointing into ``storage_dir``. lhotse
+    leaves out a cut whose audio fails to decode while its features are computed (damage that
+    validation did not reach); such a cut raises ``BadInputError`` naming it (``on_bad="error"``) or is
+    left out, counted in ``report`` and logged (``"skip"``).
     """
     storage_dir = Path(storage_dir)
     wanted = CutSet.from_cuts(to_sample_rate(c, cfg.sample_rate) for c in cuts)
@@ -113,7 +122,21 @@ def precompute_features(
                 )
                 cached.update({c.id: c for c in computed})
                 _save_cache(storage_dir, cfg, cached)
-    return CutSet.from_cuts(cached[c.id] for c in wanted)
+    failed = [c for c in wanted if c.id not in cached]
+    for cut in failed:
+        problem = Problem("corrupt audio", _audio_name(cut), "its audio failed to decode while computing its features")
+        if on_bad == "error":
+            raise BadInputError(problem.kind, f"{problem.name} (cut {cut.id})", problem.detail)
+        if report is not None:
+            report.problems.append(problem)
+    if failed:
+        log.warning("left out %d of %d cuts whose audio failed to decode: %s", len(failed), len(wanted), failed[0].id)
+    return CutSet.from_cuts(cached[c.id] for c in wanted if c.id in cached)
+
+
+def _audio_name(cut: Cut) -> str:
+    files = [s.source for s in cut.recording.sources] if cut.has_recording else []
+    return str(files[0]) if files else cut.id
 
 
 def _read_complete_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut] | None:
@@ -134,15 +157,43 @@ def _load_cache(storage_dir: Path, cfg: FeatureConfig) -> dict[str, Cut]:
     config_path = storage_dir / CONFIG_FILE
     if not config_path.is_file():
         if storage_dir.exists() and any(storage_dir.iterdir()):
-            raise ValueError(
-                f"{storage_dir} exists but has no {CONFIG_FILE}, so it is not a usmkit feature cache; "
-                "move it away or point manifest_dir elsewhere"
+            stranger = _not_ours(storage_dir)
+            if stranger is not None:
+                raise BadInputError(
+                    "not a feature cache",
+                    str(storage_dir),
+                    f"it has no {CONFIG_FILE} and holds {stranger.relative_to(storage_dir)}, which usmkit does not "
+                    "write there",
+                    hint="move it away, or point data.manifest_dir elsewhere",
+                )
+            # The lock is ours, so no other run is computing it: a computation was killed before its end.
+            log.warning(
+                "%s holds features of a computation that stopped before it finished (no %s): computing them again",
+                storage_dir,
+                CONFIG_FILE,
             )
+            shutil.rmtree(storage_dir)
     elif json.loads(config_path.read_text()) != _config_record(cfg):
         # Only ever deletes a directory this module created (it holds our config file).
         log.warning("feature config changed since %s was written: recomputing it", storage_dir)
         shutil.rmtree(storage_dir)
     return {}
+
+
+def _not_ours(storage_dir: Path) -> Path | None:
+    """The first entry of ``storage_dir`` that an unfinished computation of ours cannot have left, or None.
+
+    What one leaves: lhotse's ``NumpyFilesWriter`` arrays (``xyz/<key>.npy``, a folder per key prefix),
+    maybe our manifest (written just before the config) and temporary files of our atomic writes.
+    """
+    for entry in storage_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            stray = next((f for f in entry.iterdir() if not (f.is_file() and f.suffix == ".npy")), None)
+            if stray is not None:
+                return stray
+        elif not (entry.is_file() and (entry.name == CUTS_FILE or entry.name.startswith(".tmp-"))):
+            return entry
+    return None
 
 
 def _config_record(cfg: FeatureConfig) -> dict:

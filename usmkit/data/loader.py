@@ -37,14 +37,17 @@ log = logging.getLogger(__name__)
 def prepare_cuts(
     cuts: CutSet, cfg: DataConfig, *, split: str, require_text: bool, num_jobs: int = 1
 ) -> tuple[CutSet, ValidationReport]:
-    """Once per run, before any loader: validate (``cfg.on_bad_input``), resample to the feature rate,
-    and attach stored features when ``cfg.features.precomputed`` (cached in ``feats_{split}``)."""
+    """Once per run, before any loader: validate (``cfg.on_bad_input``; cuts shorter than one feature
+    frame are bad input), resample to the feature rate, and attach stored features when
+    ``cfg.features.precomputed`` (cached in ``feats_{split}``)."""
     cuts, report = validate_cuts(
         cuts,
         require_text=require_text,
         on_bad=cfg.on_bad_input,
         expected_sample_rate=cfg.features.sample_rate,
         allow_urls=cfg.allow_urls,
+        split=split,
+        min_duration=cfg.features.frame_length_ms / 1000.0,
     )
     if cfg.features.precomputed:
         cuts = precompute_features(
@@ -52,6 +55,8 @@ def prepare_cuts(
             cfg.features,
             feature_storage_dir(cfg.manifest_dir, split, cfg.features.sample_rate),
             num_jobs=num_jobs,
+            on_bad=cfg.on_bad_input,
+            report=report,
         )
     return cuts, report
 

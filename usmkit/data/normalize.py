@@ -5,6 +5,11 @@ Shapes: B batch, T frames, F mel bins.
 Stats are computed once over (a prefix of) the training cuts and stored next to the manifests as
 ``{manifest_dir}/feature_stats.safetensors``; the dataset applies them after feature extraction and
 before SpecAugment, so masked regions (value 0) sit at the global mean.
+
+Statistics are finite or they are nothing: one NaN sample in one file would otherwise make every
+mean NaN, and the stored file would poison every later run over the corpus. Frames that are not
+finite are left out of the sums (the dataset sets them to the mean, so leaving them out is what they
+become), non-finite stats are never written, and a stored file that holds them is computed again.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 
+import numpy as np
 import torch
 from lhotse import CutSet
 from lhotse.features.base import StatsAccumulator
@@ -25,6 +31,7 @@ from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor, rate_suffix, to_sample_rate
 from usmkit.data.sampling import cut_speaker
+from usmkit.data.validate import BadInputError
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +69,21 @@ class FeatureStats:
         x = (features - self.mean) / self.std
         return x.masked_fill(~valid[:, :, None], 0.0)
 
+    @property
+    def finite(self) -> bool:
+        return bool(self.mean.isfinite().all() and self.std.isfinite().all())
+
     def save(self, path: str | Path, cfg: FeatureConfig) -> None:
+        """Write them to ``path`` (atomically); ``BadInputError`` instead when any value is NaN/Inf."""
+        if not self.finite:
+            bins = int((~(self.mean.isfinite() & self.std.isfinite())).sum())
+            raise BadInputError(
+                "non-finite feature statistics",
+                str(path),
+                f"{bins} of {self.num_bins} bins are NaN/Inf, so they were not written",
+                hint="the features they were computed from hold values that are not finite: check the training audio "
+                "and its stored features (validation counts NaN/Inf samples per file)",
+            )
         with replaced_atomically(path) as tmp:  # another run over the corpus may be reading it
             save_file(
                 {"mean": self.mean.contiguous(), "std": self.std.contiguous()},
@@ -80,19 +101,33 @@ def compute_global_stats(cuts: CutSet, cfg: FeatureConfig, *, max_cuts: int = 20
     """Per-bin mean and std of log-mel features over the first ``max_cuts`` cuts.
 
     Uses stored features when a cut has them, else computes them (lhotse ``Fbank``); the running
-    sums are lhotse's ``StatsAccumulator`` (float64).
+    sums are lhotse's ``StatsAccumulator`` (float64). Frames with a NaN/Inf value (from NaN/Inf
+    samples) are left out, counted in one warning.
     """
     extractor = fbank_extractor(cfg)
     acc = StatsAccumulator(cfg.num_mel_bins)
+    skipped: dict[str, int] = {}  # cut id -> its non-finite frames
     for cut in islice(cuts, max_cuts):
         if cut.has_features:
             feats = cut.load_features()
         else:
             cut = to_sample_rate(cut, cfg.sample_rate)
-            feats = extractor.extract(cut.load_audio(), cfg.sample_rate)
-        acc.update(feats)
+            feats = extractor.extract(cut.load_audio(), cfg.sample_rate)  # (T, F)
+        finite = np.isfinite(feats).all(axis=-1)  # (T,)
+        if not finite.all():
+            skipped[cut.id] = int((~finite).sum())
+            feats = feats[finite]
+        if len(feats):
+            acc.update(feats)
+    if skipped:
+        log.warning(
+            "feature statistics leave out %d NaN/Inf frames of %d cuts (e.g. cut %s): their audio holds NaN/Inf samples",
+            sum(skipped.values()),
+            len(skipped),
+            next(iter(skipped)),
+        )
     if acc.total_frames == 0:
-        raise ValueError("compute_global_stats got no feature frames: the CutSet is empty")
+        raise ValueError("compute_global_stats got no finite feature frames: the CutSet is empty or all NaN/Inf")
     mean = torch.from_numpy(acc.norm_means).float()
     std = torch.from_numpy(acc.norm_stds).float().clamp_min(MIN_STD)
     return FeatureStats(mean=mean, std=std)
@@ -106,14 +141,18 @@ def stats_path(manifest_dir: str | Path, sample_rate: int = 16000) -> Path:
 
 def load_or_compute_stats(cuts: CutSet, cfg: DataConfig, *, max_cuts: int = 2000) -> FeatureStats:
     """Stats from ``{cfg.manifest_dir}/feature_stats.safetensors``; computed from ``cuts`` (the training
-    cuts) and saved when absent or when they were made with another feature config."""
+    cuts) and saved when absent, made with another feature config, or holding NaN/Inf values."""
     path = stats_path(cfg.manifest_dir, cfg.features.sample_rate)
     if path.is_file():
         with safe_open(str(path), framework="pt") as f:
             made_with = (f.metadata() or {}).get("feature_config")
         if made_with == _config_key(cfg.features):
-            return FeatureStats.load(path)
-        log.warning("%s was computed for another feature config: recomputing it", path)
+            stats = FeatureStats.load(path)
+            if stats.finite:
+                return stats
+            log.warning("%s holds NaN/Inf values (from audio with NaN/Inf samples): recomputing it", path)
+        else:
+            log.warning("%s was computed for another feature config: recomputing it", path)
     stats = compute_global_stats(cuts, cfg.features, max_cuts=max_cuts)
     stats.save(path, cfg.features)
     return stats

@@ -1,10 +1,11 @@
 """Bad input, caught once before training or evaluation (never in the hot loop).
 
-``validate_cuts`` checks every cut's audio and transcript. With ``on_bad="error"`` the first problem
+``validate_cuts`` checks every cut's id, audio and transcript. With ``on_bad="error"`` the first problem
 raises ``BadInputError`` naming the file (or cut) and what to do; with ``"skip"`` bad cuts are dropped
 and one summary line is logged, e.g.
 ``skipped 3 of 120 cuts: 1 missing file (a.wav), 1 empty transcript (cut-7), 1 corrupt audio (b.wav)``.
-Nothing is dropped silently.
+Nothing is dropped silently. NaN/Inf samples are not a reason to drop a cut: they are counted and
+reported (one line), and repaired downstream (``usmkit.data.dataset``, ``usmkit.data.normalize``).
 
 Transcript sources outside lhotse manifests (a Kaldi ``text`` file, a ``.txt`` per utterance) are read
 with ``read_kaldi_text`` / ``read_transcript``, which reject bytes that are not UTF-8 by file and line.
@@ -19,18 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+import soundfile as sf
 from lhotse import CutSet, Recording
 from lhotse.audio.backend import info as audio_info
 from lhotse.augmentation import Resample
 from lhotse.cut import Cut
 
+from usmkit.data.audio_files import declared_frames
 from usmkit.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 OnBad = Literal["error", "skip"]
 DURATION_TOLERANCE_S = 0.025  # lhotse's own default tolerance between declared and decoded durations
-PROBE_S = 0.1  # seconds decoded from the start of each recording to prove it decodes
+PROBE_S = 0.1  # seconds decoded from the start and from the end of each recording to prove it decodes
+FLOAT_SUBTYPES = ("FLOAT", "DOUBLE")  # libsndfile sample encodings that can hold NaN/Inf
+SCAN_BLOCK = 1 << 16  # samples per block when scanning a float file for NaN/Inf
 # lhotse feature/array storages that only read numbers from files: "memory_raw" unpickles bytes from
 # the manifest, "kaldiio" runs ``cmd |`` paths in a shell, "*_url" downloads.
 SAFE_STORAGE_TYPES = (
@@ -41,6 +47,7 @@ SAFE_STORAGE_TYPES = (
     "lilcom_hdf5",
     "chunked_lilcom_hdf5",
 )
+MIN_DURATION_S = 0.025  # the default feature frame (FeatureConfig.frame_length_ms): shorter cuts give no feature
 FIX_HINT = "fix or remove it from the manifest, or set data.on_bad_input=skip to drop such cuts (with a summary)"
 
 
@@ -69,6 +76,7 @@ class ValidationReport:
     total: int = 0
     problems: list[Problem] = field(default_factory=list)
     unit: str = "cuts"  # what ``total`` counts
+    non_finite: dict[str, int] = field(default_factory=dict)  # audio file -> its NaN/Inf samples (kept, repaired)
 
     @property
     def num_skipped(self) -> int:
@@ -97,41 +105,74 @@ def validate_cuts(
     on_bad: OnBad = "error",
     expected_sample_rate: int = 16000,
     allow_urls: bool = False,
+    split: str | None = None,
+    min_duration: float = MIN_DURATION_S,
 ) -> tuple[CutSet, ValidationReport]:
-    """Check each cut's audio and transcript; return the usable cuts (eager), resampled to
+    """Check each cut's id, audio and transcript; return the usable cuts (eager), resampled to
     ``expected_sample_rate`` where their audio is at another (correctly declared) rate.
 
-    Audio: the file exists, is not empty, decodes, is as long as the manifest says (truncation), and
-    is at the sample rate the manifest declares. A recording source that is not a file (a lhotse
+    Ids: every cut has its own. Two cuts with one id are refused (``on_bad="error"``, before any audio
+    is read) or the later ones dropped and counted (``"skip"``), never renamed: the id is what keys a
+    cut's stored features, its batches and its results, so two cuts under one id silently become one
+    (one utterance's features trained with both transcripts), and a renamed copy is as likely a manifest
+    listed twice (the same utterance trained twice) as a distinct utterance. The message names both
+    cuts' sources, so the user can tell which case it is and fix the manifest. ``split`` names the
+    split in messages.
+    Audio: the file exists, is not empty, decodes at its start and at its end (a file cut short whose
+    header still declares the whole length), is as long as the manifest says (truncation), is at the
+    sample rate the manifest declares, and the cut lasts at least ``min_duration`` seconds (one
+    feature frame: nothing shorter gives a feature). A recording source that is not a file (a lhotse
     ``command`` would run a shell command) raises ``BadInputError`` naming the cut, whatever
-    ``on_bad`` says, before any audio is read. Text: with ``require_text`` every cut has a non-empty
-    transcript; any transcript present must be valid UTF-8.
+    ``on_bad`` says, before any audio is read. Files whose samples are floats are scanned for NaN/Inf,
+    counted in ``report.non_finite`` and logged in one line (see ``_non_finite_samples``). Text: with
+    ``require_text`` every cut has a non-empty transcript; any transcript present must be valid UTF-8.
     """
     if on_bad not in ("error", "skip"):
         raise ValueError(f"on_bad must be 'error' or 'skip', got {on_bad!r}")
+    where = f" in split {split}" if split else ""
+    if on_bad == "error":
+        _refuse_duplicate_ids(cuts, where)
     report = ValidationReport()
     audio_checked: dict[str, Problem | None] = {}  # recording id -> its problem; cuts share recordings
+    first_source: dict[str, str] = {}  # cut id -> the source of the first cut with it
     kept = []
     for cut in cuts:
         report.total += 1
         check_sources(cut.to_dict(), cut.id, allow_urls=allow_urls)
-        problem = _text_problem(cut, require_text)
+        problem = None
+        if cut.id in first_source:
+            problem = Problem("duplicate cut id", cut.id, f"{_cut_source(cut)} has the id of {first_source[cut.id]}")
+        else:
+            first_source[cut.id] = _cut_source(cut)
+        problem = problem or _text_problem(cut, require_text)
         if problem is None:
             if not cut.has_recording:
                 problem = Problem("missing recording", cut.id, "the cut has no recording in the manifest")
+            elif cut.duration < min_duration:
+                problem = Problem(
+                    "too short",
+                    _rec_name(cut.recording),
+                    f"it lasts {1000 * cut.duration:.2f} ms, less than one {1000 * min_duration:g} ms feature frame",
+                )
             else:
                 rid = cut.recording.id
                 if rid not in audio_checked:
                     audio_checked[rid] = _audio_problem(cut.recording)
+                    if audio_checked[rid] is None:
+                        bad = _non_finite_samples(cut.recording)
+                        if bad:
+                            report.non_finite[_rec_name(cut.recording)] = bad
                 problem = audio_checked[rid]
         if problem is not None:
             if on_bad == "error":
-                raise BadInputError(problem.kind, f"{problem.name} (cut {cut.id})", problem.detail)
+                raise BadInputError(problem.kind, f"{problem.name} (cut {cut.id}{where})", problem.detail)
             report.problems.append(problem)
             continue
         kept.append(cut if cut.sampling_rate == expected_sample_rate else cut.resample(expected_sample_rate))
     if report.problems:
         log.warning("%s", report.summary())
+    if report.non_finite:
+        log.warning("%s", non_finite_summary(report.non_finite, split))
     rates = (_source_sample_rate(c.recording) for c in kept if c.has_recording)
     low = Counter(rate for rate in rates if rate < expected_sample_rate)
     for rate, n in sorted(low.items()):
@@ -144,6 +185,49 @@ def validate_cuts(
             rate // 2,
         )
     return CutSet.from_cuts(kept), report
+
+
+def _refuse_duplicate_ids(cuts: CutSet, where: str) -> None:
+    """Raise ``BadInputError`` at the first id that two cuts share, naming both cuts' sources. Reads ids
+    and paths only, so a manifest with duplicates is refused before any audio is read."""
+    first_source: dict[str, str] = {}
+    for cut in cuts:
+        if cut.id not in first_source:
+            first_source[cut.id] = _cut_source(cut)
+            continue
+        source = _cut_source(cut)
+        same = (
+            " (the same audio: is the manifest, or a part of it, listed twice?)"
+            if source == first_source[cut.id]
+            else ""
+        )
+        raise BadInputError(
+            "duplicate cut id",
+            f"cut {cut.id}{where}",
+            f"two cuts have this id, one from {first_source[cut.id]} and one from {source}{same}; features, "
+            "batches and results are keyed by cut id, so one of them would silently stand in for both",
+            hint="give every cut its own id (e.g. prefix the ids of each corpus when merging manifests) or remove "
+            "the extra one, or set data.on_bad_input=skip to keep the first and drop the others (with a summary)",
+        )
+
+
+def _cut_source(cut: Cut) -> str:
+    """Where a cut's audio comes from, for messages: its file, with the cut's offset when it has one."""
+    if not cut.has_recording:
+        return "no recording"
+    offset = f" at {cut.start:.2f} s" if cut.start > 0 else ""
+    return f"{_rec_name(cut.recording)}{offset}"
+
+
+def non_finite_summary(non_finite: dict[str, int], split: str | None = None, max_names: int = 3) -> str:
+    """One line: which audio files hold NaN/Inf samples and what happens to them."""
+    shown = ", ".join(f"{Path(name).name}: {n}" for name, n in list(non_finite.items())[:max_names])
+    more = ", ..." if len(non_finite) > max_names else ""
+    return (
+        f"{split + ': ' if split else ''}{len(non_finite)} audio files hold NaN/Inf samples ({shown}{more}); "
+        "their feature frames are set to the global mean in training and left out of the feature statistics, "
+        "as usmkit-transcribe silences such samples (re-export the files to drop this warning)"
+    )
 
 
 def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: str = "manifest") -> None:
@@ -222,11 +306,83 @@ def _audio_problem(rec: Recording) -> Problem | None:
                 str(path),
                 f"the file holds {meta.duration:.3f} s but the manifest declares {rec.duration:.3f} s",
             )
+        header = _header_problem(path)  # a WAV cut short before its manifest entry was made
+        if header is not None:
+            return header
     try:
         rec.load_audio(offset=0.0, duration=min(PROBE_S, rec.duration))
     except Exception as e:
         return Problem("corrupt audio", _rec_name(rec), f"cannot decode it ({_first_line(e)})")
+    return _tail_problem(rec)
+
+
+def _header_problem(path: Path) -> Problem | None:
+    """A WAV whose header declares more audio than the file holds (``declared_frames``; libsndfile, and so
+    lhotse, report only what is there), found as ``usmkit-transcribe`` finds it. Reads the header only."""
+    try:
+        info = sf.info(str(path))
+    except (sf.LibsndfileError, RuntimeError):  # a format only another lhotse backend reads
+        return None
+    declared = declared_frames(info)
+    if declared - info.frames <= DURATION_TOLERANCE_S * info.samplerate:
+        return None
+    return Problem(
+        "truncated audio",
+        str(path),
+        f"its header declares {declared / info.samplerate:.3f} s but the file holds "
+        f"{info.frames / info.samplerate:.3f} s (a copy cut short? copy it again)",
+    )
+
+
+def _tail_problem(rec: Recording) -> Problem | None:
+    """A recording that does not decode to the end its header and manifest declare, as transcription
+    finds it (``usmkit.streaming.audio.FileSource``), without decoding the whole file.
+
+    A copy or download cut short keeps its header: a FLAC still declares every sample, so ``audio_info``
+    and the probe of its start pass, and training fails only when it reaches the missing part. Reading
+    the last ``PROBE_S`` seconds finds it: truncation removes a file's end, and the decoders seek there
+    through the file's index or frame headers rather than by decoding what comes before, so a check
+    costs one short decode per recording whatever its length. Corruption inside a file that still
+    decodes at both ends is not found here; the feature cache reports it by cut
+    (``usmkit.data.features.precompute_features``).
+    """
+    start = max(0.0, rec.duration - PROBE_S)
+    want = rec.duration - start
+    try:
+        samples = rec.load_audio(offset=start, duration=want)
+    except Exception:  # lhotse tried every backend (its message lists them all): a truncated FLAC fails to seek
+        got = 0.0
+    else:
+        got = samples.shape[-1] / rec.sampling_rate
+    if got < want - DURATION_TOLERANCE_S:
+        return Problem(
+            "truncated audio",
+            _rec_name(rec),
+            f"it does not decode to its end: its header or manifest declares {rec.duration:.3f} s but decoding "
+            f"stops before {start + got:.3f} s (a copy cut short? copy it again)",
+        )
     return None
+
+
+def _non_finite_samples(rec: Recording) -> int:
+    """NaN/Inf samples in ``rec``'s files, read block by block.
+
+    Only files that store float samples (WAV/AIFF/CAF ``FLOAT``/``DOUBLE``) can hold them: integer PCM,
+    FLAC and the compressed codecs decode to finite numbers by construction, so for almost every corpus
+    this reads nothing but headers; a float file is read once, in full (its values are the question).
+    """
+    bad = 0
+    for src in rec.sources:
+        if src.type != "file":
+            continue
+        try:
+            if sf.info(src.source).subtype not in FLOAT_SUBTYPES:
+                continue
+            for block in sf.blocks(src.source, blocksize=SCAN_BLOCK, dtype="float32"):
+                bad += block.size - int(np.count_nonzero(np.isfinite(block)))
+        except (sf.LibsndfileError, RuntimeError):  # not a libsndfile format: not a float PCM file either
+            continue
+    return bad
 
 
 def _text_problem(cut: Cut, require_text: bool) -> Problem | None:

@@ -23,9 +23,11 @@ import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
+from usmkit.data.audio_files import declared_frames
 from usmkit.errors import UsageError
 
 CLIP_LEVEL = 0.999  # |sample| at or above this counts as clipped (full scale)
+TRUNCATION_TOLERANCE_S = 0.025  # audio may decode this much shorter than declared (lhotse's tolerance)
 
 
 class AudioError(UsageError, ValueError):
@@ -151,7 +153,16 @@ def _resampled(blocks: Iterator[np.ndarray], orig: int, new: int) -> Iterator[np
 
 
 class FileSource(AudioSource):
-    """An audio file, checked when opened: missing, empty, undecodable or sample-less files raise ``AudioError``."""
+    """An audio file, checked when opened: missing, empty, undecodable or sample-less files raise ``AudioError``.
+
+    Damage found while decoding (a file that stops decoding part way, or a file cut short, which decodes
+    fewer samples than its header declares) raises ``AudioError`` from the iteration, after the blocks
+    that decoded: a transcriber shows the transcript of the audio before it, then reports the error
+    (``usmkit-transcribe``: exit 2). A truncated file is refused rather than warned about because it is
+    the same damage as a FLAC that loses sync part way: audio the file was meant to hold is missing, and
+    a script that reads only the exit status must not take a part for the whole. A WAV header written
+    before its length was known (a pipe) declares a placeholder, not a length, and is not reported.
+    """
 
     def __init__(self, path: str | os.PathLike[str], sample_rate: int, block_seconds: float = 0.16) -> None:
         self.path = Path(path)
@@ -174,14 +185,26 @@ class FileSource(AudioSource):
         if info.frames == 0:
             raise AudioError(f"{self.path}: the file holds no audio samples (a header only); nothing to transcribe")
         self.info = info
+        self.declared_frames = declared_frames(info)
         self.block_frames = max(1, round(block_seconds * info.samplerate))
 
     def _blocks(self) -> Iterator[np.ndarray]:
+        decoded = 0
+        rate = self.info.samplerate
         try:
             for block in sf.blocks(str(self.path), blocksize=self.block_frames, dtype="float32", always_2d=True):
+                decoded += block.shape[0]
                 yield block.mean(axis=1, dtype=np.float32)  # (N,) mono: the channel average
         except (sf.LibsndfileError, RuntimeError) as e:
-            raise AudioError(f"{self.path}: decoding failed part way ({e}); the file is damaged") from e
+            raise AudioError(
+                f"{self.path}: decoding failed part way, at {decoded / rate:.2f} s of the {self.declared_frames / rate:.2f} s "
+                f"its header declares ({e}); the file is damaged"
+            ) from e
+        if decoded < self.declared_frames - TRUNCATION_TOLERANCE_S * rate:
+            raise AudioError(
+                f"{self.path}: truncated: its header declares {self.declared_frames / rate:.2f} s but only "
+                f"{decoded / rate:.2f} s decode (a copy or recording cut short); copy it again from its source"
+            )
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return _resampled(self._repaired(self._blocks()), self.info.samplerate, self.sample_rate)

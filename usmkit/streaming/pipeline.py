@@ -5,7 +5,11 @@ Shapes: N samples, t feature frames (10 ms), n encoder frames (40 ms), D model d
 samples -> ``StreamingFbank`` (incremental log-mel) -> ``StreamingEncoder`` (one ``stream_step`` per
 chunk, ``usmkit.streaming.step``) -> CTC log-probs -> ``StreamingDecoder`` (partials, endpoints,
 optional LAS rescoring). ``StreamingTranscriber`` runs it on samples as they arrive;
-``transcribe_whole`` encodes all samples at once and decodes them the same way. ``load_model``
+``OfflineTranscriber`` (``--no-streaming``) gives the full forward's encoding of the whole input, for
+any checkpoint, and decodes it the same way: under chunk-wise attention in windows of whole chunks
+(``usmkit.streaming.windowed``: flat memory for hours of audio), under full attention at once (up to
+the length whose attention fits ``FULL_ATTENTION_BYTES``; longer inputs are refused with a pointer to
+streaming). ``transcribe_whole`` runs it on all samples at once. ``load_model``
 loads a checkpoint that can serve it and ``streaming_mask`` picks the chunking a stream runs with;
 both raise ``ModelError`` with one line saying what is wrong. ``usmkit.cli.transcribe`` is the command
 line on top of this module.
@@ -13,6 +17,7 @@ line on top of this module.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +29,7 @@ from usmkit.checkpointing.checkpoint import CheckpointError
 from usmkit.config import ConfigError, TrainConfig
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
+from usmkit.errors import UsageError
 from usmkit.models.asr import AsrModel
 from usmkit.runs import load_trained
 from usmkit.streaming.audio import LevelMeter
@@ -31,6 +37,7 @@ from usmkit.streaming.decoder import DecoderConfig, Segment, StreamingDecoder
 from usmkit.streaming.encoder import StreamingEncoder
 from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
 from usmkit.streaming.step import NotStreamableError, check_streamable
+from usmkit.streaming.windowed import WindowedEncoder
 
 
 class ModelError(ValueError):
@@ -242,6 +249,111 @@ class StreamingTranscriber:
         return segments
 
 
+# The full forward's attention over T' frames holds a (T', T') mask and, per head, score and weight matrices
+# of float32: about (8 H + 1) T'^2 bytes. Inputs under full attention (or unbounded history) are encoded
+# at once only up to the length where that stays within this budget.
+FULL_ATTENTION_BYTES = 2 << 30
+
+
+class OfflineTranscriber:
+    """``--no-streaming``: samples in as they are read, segments out; the encoder frames are the full
+    forward's under ``chunk_size`` / ``left_chunks`` (any checkpoint: causal convolution not needed).
+
+    Chunk-wise attention with ``left_chunks >= 0``: ``WindowedEncoder`` encodes windows of
+    ``window_chunks`` whole chunks as the features arrive, in memory that does not grow with the input.
+    Full attention (``chunk_size=None``) or ``left_chunks=-1``: the features are kept and encoded at
+    ``finish``; ``check_length`` (called as they arrive) raises ``UsageError`` once the input is longer
+    than ``max_seconds``. Same interface as ``StreamingTranscriber`` (``accept``, ``finish``, ``stats``).
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        fbank: StreamingFbank,
+        decoder_cfg: DecoderConfig,
+        chunk_size: int | None,
+        left_chunks: int,
+        silence_db: float = -50.0,
+        words=None,
+        window_chunks: int | None = None,
+    ) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.fbank = fbank
+        self.chunk_size, self.left_chunks = chunk_size, left_chunks
+        self.frames = FrameDecoder(
+            model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db, words=words
+        )
+        self.stats = RunStats()
+        self.windowed = chunk_size is not None and left_chunks >= 0
+        self.encoder = WindowedEncoder(model.encoder, chunk_size, left_chunks, window_chunks) if self.windowed else None
+        self._feats: list[torch.Tensor] = []  # (1, t, F) each: the input so far, without windows
+        self._frames_held = 0
+        enc_cfg = model.encoder.cfg
+        self.max_seconds = None
+        if not self.windowed:
+            max_frames = math.isqrt(FULL_ATTENTION_BYTES // (8 * enc_cfg.num_heads + 1))  # encoder frames
+            self.max_seconds = max_frames * encoder_frame_samples(fbank, model) / fbank.cfg.sample_rate
+
+    @property
+    def partial(self) -> str:
+        return self.frames.partial
+
+    @property
+    def meter(self) -> LevelMeter:
+        return self.frames.meter
+
+    def check_length(self, seconds: float, describe: str = "the input") -> None:
+        """``UsageError`` when ``seconds`` of audio are more than can be encoded at once (full attention)."""
+        if self.max_seconds is None or seconds <= self.max_seconds:
+            return
+        raise UsageError(
+            f"{describe}: {seconds:.0f} s of audio is too long to encode at once under full attention "
+            f"(chunk_size={self.chunk_size}, left_chunks={self.left_chunks}), whose memory grows with the square "
+            f"of the length: at most {self.max_seconds:.0f} s. Transcribe it streaming (drop --no-streaming; "
+            "needs a model trained with causal_conv=true), pass --chunk-size N --left-chunks K to encode it in "
+            "chunks (an approximation for this model), or split the file"
+        )
+
+    def _encode(self, feats: torch.Tensor) -> list[Segment]:
+        """The next feature frames (1, t, F) -> the segments their encoder frames finalize."""
+        if self.windowed:
+            return self.frames.decode(self.encoder.accept(feats)[0])
+        self._feats.append(feats)
+        self._frames_held += feats.shape[1]
+        self.check_length(self._frames_held * self.fbank.shift / self.fbank.cfg.sample_rate)
+        return []
+
+    def accept(self, samples: np.ndarray) -> list[Segment]:
+        """The next samples (N,) -> the segments finalized by them."""
+        start = time.perf_counter()
+        self.frames.audio(samples)
+        self.stats.audio_s += samples.size / self.fbank.cfg.sample_rate
+        segments = self._encode(self.fbank.accept(samples)[None].to(self.device))
+        self.stats.compute_s += time.perf_counter() - start
+        return segments
+
+    def finish(self) -> list[Segment]:
+        """End of the audio: the last frames, then the open segment."""
+        start = time.perf_counter()
+        self.frames.audio_end()
+        segments = self._encode(self.fbank.flush()[None].to(self.device))
+        if self.windowed:
+            enc = self.encoder.flush()  # (1, r, D)
+        else:
+            feats = torch.cat(self._feats, dim=1)  # (1, T, F)
+            self._feats = []
+            enc = feats.new_zeros(1, 0, self.model.encoder.cfg.d_model)
+            if feats.shape[1] >= self.model.encoder.subsampling.receptive_field:
+                with torch.no_grad():
+                    lengths = torch.tensor([feats.shape[1]], device=self.device)
+                    enc, _ = self.model.encoder(feats, lengths, self.chunk_size, self.left_chunks)  # (1, T', D)
+        segments += self.frames.decode(enc[0]) + self.frames.finish()
+        self.stats.compute_s += time.perf_counter() - start
+        return segments
+
+
 def transcribe_whole(
     model,
     tokenizer,
@@ -252,23 +364,15 @@ def transcribe_whole(
     left_chunks: int,
     silence_db: float = -50.0,
     words=None,
+    window_chunks: int | None = None,
 ) -> tuple[list[Segment], RunStats, LevelMeter]:
-    """Non-streaming: encode all samples (N,) at once under the given mask, then segment and decode them
-    with the same decoder (endpoints, rescoring) as the stream."""
-    start = time.perf_counter()
-    frames = FrameDecoder(model, tokenizer, decoder_cfg, encoder_frame_samples(fbank, model), silence_db, words=words)
-    frames.audio(samples)
-    frames.audio_end()
-    device = next(model.parameters()).device
-    feats = torch.cat([fbank.accept(samples), fbank.flush()])[None].to(device)  # (1, T, F)
-    segments: list[Segment] = []
-    if feats.shape[1] >= model.encoder.subsampling.receptive_field:
-        with torch.no_grad():
-            lengths = torch.tensor([feats.shape[1]], device=device)
-            enc, _ = model.encoder(feats, lengths, chunk_size=chunk_size, left_chunks=left_chunks)  # (1, T', D)
-        segments = frames.decode(enc[0]) + frames.finish()
-    stats = RunStats(audio_s=samples.size / fbank.cfg.sample_rate, compute_s=time.perf_counter() - start)
-    return segments, stats, frames.meter
+    """Non-streaming: all samples (N,) through an ``OfflineTranscriber`` (the full forward's encoding under
+    the given mask), segmented and decoded with the same decoder (endpoints, rescoring) as the stream."""
+    transcriber = OfflineTranscriber(
+        model, tokenizer, fbank, decoder_cfg, chunk_size, left_chunks, silence_db, words, window_chunks
+    )
+    segments = transcriber.accept(samples) + transcriber.finish()
+    return segments, transcriber.stats, transcriber.meter
 
 
 def encoder_frame_samples(fbank: StreamingFbank, model) -> int:
