@@ -3,6 +3,7 @@
     PYTHONPATH=. python bench/trainer_throughput.py [--variants base,large,usm600m,usm2b_ac]
         [--compare-subsampling] [--manifest-dir data/synth] [--budget-scale 1.0] [--num-workers 10] [--json OUT]
     PYTHONPATH=. python bench/trainer_throughput.py --dry-run    # CPU, model=tiny: checks the plumbing
+    PYTHONPATH=. python bench/trainer_throughput.py --variants large,large_fsdp --world-sizes 1,2,4 --json multi_gpu.json
 
 Each variant is the actual training command, ``python -m usmkit.cli.train recipe=stage3_ctc model=SIZE
 data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the embedded corpus's
@@ -26,13 +27,16 @@ Each runs in its own process group with an empty inductor cache, and is killed a
 - ``_dSECONDS``: ``data.max_duration=SECONDS`` (audio per batch) instead of the size's default (``SIZES``).
 
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
-``--compare-padding`` ``large`` and ``large_p64``.
+``--compare-padding`` ``large`` and ``large_p64``. ``--world-sizes 1,2,4`` runs every variant on that many
+GPUs of this machine (``torchrun --standalone --nproc-per-node N``; DDP, or FSDP2 for ``_fsdp``) and
+adds ``scaling_efficiency``: the per-GPU rate on N GPUs over the rate of the same variant on 1 GPU.
 
 Measured from the trainer's own ``metrics.jsonl`` (one row per ``trainer.log_every`` steps), in steady
 state: the windows of the second half of the run, when the padded lengths have been compiled.
 
 - ``audio_h_per_gpu_h``: seconds of valid audio trained per wall second (``train/frames_per_s`` x the
-  10 ms hop), the median over the steady windows; equally hours of audio per GPU-hour.
+  10 ms hop), the median over the steady windows; equally hours of audio per GPU-hour. With several
+  processes it is rank 0's (each rank trains its own batches of the same size), i.e. per GPU.
 - ``loader_wait``: the share of wall time the loop blocked in ``next(loader)`` (``train/loader_wait``).
   The step ends in a device sync (``loss.item()``), so the GPU idles meanwhile.
 - ``gpu_busy``: ``nvidia-smi``'s ``utilization.gpu`` (time with a kernel running), sampled every 200 ms
@@ -203,7 +207,7 @@ def _env(**extra: str) -> dict[str, str]:
     return os.environ | {"PYTHONPATH": path, **extra}
 
 
-def command(name: str, args, exp: Path) -> list[str]:
+def command(name: str, args, exp: Path, world: int = 1) -> list[str]:
     v = parse_variant(name)
     _, default_duration, log_every = SIZES[v.size]
     max_duration = v.max_duration or args.max_duration or default_duration
@@ -229,19 +233,20 @@ def command(name: str, args, exp: Path) -> list[str]:
         overrides.append("trainer.compile_mode=reduce-overhead")
     if v.fsdp:
         overrides.append("trainer.strategy=fsdp")
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "-m"]
+    if v.fsdp or world > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), "-m"]
     else:
         launcher = [sys.executable, "-m"]
     return [*launcher, "usmkit.cli.train", *overrides]
 
 
-def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None) -> dict:
+def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None, world: int = 1) -> dict:
     v = parse_variant(name)
     budget = SIZES[v.size][0] * args.budget_scale * (1.5 if v.cuda_graphs else 1.0)
-    exp = work / name
+    exp = work / f"{name}_x{world}"
     metrics = exp / "metrics.jsonl"
-    log_path = work / f"{name}.log"
-    cmd = command(name, args, exp)
+    log_path = work / f"{name}_x{world}.log"
+    cmd = command(name, args, exp, world)
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor_{name}"))
     if v.expandable:
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -319,6 +324,7 @@ def main() -> None:
     ap.add_argument("--max-duration", type=float, default=0, help="data.max_duration (0: the size's default)")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every size's time budget")
     ap.add_argument("--dry-run", action="store_true", help="CPU, model=tiny (and tiny_fsdp), no compile")
+    ap.add_argument("--world-sizes", default="1", help="comma-separated GPU counts to run every variant on")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.dry_run:
@@ -329,6 +335,7 @@ def main() -> None:
         variants = (args.variants or ("large,large_p64" if args.compare_padding else default)).split(",")
     for v in variants:
         parse_variant(v)
+    worlds = [int(w) for w in args.world_sizes.split(",")]
     json_path = Path(
         args.json
         or result_path(
@@ -351,16 +358,21 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="trainer_throughput_") as tmp:
             for name in variants:
-                r = run_variant(name, args, Path(tmp), peak, gpu)
-                result["variants"][name] = r
-                print(f"{name:14s} {json.dumps(r)}", flush=True)
-                write_result(json_path, result)
+                for world in worlds:
+                    key = name if worlds == [1] else f"{name}_x{world}"
+                    r = run_variant(name, args, Path(tmp), peak, gpu, world) | {"world_size": world}
+                    base = result["variants"].get(f"{name}_x1", {}).get("audio_h_per_gpu_h")
+                    if world > 1 and base and r.get("audio_h_per_gpu_h"):
+                        r["scaling_efficiency"] = round(r["audio_h_per_gpu_h"] / base, 3)
+                    result["variants"][key] = r
+                    print(f"{key:14s} {json.dumps(r)}", flush=True)
+                    write_result(json_path, result)
     finally:
         if gpu is not None:
             gpu.stop()
     result["total_s"] = round(time.time() - t0, 1)
     write_result(json_path, result)
-    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s} {'cache frees':>11s}"
+    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'scaling':>7s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s} {'cache frees':>11s}"
     print("\n" + head)
     for name, r in result["variants"].items():
         if "error" in r:
@@ -371,7 +383,7 @@ def main() -> None:
             return format(r[key], fmt) if r.get(key) is not None else "-"
 
         print(
-            f"{name:14s} {cell('audio_h_per_gpu_h', 'd'):>13s} {cell('loader_wait', '.1%'):>11s} "
+            f"{name:14s} {cell('audio_h_per_gpu_h', 'd'):>13s} {cell('scaling_efficiency', '.2f'):>7s} {cell('loader_wait', '.1%'):>11s} "
             f"{cell('gpu_busy', '.0%'):>8s} {cell('peak_mem_gib', '.1f'):>8s} {cell('mfu', '.1%'):>6s} "
             f"{cell('ceiling_audio_h_per_gpu_h', 'd'):>8s} {cell('first_log_s', '.0f'):>9s} "
             f"{cell('alloc_retries_steady', '.0f'):>11s}"
