@@ -175,6 +175,7 @@ def recorded_files(ckpt_dir: Path) -> tuple[Path, dict[str, str], dict[str, int]
 
 
 _UNRECORDED_WARNED: set[Path] = set()
+_RESTORE = "; copy the checkpoint again from where the run wrote it"
 
 
 def verify_checkpoint(ckpt_dir: Path, names: Iterable[str] | None = None) -> bool:
@@ -204,12 +205,13 @@ def verify_checkpoint(ckpt_dir: Path, names: Iterable[str] | None = None) -> boo
         size = path.stat().st_size
         if name in sizes and size != sizes[name]:
             raise CheckpointDamaged(
-                f"{path} is damaged: {size} bytes where {record.name} records {sizes[name]} (truncated or overwritten)"
+                f"{path} is damaged: {size} bytes where {record.name} records {sizes[name]} (truncated, "
+                f"overwritten or edited since it was written){_RESTORE}"
             )
     for name in wanted:
         if _sha256(ckpt_dir / name) != digests[name]:
             raise CheckpointDamaged(
-                f"{ckpt_dir / name} is damaged: its SHA-256 does not match the one in {record.name}"
+                f"{ckpt_dir / name} is damaged: its SHA-256 does not match the one in {record.name}{_RESTORE}"
             )
     return True
 
