@@ -1,19 +1,91 @@
 """Loading a trained run: the module, its config and tokenizer, rebuilt from a checkpoint directory;
-and a trained CTC run as MOST's frozen aligner."""
+and a trained CTC run as MOST's frozen aligner.
+
+What a checkpoint holds is data, never code: its ``config.yaml`` is read with ``yaml.safe_load`` (a
+Python tag is refused) and may not name a Hydra ``_target_``; every file is checked against the sizes
+and SHA-256 recorded with it. A file that cannot be used raises ``CheckpointError`` naming it.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
 
-from usmkit.checkpointing.checkpoint import CONFIG_FILE, load_weights, resolve_checkpoint, run_dir
-from usmkit.config import TrainConfig, from_dict, tokenizer_path
+from usmkit.checkpointing.checkpoint import (
+    CONFIG_FILE,
+    CheckpointDamaged,
+    CheckpointError,
+    load_weights,
+    resolve_checkpoint,
+    run_dir,
+    verify_checkpoint,
+)
+from usmkit.config import ConfigError, TrainConfig, from_dict, tokenizer_path
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.errors import UsageError
 from usmkit.tasks import build_task
+
+
+def _target_keys(tree: Any, path: str = "") -> list[str]:
+    """The dotted paths of ``_target_`` keys anywhere in ``tree`` (Hydra's name for code to instantiate)."""
+    found = []
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            key = f"{path}.{k}" if path else str(k)
+            found += [key] if k == "_target_" else _target_keys(v, key)
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            found += _target_keys(v, f"{path}[{i}]")
+    return found
+
+
+def read_run_config(ckpt: Path) -> TrainConfig:
+    """The ``TrainConfig`` in checkpoint ``ckpt``'s ``config.yaml``, checked against its recorded SHA-256,
+    read as data only, and checked to build a model. ``CheckpointError`` naming the file otherwise."""
+    path = Path(ckpt) / CONFIG_FILE
+    verify_checkpoint(Path(ckpt), (CONFIG_FILE,))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointDamaged(f"{path} is missing (the config the checkpoint was trained with)") from None
+    except yaml.YAMLError as e:  # e.g. a !!python/object tag: safe_load builds data only and refuses it
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        what = getattr(e, "problem", None) or type(e).__name__
+        raise CheckpointDamaged(f"{path} is not a usmkit config ({what}{at}); use the config the run saved") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointDamaged(f"{path} cannot be read ({type(e).__name__}: {e})") from None
+    targets = _target_keys(data)
+    if targets:
+        raise CheckpointError(
+            f"{path} names code to instantiate ({', '.join(targets)}): a checkpoint's config is data only; "
+            "remove the _target_ keys or use the config the run saved"
+        )
+    try:
+        cfg = from_dict(TrainConfig, data)
+        cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
+    except (ConfigError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{path} does not describe a model usmkit can build: {e}") from None
+    return cfg
+
+
+def read_tokenizer(path: Path) -> Tokenizer:
+    """The sentencepiece model at ``path`` (a trained run's copy); ``CheckpointError`` naming the file
+    where it is not one (garbage, truncated)."""
+    try:
+        return Tokenizer.load(path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # noqa: BLE001 - sentencepiece raises RuntimeError/OSError with its own wording
+        raise CheckpointDamaged(
+            f"{path} is not a sentencepiece model ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "copy the training run's tokenizer.model there again"
+        ) from None
 
 
 def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_changes):
@@ -25,7 +97,7 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     Returns ``(module in eval mode, TrainConfig, Tokenizer | None, checkpoint path)``.
     """
     ckpt = resolve_checkpoint(checkpoint)
-    cfg = from_dict(TrainConfig, yaml.safe_load((ckpt / CONFIG_FILE).read_text()))
+    cfg = read_run_config(ckpt)
     if model_changes:
         cfg = replace(cfg, model=replace(cfg.model, **model_changes))
     tokenizer = None
@@ -40,7 +112,7 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
                 f"{candidates[1]} (copy the training run's {TOKENIZER_FILE} into the experiment directory, "
                 f"rebuild the corpus, or run from the directory the model was trained in)"
             )
-        tokenizer = Tokenizer.load(tok_path)
+        tokenizer = read_tokenizer(tok_path)
         vocab = tokenizer.vocab_size
     module = build_task(cfg.task, cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), vocab)
     load_weights(module, ckpt)
@@ -60,7 +132,7 @@ def check_aligner(align_from: str, tokenizer: Tokenizer) -> None:
             f"task.most.align_from={align_from}: {own} is missing (the tokenizer the aligner was trained with); "
             "align with a CTC run of usmkit.cli.train, or set task.most.align_from=null to align with the model itself"
         )
-    if Tokenizer.load(own).model_proto != tokenizer.model_proto:
+    if read_tokenizer(own).model_proto != tokenizer.model_proto:
         raise UsageError(
             f"task.most.align_from={align_from} was trained with another tokenizer ({own}) than this run's; "
             "train the aligner with the same tokenizer, or set task.most.align_from=null"

@@ -61,3 +61,32 @@ def make_ctc_checkpoint(root: Path) -> Path:
     feats = torch.as_tensor(fbank_extractor(cfg.data.features).extract(speechlike(2.0), SR))  # (T, 80)
     FeatureStats(mean=feats.mean(0), std=feats.std(0).clamp_min(1e-5)).save(root / STATS_FILE, cfg.data.features)
     return root
+
+
+# ---- short training runs on a copy of the embedded corpus ------------------------------------------
+FAST_TRAIN = [  # 6 steps of a 2-layer CTC model, a checkpoint every 2 steps (about 10 s on a CPU)
+    "recipe=stage3_ctc",
+    "model=tiny",
+    "model.overrides={d_model: 64, num_layers: 2, num_heads: 2}",
+    "data.max_duration=20",
+    "trainer.log_every=1",
+    "trainer.progress=false",
+    "trainer.eval_every=0",
+    "trainer.save_every=2",
+    "trainer.max_steps=6",
+    "trainer.keep_last=5",
+    "optim.warmup_steps=2",
+]
+
+
+def fast_config(corpus: Path, exp: Path, *extra: str):
+    """(TrainConfig, its YAML) of ``FAST_TRAIN`` on ``corpus`` into ``exp``, plus ``extra`` overrides."""
+    from composed_config import train_config
+
+    return train_config(*FAST_TRAIN, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", *extra)
+
+
+def fast_train(corpus: Path, exp: Path, *extra: str) -> dict:
+    from usmkit.training.recipe import run
+
+    return run(*fast_config(corpus, exp, *extra))

@@ -392,13 +392,17 @@ def test_traced_step_gives_the_eager_transcript_and_timings(ckpt, audio, capsys,
 
 @pytest.mark.parametrize("option", ["utterance_mean_norm", "speaker_mean_norm"])
 def test_checkpoint_trained_with_a_whole_audio_mean_is_refused(tmp_path, audio, capsys, option):
-    from usmkit.checkpointing.checkpoint import CONFIG_FILE
+    from usmkit.checkpointing.checkpoint import CONFIG_FILE, STATE_FILE, file_record
 
     root = make_checkpoint(tmp_path / "cmn")
     config = root / "checkpoints" / "step-000001" / CONFIG_FILE
     cfg = yaml.safe_load(config.read_text())
     cfg["data"][option] = True
     config.write_text(yaml.safe_dump(cfg))
+    state = json.loads((config.parent / STATE_FILE).read_text())  # as if the run had saved this config
+    for key, values in file_record(config.parent, (CONFIG_FILE,)).items():
+        state[key].update(values)
+    (config.parent / STATE_FILE).write_text(json.dumps(state))
     code, _, err = run_cli(capsys, audio, "--checkpoint", root)
     assert code == 2 and option in err and "usmkit.cli.evaluate" in err
     assert "Traceback" not in err

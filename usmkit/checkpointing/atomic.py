@@ -11,6 +11,7 @@ through this module.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -18,10 +19,20 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from usmkit.errors import UsageError
+
+
+class WriteError(UsageError):
+    """A file that could not be written (e.g. a full disk); what was there before is intact. A failure of
+    the machine rather than of the input: exit code 1."""
+
+    exit_code = 1
+
 
 @contextlib.contextmanager
 def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (same suffix) to write; on success it replaces ``path``.
+    A symbolic link at ``path`` is replaced by the file, never written through to what it points at.
 
     >>> with replaced_atomically("out/x.flac") as tmp:  # doctest: +SKIP
     ...     soundfile.write(tmp, samples, 16000)
@@ -91,3 +102,38 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def disk_full_reason(e: BaseException, where: Path) -> str:
+    """What went wrong in ``e``, naming the file system holding ``where`` when it is full."""
+    text = f"{type(e).__name__}: {e}"
+    if is_disk_full(e):
+        try:
+            usage = shutil.disk_usage(where)
+            return (
+                f"the file system holding {where} is full ({usage.free / 2**20:.1f} MiB free of "
+                f"{usage.total / 2**20:.1f} MiB); {text}"
+            )
+        except OSError:
+            return f"the file system holding {where} is full; {text}"
+    return text
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (an ``OSError``, or a library's error wrapping one) says the file system is full."""
+    errno_ = getattr(e, "errno", None) or getattr(e.__cause__, "errno", None)
+    return errno_ in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+
+
+@contextlib.contextmanager
+def disk_full_is_one_line(where: Path, what: str, todo: str) -> Iterator[None]:
+    """Turn a full disk while writing ``what`` under ``where`` into one ``WriteError`` line ending with
+    ``todo`` (what is intact, what to do); other errors pass unchanged."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise WriteError(f"could not write {what} ({disk_full_reason(e, where)}); {todo}") from e

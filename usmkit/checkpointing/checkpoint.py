@@ -4,13 +4,16 @@ Layout of one checkpoint directory (``<exp_dir>/checkpoints/step-000200/``)::
 
     model.safetensors         the task module's state dict (encoder.*, heads, ...)
     train_state.json          optimizer, scheduler, sampler, RNG states, step, epoch, best metric:
-                              everything but the tensors, plus the SHA-256 of both tensor files
+                              everything but the tensors, plus the size and SHA-256 of the other files
     train_state.safetensors   the train state's tensors (optimizer moments, RNG states), by key
     config.yaml               the full resolved config that produced it
     optimizer/                trainer.strategy=fsdp only: the optimizer state, sharded
                               (``usmkit.checkpointing.sharded``; train_state.safetensors then has no moments)
 
 Nothing in a checkpoint is pickled, so a checkpoint from elsewhere cannot run code when loaded.
+Every load checks the files it reads against the recorded sizes and SHA-256 (``verify_checkpoint``):
+a file damaged after it was written is named, never silently decoded. An averaged checkpoint
+(``usmkit.checkpointing.average``) has no train state and records its sums in ``average.json``.
 A checkpoint is written to a temporary sibling directory and renamed into place only once every
 file is complete and fsync'ed, so a crash or a full disk mid-write never damages an existing
 checkpoint. Old checkpoints are pruned only after the new one is in place.
@@ -18,7 +21,6 @@ checkpoint. Old checkpoints are pruned only after the new one is in place.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -26,6 +28,7 @@ import math
 import random
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from usmkit.checkpointing.atomic import replaced_atomically, replaced_dir_atomically
+from usmkit.checkpointing.atomic import disk_full_reason, replaced_atomically, replaced_dir_atomically
 from usmkit.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ STATE_FILE = "train_state.json"
 STATE_TENSORS_FILE = "train_state.safetensors"
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "best.json"
+AVERAGE_FILE = "average.json"  # an averaged checkpoint's record: the steps averaged, sizes and SHA-256
 
 
 class CheckpointError(UsageError, RuntimeError):
@@ -119,11 +123,11 @@ def save_checkpoint(
             save_file(_state_dict_for_save(module), str(tmp / MODEL_FILE))
             tree, tensors = encode_state(train_state)
             save_file(tensors, str(tmp / STATE_TENSORS_FILE))
-            digests = {name: _sha256(tmp / name) for name in (MODEL_FILE, STATE_TENSORS_FILE)}
-            (tmp / STATE_FILE).write_text(json.dumps({"format": 1, "sha256": digests, "state": tree}))
             (tmp / CONFIG_FILE).write_text(config_yaml)
+            record = file_record(tmp, (MODEL_FILE, STATE_TENSORS_FILE, CONFIG_FILE))
+            (tmp / STATE_FILE).write_text(json.dumps({"format": 1, **record, "state": tree}))
     except Exception as e:
-        what = _disk_full(e, ckpt_root)
+        what = disk_full_reason(e, ckpt_root)
         raise CheckpointWriteError(
             f"could not write checkpoint {final} ({what}); "
             f"earlier checkpoints in {ckpt_root} are untouched. Free disk space or change trainer.exp_dir, "
@@ -132,25 +136,84 @@ def save_checkpoint(
     return final
 
 
-def _disk_full(e: BaseException, where: Path) -> str:
-    """What went wrong, naming the file system when it is full."""
-    errno_ = getattr(e, "errno", None) or getattr(e.__cause__, "errno", None)
-    text = f"{type(e).__name__}: {e}"
-    if errno_ in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text:
-        try:
-            usage = shutil.disk_usage(where)
-            return f"the file system holding {where} is full ({usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB); {text}"
-        except OSError:
-            return f"the file system holding {where} is full; {text}"
-    return text
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def file_record(folder: Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{"sha256": {name: hex}, "bytes": {name: size}}`` of the files ``names`` in ``folder``: what a
+    checkpoint records of its files so that every load can check them (``verify_checkpoint``)."""
+    names = list(names)
+    return {
+        "sha256": {name: _sha256(folder / name) for name in names},
+        "bytes": {name: (folder / name).stat().st_size for name in names},
+    }
+
+
+def recorded_files(ckpt_dir: Path) -> tuple[Path, dict[str, str], dict[str, int]] | None:
+    """(the record file, SHA-256 by file name, sizes by file name) of checkpoint ``ckpt_dir``: from its
+    ``train_state.json``, else (an averaged checkpoint) its ``average.json``; None where it has neither
+    (a checkpoint of an older format, or weights copied by hand). ``CheckpointDamaged`` for a record
+    that is unreadable."""
+    for name in (STATE_FILE, AVERAGE_FILE):
+        path = Path(ckpt_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            digests, sizes = meta["sha256"], meta.get("bytes", {})
+            if not (isinstance(digests, dict) and isinstance(sizes, dict)):
+                raise TypeError("sha256 and bytes must be mappings")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointDamaged(f"{path} is damaged ({type(e).__name__}: {e})") from None
+        return path, digests, sizes
+    return None
+
+
+_UNRECORDED_WARNED: set[Path] = set()
+_RESTORE = "; copy the checkpoint again from where the run wrote it"
+
+
+def verify_checkpoint(ckpt_dir: Path, names: Iterable[str] | None = None) -> bool:
+    """Check the files ``names`` of checkpoint ``ckpt_dir`` (default: every file it records) against the
+    sizes (cheap, first) and SHA-256 recorded when it was written; a file the record does not list
+    is not checked. Returns False, with a warning, where the checkpoint records nothing (older formats).
+
+    Raises ``CheckpointDamaged`` naming the first file that is missing, of another size or altered."""
+    ckpt_dir = Path(ckpt_dir)
+    found = recorded_files(ckpt_dir)
+    if found is None:
+        if ckpt_dir.resolve() not in _UNRECORDED_WARNED:  # once per checkpoint, not once per file
+            _UNRECORDED_WARNED.add(ckpt_dir.resolve())
+            log.warning(
+                "%s records no SHA-256 of its files (no %s or %s): its files are loaded unchecked",
+                ckpt_dir,
+                STATE_FILE,
+                AVERAGE_FILE,
+            )
+        return False
+    record, digests, sizes = found
+    wanted = [n for n in (digests if names is None else names) if n in digests]
+    for name in wanted:
+        path = ckpt_dir / name
+        if not path.is_file():
+            raise CheckpointDamaged(f"{path} is missing (listed in {record})")
+        size = path.stat().st_size
+        if name in sizes and size != sizes[name]:
+            raise CheckpointDamaged(
+                f"{path} is damaged: {size} bytes where {record.name} records {sizes[name]} (truncated, "
+                f"overwritten or edited since it was written){_RESTORE}"
+            )
+    for name in wanted:
+        if _sha256(ckpt_dir / name) != digests[name]:
+            raise CheckpointDamaged(
+                f"{ckpt_dir / name} is damaged: its SHA-256 does not match the one in {record.name}{_RESTORE}"
+            )
+    return True
 
 
 # ---- the train state as JSON + tensors -----------------------------------------------------------
@@ -236,15 +299,11 @@ def load_train_state(ckpt_dir: Path, verify: bool = True) -> dict[str, Any]:
         raise CheckpointDamaged(f"{state_path} is missing{hint}")
     try:
         meta = json.loads(state_path.read_text(encoding="utf-8"))
-        tree, digests = meta["state"], meta["sha256"]
+        tree = meta["state"]
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointDamaged(f"{state_path} is damaged ({type(e).__name__}: {e})") from None
-    for name, digest in digests.items() if verify else ():
-        path = ckpt_dir / name
-        if not path.is_file():
-            raise CheckpointDamaged(f"{path} is missing")
-        if _sha256(path) != digest:
-            raise CheckpointDamaged(f"{path} is damaged: its SHA-256 does not match the one in {STATE_FILE}")
+    if verify:
+        verify_checkpoint(ckpt_dir)
     return decode_state(tree, load_tensors(ckpt_dir / STATE_TENSORS_FILE))
 
 
@@ -308,12 +367,17 @@ def load_weights(
     ckpt_dir: Path,
     prefix: str = "",
     strict: bool = True,
+    verify: bool = True,
 ) -> list[str]:
-    """Load ``model.safetensors`` into ``module`` (optionally only keys under ``prefix``, e.g. ``encoder.``).
+    """Load ``model.safetensors`` into ``module`` (optionally only keys under ``prefix``, e.g. ``encoder.``),
+    after checking its size and SHA-256 (``verify_checkpoint``; ``verify=False`` where the caller has
+    just checked them, e.g. resume's ``load_train_state``).
 
     Shape or name mismatches raise ``CheckpointError`` listing the offending keys, typically because
     the checkpoint was trained with another model size. Returns the keys that were loaded.
     """
+    if verify:
+        verify_checkpoint(Path(ckpt_dir), (MODEL_FILE,))
     weights = load_tensors(Path(ckpt_dir) / MODEL_FILE)
     if prefix:
         weights = {k: v for k, v in weights.items() if k.startswith(prefix)}

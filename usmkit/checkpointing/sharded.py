@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from usmkit.checkpointing.atomic import fsync_tree, move_into_place
+from usmkit.checkpointing.atomic import disk_full_reason, fsync_tree, move_into_place
 from usmkit.checkpointing.checkpoint import (
     CONFIG_FILE,
     MODEL_FILE,
@@ -58,10 +58,10 @@ from usmkit.checkpointing.checkpoint import (
     CheckpointDamaged,
     CheckpointError,
     CheckpointWriteError,
-    _disk_full,
     _sha256,
     check_fit,
     encode_state,
+    file_record,
     load_tensors,
     load_train_state,
     tensors_for_save,
@@ -152,17 +152,17 @@ def _write_rank0_files(
     save_file(tensors_for_save(weights), str(tmp / MODEL_FILE))
     tree, tensors = encode_state({**train_state, "optimizer": {"param_groups": param_groups}})
     save_file(tensors, str(tmp / STATE_TENSORS_FILE))
-    digests = {name: _sha256(tmp / name) for name in (MODEL_FILE, STATE_TENSORS_FILE)}
-    meta = {"format": 1, "sha256": digests, SHARDED_DIGESTS: sharded_digests, "state": tree}
-    (tmp / STATE_FILE).write_text(json.dumps(meta))
     (tmp / CONFIG_FILE).write_text(config_yaml)
+    record = file_record(tmp, (MODEL_FILE, STATE_TENSORS_FILE, CONFIG_FILE))
+    meta = {"format": 1, **record, SHARDED_DIGESTS: sharded_digests, "state": tree}
+    (tmp / STATE_FILE).write_text(json.dumps(meta))
     fsync_tree(tmp)
 
 
 def _fail(final: Path, ckpt_root: Path, tmp: Path, error: BaseException | None) -> None:
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    what = _disk_full(error, ckpt_root) if error is not None else "another process failed to write its part"
+    what = disk_full_reason(error, ckpt_root) if error is not None else "another process failed to write its part"
     raise CheckpointWriteError(
         f"could not write checkpoint {final} ({what}); earlier checkpoints in {ckpt_root} are untouched. "
         "Free disk space or change trainer.exp_dir, then resume with resume=true."

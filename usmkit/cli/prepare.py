@@ -8,6 +8,10 @@ The corpora and their modules: synth (``usmkit.data.synth``), an4, an4_text, kat
 librispeech, pool (several corpora as one unlabeled split) and pack (a compressed copy of a corpus
 folder), under ``usmkit.data.corpora``. Each module defines ``ARGS`` (its dataclass of keys),
 ``USAGE`` and ``run(args)``; the keys are read like every ``python -m usmkit.cli.*`` command's.
+
+``out=`` may be a new folder or one holding this corpus already (its manifests are rebuilt, other splits
+kept); an experiment directory, a checkpoint, an export or another corpus's folder is refused
+(``usmkit.checkpointing.output_dir``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+from usmkit.checkpointing.output_dir import check_output_dir, corpus_names
 from usmkit.cli.compose import compose_dataclass
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 
@@ -44,8 +52,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         module = importlib.import_module(CORPORA[name])
         args = compose_dataclass(module.ARGS, overrides, command=f"usmkit.cli.prepare {name}", usage=module.USAGE)
+        check_out(name, module, args)
         module.run(args)
     return 0
+
+
+def check_out(name: str, module: ModuleType, args: Any) -> None:
+    """Refuse an ``out=`` folder holding other work than this recipe's own corpus: its manifests' corpus
+    name (``CORPUS`` of the module, ``corpus=`` of pool) or, for pack, its ``pack.json``."""
+    if not getattr(args, "out", None):
+        return  # the recipe names what is missing
+    if name == "pack":
+        marker = getattr(module, "MANIFEST", "pack.json")
+        own, words = (lambda p: (p / marker).is_file()), f"an earlier pack (with {marker})"
+    else:
+        corpus = getattr(args, "corpus", None) if name == "pool" else getattr(module, "CORPUS", name)
+        own, words = (lambda p: corpus_names(p) == {corpus}), f"the corpus folder of {corpus}"
+    check_output_dir(Path(args.out), option="out=", own_kind="corpus", own_words=words, own=own, replaces=False)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from usmkit.checkpointing.atomic import replaced_dir_atomically
 from usmkit.checkpointing.checkpoint import run_dir
+from usmkit.checkpointing.output_dir import check_output_dir
 from usmkit.data.normalize import STATS_FILE
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.export.graphs import (
@@ -83,9 +84,15 @@ def _graph_specs(step: StreamStepGraph, offline: OfflineGraph, files: tuple[str,
 
 
 def _prepare_out(out: Path) -> None:
-    """Refuse to replace a directory that is not an earlier export."""
-    if out.exists() and not (out / MANIFEST_FILE).is_file() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"out={out} exists and is not an export directory (no {MANIFEST_FILE}); pick another out=")
+    """Refuse to replace a folder that is not an earlier export (an experiment, a checkpoint, a corpus, or
+    any other non-empty folder: ``check_output_dir``)."""
+    check_output_dir(
+        out,
+        option="out=",
+        own_kind="export",
+        own_words="an export directory",
+        own=lambda p: (p / MANIFEST_FILE).is_file(),
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from usmkit.checkpointing.checkpoint import run_dir
+from usmkit.checkpointing.checkpoint import CheckpointError, run_dir
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor
 from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path
@@ -29,6 +29,10 @@ from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path
 
 class StatsNotFoundError(FileNotFoundError):
     """No ``feature_stats.safetensors`` where the checkpoint's training run would have left one."""
+
+
+class FeatureStatsError(CheckpointError, ValueError):
+    """A ``feature_stats.safetensors`` that cannot be read (garbage, truncated) or does not fit the model."""
 
 
 def find_feature_stats(ckpt_path: str | Path, manifest_dir: str | Path, sample_rate: int = 16000) -> Path:
@@ -47,13 +51,17 @@ def find_feature_stats(ckpt_path: str | Path, manifest_dir: str | Path, sample_r
 
 
 def load_feature_stats(path: str | Path, cfg: FeatureConfig) -> FeatureStats:
-    """``FeatureStats`` from ``path``, checked against the feature config's number of mel bins."""
+    """``FeatureStats`` from ``path``, checked against the feature config's number of mel bins.
+    ``FeatureStatsError`` naming the file where it is damaged or does not fit."""
     try:
         stats = FeatureStats.load(path)
-    except Exception as e:  # safetensors raises its own error types for damaged files
-        raise ValueError(f"cannot read feature stats {path}: {e}") from e
+    except Exception as e:  # safetensors raises its own error types for damaged files, KeyError for other tensors
+        raise FeatureStatsError(
+            f"cannot read feature stats {path} ({type(e).__name__}: {e}); copy the training run's {STATS_FILE} "
+            "there again"
+        ) from None
     if stats.num_bins != cfg.num_mel_bins:
-        raise ValueError(
+        raise FeatureStatsError(
             f"feature stats {path} have {stats.num_bins} bins but the model's features have {cfg.num_mel_bins} "
             "mel bins; use the stats of the run that trained this checkpoint"
         )

@@ -35,7 +35,7 @@ from usmkit.runs import load_trained
 from usmkit.streaming.audio import LevelMeter
 from usmkit.streaming.decoder import DecoderConfig, Segment, StreamingDecoder
 from usmkit.streaming.encoder import StreamingEncoder
-from usmkit.streaming.features import StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
+from usmkit.streaming.features import FeatureStatsError, StatsNotFoundError, StreamingFbank, checkpoint_feature_stats
 from usmkit.streaming.step import NotStreamableError, check_streamable
 from usmkit.streaming.windowed import WindowedEncoder
 
@@ -80,7 +80,7 @@ def load_model(checkpoint: str | Path, device: torch.device | str = "cpu", resco
         )
     try:
         stats = checkpoint_feature_stats(ckpt, cfg.data)
-    except StatsNotFoundError as e:
+    except (StatsNotFoundError, FeatureStatsError) as e:
         raise ModelError(str(e)) from e
     return LoadedModel(model, cfg, tokenizer, ckpt, stats)
 

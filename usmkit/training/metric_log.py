@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
 
-from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.checkpointing.atomic import disk_full_is_one_line, replaced_atomically
 
 log = logging.getLogger(__name__)
+
+_TODO = "the checkpoints written so far are intact. Free disk space, then resume with resume=true"
 
 
 class MetricLog:
@@ -18,22 +21,29 @@ class MetricLog:
     def __init__(self, exp_dir: Path, start_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        exp_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(str(exp_dir / "tensorboard"), purge_step=start_step or None)
-        dropped = truncate_metrics(exp_dir / "metrics.jsonl", start_step)
-        if dropped:
-            log.info("metrics.jsonl: removed %d entries after step %d (they are logged again)", dropped, start_step)
-        self.lines = open(exp_dir / "metrics.jsonl", "a")  # noqa: SIM115  (closed by close())
+        # A full disk is one line (usmkit.checkpointing.atomic.WriteError), here and in write/close.
+        self.full = functools.partial(disk_full_is_one_line, exp_dir, f"the metrics in {exp_dir}", _TODO)
+        with self.full():
+            exp_dir.mkdir(parents=True, exist_ok=True)
+            self.writer = SummaryWriter(str(exp_dir / "tensorboard"), purge_step=start_step or None)
+            dropped = truncate_metrics(exp_dir / "metrics.jsonl", start_step)
+            if dropped:
+                log.info("metrics.jsonl: removed %d entries after step %d (they are logged again)", dropped, start_step)
+            self.lines = open(exp_dir / "metrics.jsonl", "a")  # noqa: SIM115  (closed by close())
 
     def write(self, scalars: dict[str, float], step: int) -> None:
-        for k, v in scalars.items():
-            self.writer.add_scalar(k, v, step)
-        self.lines.write(json.dumps({"step": step, **scalars}) + "\n")
-        self.lines.flush()
+        with self.full():
+            for k, v in scalars.items():
+                self.writer.add_scalar(k, v, step)
+            self.lines.write(json.dumps({"step": step, **scalars}) + "\n")
+            self.lines.flush()
 
     def close(self) -> None:
-        self.writer.close()
-        self.lines.close()
+        with self.full():
+            try:
+                self.writer.close()
+            finally:
+                self.lines.close()
 
 
 def truncate_metrics(path: Path, step: int) -> int:

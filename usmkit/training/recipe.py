@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from usmkit.checkpointing.atomic import WriteError, disk_full_reason, replaced_atomically
 from usmkit.checkpointing.checkpoint import (
+    CONFIG_FILE,
     MODEL_FILE,
     latest_checkpoint,
     load_tensors,
@@ -38,11 +40,13 @@ from usmkit.device import resolve_device
 from usmkit.errors import UsageError
 from usmkit.inference.batches import make_dev_eval
 from usmkit.models.config import ConformerConfig
-from usmkit.runs import check_aligner, load_aligner
+from usmkit.runs import check_aligner, load_aligner, read_tokenizer
 from usmkit.ssl.most_data import build_most_loader
 from usmkit.tasks import build_task, check_task
 from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed
+from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
+from usmkit.training.memory_check import check_memory
 from usmkit.training.task_spec import train_spec
 from usmkit.training.trainer import Trainer, check_options
 
@@ -66,6 +70,7 @@ class TrainingRecipe:
         self.rank, self.world, self.device = 0, 1, resolve_device(cfg.trainer.device)
         self.tokenizer: Tokenizer | None = None
         self.trainer: Trainer | None = None
+        self.lock: ExpDirLock | None = None  # rank 0's, from setup_data to cleanup
 
     def run(self) -> dict:
         try:
@@ -92,8 +97,12 @@ class TrainingRecipe:
 
     def setup_data(self) -> None:
         """Tokenizer, validated cuts, the CTC frame budget, feature statistics, the training loader and
-        the dev evaluation; the tokenizer and statistics are copied into the experiment directory."""
+        the dev evaluation; the tokenizer, statistics and config are copied into the experiment directory,
+        which rank 0 locks first (``usmkit.training.exp_lock``: one run per directory)."""
         cfg, data, rank = self.cfg, self.cfg.data, self.rank
+        if rank == 0:
+            self.lock = ExpDirLock(self.exp_dir)
+            self.lock.acquire()
         audio_only = cfg.task.kind == "bestrq"
         self.tokenizer = tokenizer = (
             None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank))
@@ -108,10 +117,7 @@ class TrainingRecipe:
             check_frame_budget(budget, data.train_split, warn=rank == 0)
         stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
         if rank == 0:
-            self.exp_dir.mkdir(parents=True, exist_ok=True)
-            stats.save(self.exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
-            if tokenizer is not None:  # so does the tokenizer the run loaded (the corpus's may be retrained)
-                (self.exp_dir / TOKENIZER_FILE).write_bytes(tokenizer.model_proto)
+            self._write_run_files(stats, tokenizer)
         pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
         if cfg.task.kind == "most":  # three streams in every step: unlabeled audio, paired, text-only
             if cfg.task.most.align_from:
@@ -155,6 +161,27 @@ class TrainingRecipe:
             self.dev_eval = make_dev_eval(
                 dev_batches, tokenizer, cfg.task.kind, max_batches=cfg.trainer.dev_max_batches
             )
+
+    def _write_run_files(self, stats, tokenizer: Tokenizer | None) -> None:
+        """The copies that travel with the checkpoints: feature statistics, the tokenizer the run loaded (the
+        corpus's may be retrained), the config. Each replaces its file atomically (a link is replaced, not
+        written through); a failure (a full disk) is one ``WriteError`` line and leaves the earlier copies."""
+        path = self.exp_dir / STATS_FILE
+        try:
+            stats.save(path, self.cfg.data.features)
+            files = {CONFIG_FILE: self.config_yaml.encode()}
+            if tokenizer is not None:
+                files[TOKENIZER_FILE] = tokenizer.model_proto
+            for name, data in files.items():
+                path = self.exp_dir / name
+                with replaced_atomically(path) as tmp:
+                    tmp.write_bytes(data)
+        except Exception as e:  # OSError, or safetensors' own error type for the same full disk
+            raise WriteError(
+                f"could not write {path} ({disk_full_reason(e, self.exp_dir)}); nothing was lost: what "
+                f"{self.exp_dir} held is as it was. Free disk space or choose another trainer.exp_dir, then run "
+                "the same command again"
+            ) from e
 
     def _prepare(self, split: str, require_text: bool):
         data = self.cfg.data
@@ -231,6 +258,8 @@ class TrainingRecipe:
         return summary
 
     def cleanup(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
         if dist.is_initialized():
             # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
             # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
@@ -272,6 +301,7 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
             cfg.task.most.resolve_text_layer(encoder_cfg.num_layers)
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    check_memory(cfg, encoder_cfg, device)  # a model too large for the machine: refused now, not after the data
     return encoder_cfg
 
 
@@ -316,7 +346,7 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
     trained on the training transcripts (by rank 0, which runs this first: ``rank0_first``) when missing."""
     copy = Path(cfg.trainer.exp_dir) / TOKENIZER_FILE
     if cfg.resume and copy.is_file():
-        return Tokenizer.load(copy)
+        return read_tokenizer(copy)
     path = tokenizer_path(cfg)
     if not path.is_file() and rank == 0:
         log.info(

@@ -171,6 +171,7 @@ class Trainer:
         self.best: dict | None = None
         self.bad_steps_total = 0
         self.health_warned = False  # a module's health_check warns once per run
+        self.damaged: set[Path] = set()  # checkpoints resume found damaged: a save at their step rewrites them
         self.bad_steps_in_row = 0
         self.named_parameters = list(self.module.named_parameters())  # clipping names each gradient's norm
 
@@ -218,6 +219,7 @@ class Trainer:
                 break
             except CheckpointDamaged as e:
                 log.warning("%s; falling back to the previous checkpoint", e)
+                self.damaged.add(ckpt.path)
         else:
             raise CheckpointError(
                 f"none of the {len(candidates)} checkpoints in {self.ckpt_root} can be read (see the warnings "
@@ -256,8 +258,8 @@ class Trainer:
         if self.sharded:  # every process: checks, weights and optimizer state at this run's sharding
             state = load_sharded_checkpoint(path, self.module, self.optimizer)
         else:
-            state = load_train_state(path)  # checks both tensor files' SHA-256 first
-            load_weights(self.module, path)
+            state = load_train_state(path)  # checks the files' sizes and SHA-256 first
+            load_weights(self.module, path, verify=False)
             self.optimizer.load_state_dict(state["optimizer"])
         keep_fused(self.optimizer)
         return state
@@ -268,8 +270,12 @@ class Trainer:
         if not (self.sharded or is_main_process()):
             return None
         last = latest_checkpoint(self.ckpt_root)
-        if last is not None and last.step == self.step:  # e.g. the best was just saved at this step
-            return last.path
+        if last is not None and last.step == self.step and last.path not in self.damaged:
+            return last.path  # e.g. the best was just saved at this step
+        target = self.ckpt_root / f"step-{self.step:06d}"
+        if target.exists() and is_main_process():  # one resume fell back from, or one cut short by a crash
+            why = "damaged" if target in self.damaged else "incomplete"
+            log.warning("%s is %s: replacing it with this run's checkpoint of step %d", target, why, self.step)
         # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
         # saving would lose every step after the last checkpoint, which stays intact.
         if self.sharded:
@@ -278,6 +284,7 @@ class Trainer:
             )
         else:
             path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
+        self.damaged.discard(path)
         if is_main_process():
             keep = {self.ckpt_root / self.best["path"]} if self.best else set()
             prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)

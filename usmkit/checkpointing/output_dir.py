@@ -1,0 +1,103 @@
+"""The one guard of every command that writes a whole folder (``--out`` of ``usmkit-average``, ``out=`` of
+``usmkit.cli.export`` and of the ``usmkit.cli.prepare`` recipes): it refuses an existing folder that holds
+work of another kind, so a slip such as ``usmkit-average exp/run --out exp/run`` cannot replace an
+experiment.
+
+What a folder holds is told from the names usmkit gives its files, without reading them all:
+
+    experiment directory   checkpoints/, metrics.jsonl, run.lock (.run.flock), config.yaml or train.log
+    checkpoints folder     step-N/ folders
+    checkpoint             model.safetensors (or train_state.json)
+    corpus folder          corpus.json or lhotse manifests ``{corpus}_{cuts,recordings,supervisions}_{split}.jsonl[.gz]``
+    export                 export.json
+
+>>> check_output_dir(Path("exp/run"), option="--out", own_kind="checkpoint", own_words="an averaged checkpoint",
+...                  own=is_average)  # doctest: +SKIP
+UsageError: --out exp/run is an experiment directory (it has checkpoints/), not an averaged checkpoint; ...
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from usmkit.errors import UsageError
+
+_MANIFEST = re.compile(r"^(?P<corpus>.+?)_(?:cuts|recordings|supervisions)_.+\.jsonl(?:\.gz)?$")
+_TEXT_ONLY = re.compile(r"^(?P<corpus>.+?)_text_only\.jsonl(?:\.gz)?$")
+_STEP_DIR = re.compile(r"^step-\d+$")
+CORPUS_SUMMARY = "corpus.json"  # usmkit.data.synth.build writes it last
+
+
+def corpus_names(folder: Path) -> set[str]:
+    """The corpus names of the lhotse manifests (and ``corpus.json``) directly in ``folder``."""
+    names = set()
+    for p in folder.iterdir():
+        m = _MANIFEST.match(p.name) or _TEXT_ONLY.match(p.name)
+        if m and p.is_file():
+            names.add(m.group("corpus"))
+    summary = folder / CORPUS_SUMMARY
+    if summary.is_file():
+        try:
+            name = json.loads(summary.read_text(encoding="utf-8")).get("corpus")
+        except (OSError, ValueError, AttributeError):
+            name = None
+        names.add(name if isinstance(name, str) else "?")
+    return names
+
+
+def folder_kind(folder: Path) -> tuple[str, str] | None:
+    """What usmkit work ``folder`` holds: (kind, words for a message), kind one of ``checkpoint``,
+    ``experiment``, ``checkpoints``, ``corpus``, ``export``; None for a folder holding none of it."""
+    has = lambda name: (folder / name).exists()  # noqa: E731
+    for name in ("model.safetensors", "train_state.json"):
+        if has(name):
+            return "checkpoint", f"a checkpoint (it has {name})"
+    for name in ("checkpoints", "metrics.jsonl", "run.lock", ".run.flock", "config.yaml", "train.log"):
+        if has(name):
+            return "experiment", f"an experiment directory (it has {name}{'/' if (folder / name).is_dir() else ''})"
+    steps = sorted(p.name for p in folder.iterdir() if _STEP_DIR.match(p.name) and p.is_dir())
+    if steps:
+        return "checkpoints", f"a run's checkpoints folder (it has {steps[-1]}/)"
+    corpora = corpus_names(folder)
+    if corpora:
+        return (
+            "corpus",
+            f"the corpus folder of {', '.join(sorted(corpora))} (it has lhotse manifests or {CORPUS_SUMMARY})",
+        )
+    if has("export.json"):
+        return "export", "an export (it has export.json)"
+    return None
+
+
+def check_output_dir(
+    out: Path, *, option: str, own_kind: str, own_words: str, own: Callable[[Path], bool], replaces: bool = True
+) -> None:
+    """Refuse to write the output folder ``out`` (given as ``option``, e.g. ``--out`` or ``out=``) where it
+    exists and holds usmkit work (``folder_kind``: an experiment directory, a checkpoint, a corpus folder,
+    an export) other than this command's own earlier output (``own_words``, e.g. "an export directory"):
+    of kind ``own_kind`` and ``own(out)``. ``replaces``: the command replaces the folder whole, so any
+    other non-empty folder is refused too.
+
+    Raises ``UsageError`` naming the folder, what it holds and what to do."""
+    out = Path(out)
+    shown = f"{option}{out}" if option.endswith("=") else f"{option} {out}"
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"{shown} exists and is not a folder; pass a new folder")
+    found = folder_kind(out)
+    if found is None:
+        if replaces and any(out.iterdir()):
+            raise UsageError(
+                f"{shown} exists and is not {own_words}: the files in it would be replaced; pass a new folder"
+            )
+        return
+    kind, words = found
+    if kind == own_kind and own(out):
+        return
+    raise UsageError(
+        f"{shown} is {words}, not {own_words}; writing there would replace or mix into it: pass a new folder"
+    )
