@@ -144,6 +144,7 @@ class AsrLoader:
         self._tracker = _SnapshotSampler(sampler, seed, endless)
         self._state: dict[str, Any] | None = None
         self._pass_start: dict[str, Any] = {}  # (endless) the state the current pass started from
+        self._live: Any = None  # the DataLoader iterator of the current pass (it owns the worker processes)
         self._loader = torch.utils.data.DataLoader(
             _SeededDataset(dataset),
             sampler=self._tracker,
@@ -162,9 +163,18 @@ class AsrLoader:
                 self.load_state_dict(self._state or self._pass_start)
             self._pass_start = self.state_dict()
         self._tracker.snapshots.clear()
-        for batch in self._loader:
+        self._live = iter(self._loader)
+        for batch in self._live:
             self._state = self._tracker.snapshots.popleft()
             yield batch
+
+    def close(self) -> None:
+        """End the worker processes now (they are persistent: otherwise they live until this loader is
+        garbage collected, which a suspended training loop can put off to the interpreter's exit). The
+        loader can be iterated again afterwards (new workers)."""
+        live, self._live = self._live, None
+        self._loader._iterator = None  # DataLoader's own reference to its persistent iterator
+        shutdown_workers(live)
 
     @property
     def epoch(self) -> int:
@@ -189,6 +199,15 @@ class AsrLoader:
         self._tracker.resume_index = int(state.pop(BATCH_INDEX_KEY, 0))
         self._state = state | {BATCH_INDEX_KEY: self._tracker.resume_index}
         self.sampler.load_state_dict(state)  # lhotse consumes the dict it gets
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """End the worker processes (and the pin-memory thread) of a DataLoader iterator; nothing for None or an
+    iterator without workers. torch has no public call for it: a multi-process iterator ends its workers in
+    ``_shutdown_workers``, which its destructor calls and which may run more than once."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def speaker_norms_for(cuts: CutSet, cfg: DataConfig, stats: FeatureStats | None) -> dict[str, SpeakerNorm] | None:

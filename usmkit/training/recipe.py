@@ -14,11 +14,12 @@ import functools
 import gc
 import logging
 import math
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from usmkit.checkpointing.checkpoint import (
     MODEL_FILE,
@@ -41,12 +42,14 @@ from usmkit.models.config import ConformerConfig
 from usmkit.runs import check_aligner, load_aligner
 from usmkit.ssl.most_data import build_most_loader
 from usmkit.tasks import build_task, check_task
-from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed
+from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed, shutdown_distributed
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
 from usmkit.training.task_spec import train_spec
 from usmkit.training.trainer import Trainer, check_options
 
 log = logging.getLogger(__name__)
+
+SLOW_SHUTDOWN_S = 5.0  # a rank that takes longer to shut down warns, naming the part that took the time
 
 
 def run(cfg: TrainConfig, config_yaml: str) -> dict:
@@ -66,6 +69,9 @@ class TrainingRecipe:
         self.rank, self.world, self.device = 0, 1, resolve_device(cfg.trainer.device)
         self.tokenizer: Tokenizer | None = None
         self.trainer: Trainer | None = None
+        self.loader = None
+        self.finished = False  # trained to the end on this rank (cleanup then ends the run behind a barrier)
+        self.cleaned = False
 
     def run(self) -> dict:
         try:
@@ -75,14 +81,19 @@ class TrainingRecipe:
             self.setup_trainer()
             return self.train()
         finally:
-            self.cleanup()
+            self.cleanup()  # also after an error: the loader's workers, compile workers and process groups end
 
     # ---------------------------------------------------------------- setup
     def setup_distributed(self) -> None:
         cfg = self.cfg
         if cfg.trainer.compile:
             raise_recompile_limit(cfg)
-        self.rank, self.world, self.device = setup_distributed(cfg.trainer.device, cfg.trainer.strategy)
+        self.rank, self.world, self.device = setup_distributed(
+            cfg.trainer.device,
+            cfg.trainer.strategy,
+            dist_timeout_s=cfg.trainer.dist_timeout_s,
+            rank0_timeout_s=cfg.trainer.rank0_timeout_s,
+        )
         torch.manual_seed(cfg.trainer.seed + self.rank)
         if not cfg.resume and latest_checkpoint(self.exp_dir / "checkpoints") is not None:
             raise UsageError(
@@ -96,7 +107,7 @@ class TrainingRecipe:
         cfg, data, rank = self.cfg, self.cfg.data, self.rank
         audio_only = cfg.task.kind == "bestrq"
         self.tokenizer = tokenizer = (
-            None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank))
+            None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank), "the tokenizer")
         )
         prepare = functools.partial(self._prepare, require_text=not audio_only)
         train_cuts = prepare(data.train_split)
@@ -106,7 +117,7 @@ class TrainingRecipe:
                 train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
             )
             check_frame_budget(budget, data.train_split, warn=rank == 0)
-        stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
+        stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data), "the feature statistics")
         if rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             stats.save(self.exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
@@ -166,6 +177,7 @@ class TrainingRecipe:
                 split=split,
                 require_text=require_text,
             ),
+            f"the {split} split's validation and features",
         )
         if self.rank == 0 and report.num_skipped:
             log.warning("%s: %s", split, report.summary())
@@ -220,6 +232,7 @@ class TrainingRecipe:
     # ---------------------------------------------------------------- train
     def train(self) -> dict:
         result = self.trainer.fit()
+        self.finished = True
         summary = {
             "step": result.step,
             "last_loss": result.last_loss,
@@ -231,14 +244,48 @@ class TrainingRecipe:
         return summary
 
     def cleanup(self) -> None:
-        if dist.is_initialized():
-            # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
-            # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
-            # releasing a finished collective's tensor waits for that GIL (a hang at exit). The group itself
-            # is destroyed with the GIL released.
-            self.trainer = None
-            gc.collect()
-            dist.destroy_process_group()
+        """End what the run started, on every rank, after a finished run and after an error alike (``run``
+        calls it in ``finally``; a second call does nothing): the training loader's worker processes,
+        inductor's compile workers, the trainer, and the process groups (``shutdown_distributed``: behind a
+        final barrier when every rank finished). The TensorBoard writer is closed by ``Trainer.fit`` itself.
+        Each part is timed; a slow one is named in a warning."""
+        if self.cleaned:
+            return
+        self.cleaned = True
+        timings: dict[str, float] = {}
+
+        def timed(name: str, fn) -> None:
+            start = time.perf_counter()
+            try:
+                fn()
+            except Exception as e:  # the remaining parts still end; the run's own error (if any) comes first
+                log.warning("rank %d: ending %s failed: %s", self.rank, name, e)
+            timings[name] = time.perf_counter() - start
+
+        loader, self.loader = self.loader, None
+        if loader is not None and hasattr(loader, "close"):
+            timed("the loader workers", loader.close)
+        timed("the compile workers", shutdown_compile_workers)
+        # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
+        # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
+        # releasing a finished collective's tensor waits for that GIL (a hang at exit). The group itself
+        # is destroyed with the GIL released.
+        self.trainer = None
+        timed("the trainer", gc.collect)
+        timed("the process groups", functools.partial(shutdown_distributed, self.finished))
+        total = sum(timings.values())
+        parts = ", ".join(f"{name} {t:.1f} s" for name, t in timings.items())
+        if total > SLOW_SHUTDOWN_S:
+            log.warning("rank %d: shutting down took %.1f s (%s)", self.rank, total, parts)
+        elif self.rank == 0:
+            log.info("shut down in %.1f s (%s)", total, parts)
+
+
+def shutdown_compile_workers() -> None:
+    """End inductor's pool of compile worker processes, if this process started one (``torch.compile``)."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.shutdown_compile_workers()
 
 
 # ---------------------------------------------------------------- checks before any data is read
