@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from lhotse import CutSet
 
 from usmkit.checkpointing.checkpoint import (
     MODEL_FILE,
@@ -30,9 +31,11 @@ from usmkit.checkpointing.checkpoint import (
     run_dir,
 )
 from usmkit.config import ConfigError, TrainConfig, tokenizer_path
+from usmkit.data.config import DataConfig
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
+from usmkit.data.shar import shar_cuts, split_shards
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.device import resolve_device
@@ -110,14 +113,17 @@ class TrainingRecipe:
             None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank), "the tokenizer")
         )
         prepare = functools.partial(self._prepare, require_text=not audio_only)
-        train_cuts = prepare(data.train_split)
+        # With data.shar_dir the training cuts stream from shards (checked when they were written): here only
+        # their manifests, for the frame budget and the duration buckets; the statistics read their audio.
+        train_cuts = shar_train_cuts(data, audio=False) if data.shar_dir else prepare(data.train_split)
         if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
             # What CTC cannot align it ignores: counted now rather than found in the results.
             budget = frame_budget(
                 train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
             )
             check_frame_budget(budget, data.train_split, warn=rank == 0)
-        stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data), "the feature statistics")
+        stats_cuts = shar_train_cuts(data, audio=True) if data.shar_dir else train_cuts
+        stats = rank0_first(rank, lambda: load_or_compute_stats(stats_cuts, data), "the feature statistics")
         if rank == 0:
             self.exp_dir.mkdir(parents=True, exist_ok=True)
             stats.save(self.exp_dir / STATS_FILE, data.features)  # travels with the checkpoints
@@ -372,12 +378,20 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
             cfg.tokenizer_type,
             cfg.vocab_size,
         )
-        cuts = load_cuts(
-            cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus, allow_urls=cfg.data.allow_urls
-        )
+        if cfg.data.shar_dir:
+            cuts = shar_train_cuts(cfg.data, audio=False)
+        else:
+            cuts = load_cuts(
+                cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus, allow_urls=cfg.data.allow_urls
+            )
         texts = [s.text for c in cuts for s in c.supervisions if s.text]
         Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type)
     return Tokenizer.load(path)
+
+
+def shar_train_cuts(data: DataConfig, *, audio: bool) -> CutSet:
+    """The training split's cuts in ``data.shar_dir``, lazily: with their audio, or only their manifests."""
+    return shar_cuts(split_shards(data.shar_dir, data.train_split), audio=audio)
 
 
 def init_ctc_head(module: torch.nn.Module, src: Path, tokenizer: Tokenizer) -> list[str]:
