@@ -30,8 +30,9 @@ training (``usmkit.training.trainer``), per optimizer step
      backward and the gradient norm's all-reduce; the all-reduce of the finite flag; with
      ``trainer.max_minutes``, every ``log_every`` steps a broadcast of rank 0's clock.
   6. a dev evaluation: FSDP gathers the model; a host broadcast of rank 0's result (the others wait there).
-  7. a checkpoint: FSDP: ``save_sharded_checkpoint``'s collectives; DDP: rank 0 writes, then a host barrier.
-     Whether a step is already saved is known in memory, the same on every rank.
+  7. a checkpoint: a host all-gather of every rank's random state and data position (the train state rank 0
+     writes holds each rank's); then FSDP: ``save_sharded_checkpoint``'s collectives; DDP: rank 0 writes, then
+     a host barrier. Whether a step is already saved is known in memory, the same on every rank.
 shutdown (``TrainingRecipe.cleanup``)
   8. after a run that trained to its end: a barrier on the default group; then both groups are destroyed.
      After an error, no barrier (the others may be gone): the groups are destroyed at once.
@@ -226,6 +227,11 @@ def from_rank0(obj: T, what: str) -> T:
 def wait_for_rank0(what: str) -> None:
     """Every rank waits here until rank 0 arrives (on the host group: ``trainer.rank0_timeout_s``)."""
     _from_rank0(None, f"waiting for rank 0's {what}")
+
+
+def gather(obj: T, what: str) -> list[T]:
+    """Every rank's ``obj``, by rank, on every rank (a host-group all-gather, in memory)."""
+    return _gather(obj, what)
 
 
 def agree(ok: bool, what: str) -> list[int]:

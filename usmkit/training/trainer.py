@@ -47,7 +47,7 @@ from usmkit.errors import UsageError
 from usmkit.models.output import StepOutput
 from usmkit.training.activation_checkpoint import checkpoint_blocks
 from usmkit.training.compile_blocks import compile_blocks
-from usmkit.training.distributed import agree, collective, from_rank0, wait_for_rank0
+from usmkit.training.distributed import agree, collective, from_rank0, gather, wait_for_rank0
 from usmkit.training.fsdp import clip_grad_norm, gathered, shard_model
 from usmkit.training.grad_norms import clip_with_norms
 from usmkit.training.metric_log import MetricLog
@@ -183,18 +183,24 @@ class Trainer:
 
     # ---------------------------------------------------------------- state
     def train_state(self) -> dict[str, Any]:
-        """What resume restores besides the weights (a sharded run saves its optimizer state apart)."""
+        """What resume restores besides the weights (a sharded run saves its optimizer state apart).
+
+        Every rank calls it: with several processes, ``ranks`` holds each rank's own random state and loader
+        position (its dropout and its share of the data), gathered for rank 0 to write.
+        """
+        own = {"loader": self.train_loader.state_dict(), "rng": rng_state()}
         state = {
             "step": self.step,
             "epoch": self.epoch,
             "scheduler": self.scheduler.state_dict(),
-            "loader": self.train_loader.state_dict(),
-            "rng": rng_state(),
+            **own,
             "best": self.best,
             "bad_steps_total": self.bad_steps_total,
             "strategy": self.cfg.strategy,
             "world_size": dist.get_world_size() if self.distributed else 1,
         }
+        if self.distributed:
+            state["ranks"] = gather(own, f"every rank's random state and data position for step {self.step}")
         if not self.sharded:
             state["optimizer"] = self.optimizer.state_dict()
         return state
@@ -238,8 +244,12 @@ class Trainer:
         last = ckpt
         self.scheduler.load_state_dict(state["scheduler"])
         world = dist.get_world_size() if self.distributed else 1
+        rank = dist.get_rank() if self.distributed else 0
+        # This rank's own random state and data position; a rank the writing run did not have takes rank 0's.
+        ranks = state.get("ranks") or []
+        own = ranks[rank] if rank < len(ranks) else {"loader": state["loader"], "rng": state["rng"]}
         if state.get("world_size", world) == world:
-            self.train_loader.load_state_dict(state["loader"])
+            self.train_loader.load_state_dict(own["loader"])
         else:  # the sampler's position is per process: it cannot carry over to another number of them
             log.warning(
                 "%s was written by %d processes, this run has %d: the data order cannot continue where it "
@@ -250,7 +260,7 @@ class Trainer:
                 state["epoch"],
             )
             self.train_loader.set_epoch(state["epoch"])
-        set_rng_state(state["rng"])
+        set_rng_state(own["rng"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.best = state.get("best") or read_best(self.ckpt_root)
         self.bad_steps_total = state.get("bad_steps_total", 0)
@@ -289,15 +299,16 @@ class Trainer:
             return self.saved[1]
         start = time.perf_counter()
         path = None
+        state = self.train_state()  # (every rank: it gathers each rank's part)
         # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
         # saving would lose every step after the last checkpoint, which stays intact.
         if self.sharded:
             with collective(f"the sharded checkpoint of step {self.step}"):
                 path = save_sharded_checkpoint(
-                    self.ckpt_root, self.step, self.module, self.optimizer, self.train_state(), self.config_yaml
+                    self.ckpt_root, self.step, self.module, self.optimizer, state, self.config_yaml
                 )
         elif is_main_process():
-            path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
+            path = save_checkpoint(self.ckpt_root, self.step, self.module, state, self.config_yaml)
         if is_main_process():
             keep = {self.ckpt_root / self.best["path"]} if self.best else set()
             prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
