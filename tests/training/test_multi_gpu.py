@@ -38,7 +38,9 @@ def test_two_gpus_compiled_start_to_exit(synth_corpus, tmp_path, strategy):
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert sorted(_losses(exp))[-1] == 20 and [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [10, 20]
     done = next(line for line in proc.stdout.splitlines() if "- done:" in line)
-    print(f"{strategy}: {wall:.0f} s from launch to exit; {next(ln for ln in proc.stdout.splitlines() if 'shut down in' in ln)}")
+    print(
+        f"{strategy}: {wall:.0f} s from launch to exit; {next(ln for ln in proc.stdout.splitlines() if 'shut down in' in ln)}"
+    )
     for rank in (0, 1):
         after = float((exits / f"exit-rank{rank}.txt").read_text()) - _log_time(done)
         assert after < 15, f"rank {rank} exited {after:.1f} s after done"
@@ -56,5 +58,7 @@ def test_two_gpus_a_stalled_rank_ends_the_run(synth_corpus, tmp_path):
         env=_env(HARNESS_STALL_RANK1_AT_STEP="3"),
     )  # fmt: skip
     assert proc.returncode != 0 and time.monotonic() - start < 400, proc.stderr[-4000:]
-    assert re.search(r"\[Rank 0\].*(Watchdog caught collective operation timeout|timed out)|error: rank 0 of 2", proc.stderr)
+    assert re.search(
+        r"\[Rank 0\].*(Watchdog caught collective operation timeout|timed out)|error: rank 0 of 2", proc.stderr
+    )
     assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2]
