@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -106,12 +107,15 @@ def _torchrun(cwd: Path, *overrides: str, nproc: int = 2, launcher=(), env=None)
     """``torchrun --standalone`` of the harness (``python -m usmkit.cli.train`` with faults put in)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", *(launcher or ["--standalone"]), "--nproc-per-node",
            str(nproc), str(HARNESS), *FAST, *overrides]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env or _env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
     try:
-        return subprocess.run(
-            cmd, cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=LIMIT_S, start_new_session=True
-        )
-    except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"the run did not end within {LIMIT_S} s:\n{(e.stderr or b'')[-4000:]}") from None
+        out, err = proc.communicate(timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every process it started
+        out, err = proc.communicate()
+        raise AssertionError(f"the run did not end within {LIMIT_S} s:\n{err[-4000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _fresh_copy(corpus: Path, tmp_path: Path) -> Path:
@@ -232,13 +236,22 @@ def test_two_agents_of_a_c10d_rendezvous_train_as_one_launch(synth_corpus, tmp_p
            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "usmkit-test", str(HARNESS),
            *FAST, *args, f"trainer.exp_dir={tmp_path / 'nodes'}"]  # fmt: skip
     agents = [
-        subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
         for _ in range(2)
     ]
     try:
         outputs = [agent.communicate(timeout=LIMIT_S) for agent in agents]
     finally:
         for agent in agents:
-            agent.kill()
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)  # the agent and its worker
     assert all(agent.returncode == 0 for agent in agents), [err[-3000:] for _, err in outputs]
     assert _losses(tmp_path / "nodes") == pytest.approx(_losses(tmp_path / "single"), rel=1e-6)
