@@ -151,8 +151,18 @@ class TrainerConfig:
     max_bad_steps: int = 10  # consecutive non-finite losses before training stops
     progress: bool = True  # a progress bar on the terminal
     best_metric: str = "dev_wer"  # or dev_loss; lower is better
+    # Several processes: a collective of training (gradient all-reduce, FSDP's gathers, the trainer's
+    # agreements) that does not complete within this many seconds fails, naming the rank and the operation
+    # (usmkit/training/distributed.py); the last checkpoint stays intact.
+    dist_timeout_s: float = 600.0
+    # How long the other processes wait while rank 0 works alone: preparing the data (tokenizer, stored
+    # features and statistics of the whole corpus), evaluating on the dev set, writing a checkpoint.
+    rank0_timeout_s: float = 86400.0
 
     def __post_init__(self) -> None:
+        for name in ("dist_timeout_s", "rank0_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"trainer.{name} must be > 0 seconds, got {getattr(self, name)}")
         for name in ("log_every", "max_bad_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
@@ -181,6 +191,13 @@ class TrainConfig:
     # With init_from: also its CTC head, where it has one trained with this run's tokenizer (stage 3 from a
     # stage-2 or CTC run keeps what the head learned); false: a new head, as from a BEST-RQ encoder.
     init_heads: bool = True
+
+    def __post_init__(self) -> None:
+        if self.data.shar_dir and self.task.kind == "most":
+            raise ValueError(
+                "data.shar_dir streams one training split from shards; MOST (recipe=stage2) mixes three streams "
+                "from the manifests: leave data.shar_dir unset"
+            )
 
 
 def tokenizer_path(cfg: TrainConfig) -> Path:

@@ -102,8 +102,12 @@ def test_log_lines_hold_the_values_of_their_step(tmp_path):
     """Each line is written once its step has been read (a step later, so the host never waits for the
     device to drain): it carries that step's loss and task metrics, not the next step's."""
     out = _trainer(tmp_path, 7, log_every=2).fit()
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [row for row in rows if "train/loss" in row]
     assert [line["step"] for line in lines] == [2, 4, 6, 7]
+    # Each checkpoint (steps 4 and 7) logs, on a line of its own, how long it kept the loop waiting.
+    saves = [row for row in rows if "train/checkpoint_s" in row]
+    assert [row["step"] for row in saves] == [4, 7] and all(row["train/checkpoint_s"] > 0 for row in saves)
     losses = dict(out.losses)
     for line in lines:
         assert line["train/loss"] == pytest.approx(losses[line["step"]])

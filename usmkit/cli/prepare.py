@@ -6,7 +6,8 @@
 
 The corpora and their modules: synth (``usmkit.data.synth``), an4, an4_text, kathleen, fsdd,
 librispeech, pool (several corpora as one unlabeled split) and pack (a compressed copy of a corpus
-folder), under ``usmkit.data.corpora``. Each module defines ``ARGS`` (its dataclass of keys),
+folder), under ``usmkit.data.corpora``; shar writes a corpus's splits as lhotse Shar shards
+(``usmkit.data.shar``). Each module defines ``ARGS`` (its dataclass of keys),
 ``USAGE`` and ``run(args)``; the keys are read like every ``python -m usmkit.cli.*`` command's.
 
 ``out=`` may be a new folder or one holding this corpus already (its manifests are rebuilt, other splits
@@ -36,6 +37,7 @@ CORPORA = {  # name -> module holding ARGS, USAGE and run
     "librispeech": "usmkit.data.corpora.librispeech",
     "pool": "usmkit.data.corpora.pool",
     "pack": "usmkit.data.corpora.pack",
+    "shar": "usmkit.data.shar",  # not a corpus: a corpus's splits as lhotse Shar shards
 }
 
 

@@ -114,6 +114,11 @@ class DataConfig:
       cut and logs one summary line of everything dropped.
     - ``allow_urls``: let recordings load from ``url`` sources (downloads); off, only files are read.
       Other lhotse source types (``command`` runs a shell command) are always refused.
+    - ``shar_dir``: the training split streams from lhotse Shar shards in ``<shar_dir>/<train_split>/``
+      (``python -m usmkit.cli.prepare shar``; ``usmkit.data.shar``), each process and loader worker reading its
+      own; the dev split, the tokenizer and the feature statistics stay with ``manifest_dir``. Features are
+      computed on the fly, and what needs the whole split in memory (``language_temperature``,
+      ``labeled_fraction``, speaker norms, ``fixed_batch_shapes``) is refused.
     """
 
     manifest_dir: str = "data/synth"
@@ -140,8 +145,26 @@ class DataConfig:
     utterance_mean_norm: bool = False
     speaker_mean_norm: bool = False
     speaker_var_norm: bool = False
+    shar_dir: str | None = None
 
     def __post_init__(self) -> None:
+        if self.shar_dir:
+            refused = [
+                name
+                for name, on in (
+                    ("features.precomputed=true", self.features.precomputed),
+                    (f"language_temperature={self.language_temperature:g}", self.language_temperature != 1.0),
+                    (f"labeled_fraction={self.labeled_fraction:g}", self.labeled_fraction != 1.0),
+                    ("speaker_mean_norm=true", self.speaker_mean_norm),
+                    ("fixed_batch_shapes=true", self.fixed_batch_shapes),
+                )
+                if on
+            ]
+            if refused:
+                raise ValueError(
+                    f"DataConfig.shar_dir streams the training audio from shards, which does not go with "
+                    f"{', '.join(refused)}: drop those, or leave shar_dir unset to read the manifests"
+                )
         if self.max_duration <= 0:
             raise ValueError(f"DataConfig.max_duration must be > 0 seconds, got {self.max_duration}")
         if self.num_buckets < 1:

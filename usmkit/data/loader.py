@@ -12,15 +12,19 @@ Usage (the trainer's side)::
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import numpy as np
 import torch
 from lhotse import CutSet
+from lhotse.cut import Cut
 from lhotse.dataset import DynamicBucketingSampler
+from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
 from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
@@ -28,7 +32,8 @@ from usmkit.data.dataset import AsrDataset, TextEncoder
 from usmkit.data.features import feature_storage_dir, precompute_features
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
-from usmkit.data.sampling import labeled_subset, language_balanced, make_sampler
+from usmkit.data.sampling import NUM_CUTS_FOR_BINS, labeled_subset, language_balanced, make_sampler
+from usmkit.data.shar import shar_cuts, split_shards, stream_shards
 from usmkit.data.validate import ValidationReport, validate_cuts
 
 log = logging.getLogger(__name__)
@@ -149,6 +154,7 @@ class AsrLoader:
         self._tracker = _SnapshotSampler(sampler, seed, endless)
         self._state: dict[str, Any] | None = None
         self._pass_start: dict[str, Any] = {}  # (endless) the state the current pass started from
+        self._live: Any = None  # the DataLoader iterator of the current pass (it owns the worker processes)
         self._loader = torch.utils.data.DataLoader(
             _SeededDataset(dataset),
             sampler=self._tracker,
@@ -167,9 +173,18 @@ class AsrLoader:
                 self.load_state_dict(self._state or self._pass_start)
             self._pass_start = self.state_dict()
         self._tracker.snapshots.clear()
-        for batch in self._loader:
+        self._live = iter(self._loader)
+        for batch in self._live:
             self._state = self._tracker.snapshots.popleft()
             yield batch
+
+    def close(self) -> None:
+        """End the worker processes now (they are persistent: otherwise they live until this loader is
+        garbage collected, which a suspended training loop can put off to the interpreter's exit). The
+        loader can be iterated again afterwards (new workers)."""
+        live, self._live = self._live, None
+        self._loader._iterator = None  # DataLoader's own reference to its persistent iterator
+        shutdown_workers(live)
 
     @property
     def epoch(self) -> int:
@@ -194,6 +209,15 @@ class AsrLoader:
         self._tracker.resume_index = int(state.pop(BATCH_INDEX_KEY, 0))
         self._state = state | {BATCH_INDEX_KEY: self._tracker.resume_index}
         self.sampler.load_state_dict(state)  # lhotse consumes the dict it gets
+
+
+def shutdown_workers(iterator: Any) -> None:
+    """End the worker processes (and the pin-memory thread) of a DataLoader iterator; nothing for None or an
+    iterator without workers. torch has no public call for it: a multi-process iterator ends its workers in
+    ``_shutdown_workers``, which its destructor calls and which may run more than once."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def speaker_norms_for(cuts: CutSet, cfg: DataConfig, stats: FeatureStats | None) -> dict[str, SpeakerNorm] | None:
@@ -228,7 +252,16 @@ def make_loader(
     repeatedly), else from ``cuts``. ``pin_memory``: batches arrive in page-locked memory (for a CUDA
     trainer, whose host runs ahead of the device: a copy from pageable memory can wait for it).
     ``endless``: one pass runs through consecutive epochs (``AsrLoader``), for a training loop counted in steps.
+
+    With ``cfg.shar_dir`` the training loader streams the training split's Shar shards instead (``SharLoader``,
+    endless; ``cuts`` are then only the shards' manifests, from which it takes the duration buckets).
     """
+    if train and cfg.shar_dir:
+        dataset = _dataset(cfg, tokenizer, stats, None, train=True, seed=seed + rank)
+        return SharLoader(
+            dataset, split_shards(cfg.shar_dir, cfg.train_split), cfg, duration_bins=duration_bins(cuts, cfg),
+            rank=rank, world_size=world_size, seed=seed, pin_memory=pin_memory,
+        )  # fmt: skip
     if cfg.features.precomputed:
         bare = next((c.id for c in cuts if not c.has_features), None)
         if bare is not None:
@@ -245,7 +278,23 @@ def make_loader(
         cuts = language_balanced(cuts, cfg.language_temperature, seed=seed)
     fixed = train and cfg.fixed_batch_shapes
     sampler = make_sampler(cuts, cfg, train=train, rank=rank, world_size=world_size, seed=seed, fixed_shapes=fixed)
-    dataset = AsrDataset(
+    dataset = _dataset(cfg, tokenizer, stats, speaker_norms, train=train, seed=seed + rank)
+    return AsrLoader(
+        dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank, pin_memory=pin_memory, endless=endless
+    )
+
+
+def _dataset(
+    cfg: DataConfig,
+    tokenizer: TextEncoder | None,
+    stats: FeatureStats | None,
+    speaker_norms: dict[str, SpeakerNorm] | None,
+    *,
+    train: bool,
+    seed: int,
+) -> AsrDataset:
+    """Cuts -> ``Batch``: features, normalization, and in training the augmentation ``cfg`` asks for."""
+    return AsrDataset(
         cfg.features,
         tokenizer=tokenizer,
         stats=stats,
@@ -257,10 +306,7 @@ def make_loader(
         pad_to_frames=cfg.pad_to_frames,
         utterance_mean_norm=cfg.utterance_mean_norm,
         speaker_norms=speaker_norms,
-        seed=seed + rank,
-    )
-    return AsrLoader(
-        dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank, pin_memory=pin_memory, endless=endless
+        seed=seed,
     )
 
 
@@ -284,3 +330,171 @@ def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:
         return cuts
     log.warning("training leaves out %d cuts longer than max_cut_duration=%gs", long, max_duration)
     return CutSet.from_cuts(c for c in cuts if c.duration <= max_duration)
+
+
+# ---------------------------------------------------------------- streaming from Shar shards
+SHAR_BUFFER_CUTS = 1000  # cuts a shard stream's sampler buffers to bucket and shuffle; they hold their audio
+
+
+def duration_bins(cuts: CutSet, cfg: DataConfig) -> list[float]:
+    """The duration buckets' edges, from the first cuts of ``cuts`` (as ``make_sampler`` estimates them)."""
+    head = [c for c in islice(cuts, NUM_CUTS_FOR_BINS) if c.duration <= cfg.max_cut_duration]
+    if not head:
+        raise ValueError("the training split has no cut of at most max_cut_duration seconds: nothing to load")
+    num_buckets = min(cfg.num_buckets, len(head))
+    if num_buckets > 1:
+        return estimate_duration_buckets(head, num_buckets=num_buckets)
+    return [max(c.duration for c in head) + 1.0]
+
+
+def _at_most(seconds: float, cut: Cut) -> bool:
+    return cut.duration <= seconds
+
+
+def stream_seed(seed: int, rank: int, stream: int) -> int:
+    """The seed of shard stream ``stream`` of process ``rank``: its sampler's shuffling and its batches'."""
+    return int(np.random.SeedSequence([seed, rank, stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+class _SharStreams(torch.utils.data.IterableDataset):
+    """One process's shard streams, one per loader worker (one in the loading process without workers):
+    stream ``w`` reads its shards of each epoch (``stream_shards``) with a bucketing sampler of its own, and
+    yields ``((w, epoch, index), batch)``, epoch after epoch, from ``start[w] = (epoch, index)`` on.
+
+    lhotse's ``IterableDatasetWrapper`` is not used: the loader needs each batch's stream and position to
+    resume exactly. Resuming replays a stream's sampler over the batches already consumed: their cuts (and
+    the audio bytes in the tars) are read again, but neither decoded nor turned into features.
+    """
+
+    def __init__(
+        self, dataset: _SeededDataset, shards: list, cfg: DataConfig, bins: list[float], *, rank: int,
+        world_size: int, streams: int, seed: int, start: list[tuple[int, int]],
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.dataset, self.shards, self.bins = dataset, shards, bins
+        self.max_duration, self.max_cut_duration = cfg.max_duration, cfg.max_cut_duration
+        self.rank, self.world_size, self.streams, self.seed, self.start = rank, world_size, streams, seed, start
+
+    def __iter__(self) -> Iterator[tuple[tuple[int, int, int], Batch]]:
+        info = torch.utils.data.get_worker_info()
+        stream = info.id if info is not None else 0
+        epoch, skip = self.start[stream]
+        seed = stream_seed(self.seed, self.rank, stream)
+        while True:
+            index = -1
+            for index, cuts in enumerate(self._sampler(stream, epoch, seed)):
+                if index >= skip:
+                    yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), cuts)]
+            if index < 0:
+                raise RuntimeError(f"shard stream {stream} of rank {self.rank} got no batch in epoch {epoch}")
+            epoch, skip = epoch + 1, 0
+
+    def _sampler(self, stream: int, epoch: int, seed: int) -> DynamicBucketingSampler:
+        shards = stream_shards(self.shards, epoch=epoch, seed=self.seed, rank=self.rank,
+                               world_size=self.world_size, stream=stream, streams=self.streams)  # fmt: skip
+        cuts = shar_cuts(shards, audio=True).filter(functools.partial(_at_most, self.max_cut_duration))
+        sampler = DynamicBucketingSampler(
+            cuts, max_duration=self.max_duration, duration_bins=self.bins, shuffle=True, drop_last=False,
+            buffer_size=SHAR_BUFFER_CUTS, world_size=1, rank=0, seed=seed,
+        )  # fmt: skip
+        sampler.set_epoch(epoch)
+        return sampler
+
+
+class SharLoader:
+    """Training batches streamed from Shar shards (``data.shar_dir``): every process and loader worker reads
+    its own shards (``stream_shards``), so per epoch every cut is read once over all processes.
+
+    One stream per worker (``data.num_workers``, at least one), each through its own epochs (a stream's
+    epoch ends when its shards do; ``epoch`` is the last batch's). The DataLoader takes a batch from each
+    worker in turn, so batch ``k`` comes from stream ``k mod streams``; the state is, per stream, the epoch
+    and the number of its batches consumed, and which stream is next. Resuming from it yields exactly the
+    batches an uninterrupted loader yields (see ``_SharStreams`` for what the replay costs).
+    """
+
+    def __init__(
+        self, dataset: AsrDataset, shards: list, cfg: DataConfig, *, duration_bins: list[float], rank: int = 0,
+        world_size: int = 1, seed: int = 0, pin_memory: bool = False,
+    ) -> None:  # fmt: skip
+        self.streams = max(1, cfg.num_workers)
+        if len(shards) < world_size * self.streams:
+            raise ValueError(
+                f"data.shar_dir={cfg.shar_dir} holds {len(shards)} shards of split {cfg.train_split}, fewer than "
+                f"{world_size} processes x {self.streams} loader streams (data.num_workers): every stream needs "
+                "shards of its own. Write the shards smaller (python -m usmkit.cli.prepare shar ... shard_size=N) "
+                "or use fewer loader workers"
+            )
+        self.dataset, self.shards, self.cfg, self.bins = _SeededDataset(dataset), shards, cfg, duration_bins
+        self.rank, self.world_size, self.seed, self.pin_memory = rank, world_size, seed, pin_memory
+        self.positions = [(0, 0)] * self.streams  # per stream: (epoch, batches of it consumed)
+        self.next_stream = 0
+        self._epoch = 0
+        self._live: Any = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.close()  # an earlier pass's workers are ahead of what was consumed
+        streams = _SharStreams(
+            self.dataset, self.shards, self.cfg, self.bins, rank=self.rank, world_size=self.world_size,
+            streams=self.streams, seed=self.seed, start=list(self.positions),
+        )  # fmt: skip
+        self._live = iter(
+            torch.utils.data.DataLoader(
+                streams,
+                batch_size=None,
+                num_workers=self.cfg.num_workers,
+                pin_memory=self.pin_memory,
+                generator=torch.Generator().manual_seed(self.seed),  # not the global RNG (see AsrLoader)
+            )
+        )
+        # Worker w delivers stream w's batches in turn from worker 0 on; a pass that resumes with another
+        # stream next keeps the batches that come before their turn (fewer than one per stream).
+        held: dict[int, tuple[int, int, Batch]] = {}
+        for (stream, epoch, index), batch in self._live:
+            held[stream] = (epoch, index, batch)
+            while self.next_stream in held:
+                stream = self.next_stream
+                epoch, index, batch = held.pop(stream)
+                self.positions[stream] = (epoch, index + 1)
+                self.next_stream = (stream + 1) % self.streams
+                self._epoch = epoch
+                yield batch
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last batch yielded (of its stream's)."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Every stream starts ``epoch`` from its beginning."""
+        self.close()
+        self.positions = [(epoch, 0)] * self.streams
+        self.next_stream, self._epoch = 0, epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "shar_positions": [list(p) for p in self.positions],
+            "next_stream": self.next_stream,
+            "epoch": self._epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        positions = [tuple(int(x) for x in p) for p in state["shar_positions"]]
+        if len(positions) != self.streams:
+            earliest = min(e for e, _ in positions)
+            log.warning(
+                "the checkpoint's loader read its shards in %d streams, this run in %d (data.num_workers): the "
+                "streams' shards differ, so the data order cannot continue where it stopped; every stream starts "
+                "epoch %d over",
+                len(positions),
+                self.streams,
+                earliest,
+            )
+            self.set_epoch(earliest)
+            return
+        self.close()
+        self.positions, self.next_stream, self._epoch = positions, int(state["next_stream"]), int(state["epoch"])
+
+    def close(self) -> None:
+        """End the worker processes of the current pass."""
+        live, self._live = self._live, None
+        shutdown_workers(live)

@@ -108,6 +108,13 @@ class StreamMixer:
     def set_epoch(self, epoch: int) -> None:
         """Nothing to do: the mixed stream never ends, and each stream keeps its own epochs."""
 
+    def close(self) -> None:
+        """End the streams' loader workers (those that have any)."""
+        for loader in self.streams.values():
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,

@@ -14,11 +14,13 @@ import functools
 import gc
 import logging
 import math
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+from lhotse import CutSet
 
 from usmkit.checkpointing.atomic import WriteError, disk_full_reason, replaced_atomically
 from usmkit.checkpointing.checkpoint import (
@@ -31,9 +33,11 @@ from usmkit.checkpointing.checkpoint import (
     run_dir,
 )
 from usmkit.config import ConfigError, TrainConfig, tokenizer_path
+from usmkit.data.config import DataConfig
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
+from usmkit.data.shar import shar_cuts, split_shards
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.device import resolve_device
@@ -43,7 +47,7 @@ from usmkit.models.config import ConformerConfig
 from usmkit.runs import check_aligner, load_aligner, read_tokenizer
 from usmkit.ssl.most_data import build_most_loader
 from usmkit.tasks import build_task, check_task
-from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed
+from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed, shutdown_distributed
 from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
 from usmkit.training.memory_check import check_memory
@@ -51,6 +55,8 @@ from usmkit.training.task_spec import train_spec
 from usmkit.training.trainer import Trainer, check_options
 
 log = logging.getLogger(__name__)
+
+SLOW_SHUTDOWN_S = 5.0  # a rank that takes longer to shut down warns, naming the part that took the time
 
 
 def run(cfg: TrainConfig, config_yaml: str) -> dict:
@@ -71,6 +77,9 @@ class TrainingRecipe:
         self.tokenizer: Tokenizer | None = None
         self.trainer: Trainer | None = None
         self.lock: ExpDirLock | None = None  # rank 0's, from setup_data to cleanup
+        self.loader = None
+        self.finished = False  # trained to the end on this rank (cleanup then ends the run behind a barrier)
+        self.cleaned = False
 
     def run(self) -> dict:
         try:
@@ -80,14 +89,19 @@ class TrainingRecipe:
             self.setup_trainer()
             return self.train()
         finally:
-            self.cleanup()
+            self.cleanup()  # also after an error: the loader's workers, compile workers and process groups end
 
     # ---------------------------------------------------------------- setup
     def setup_distributed(self) -> None:
         cfg = self.cfg
         if cfg.trainer.compile:
             raise_recompile_limit(cfg)
-        self.rank, self.world, self.device = setup_distributed(cfg.trainer.device, cfg.trainer.strategy)
+        self.rank, self.world, self.device = setup_distributed(
+            cfg.trainer.device,
+            cfg.trainer.strategy,
+            dist_timeout_s=cfg.trainer.dist_timeout_s,
+            rank0_timeout_s=cfg.trainer.rank0_timeout_s,
+        )
         torch.manual_seed(cfg.trainer.seed + self.rank)
         if not cfg.resume and latest_checkpoint(self.exp_dir / "checkpoints") is not None:
             raise UsageError(
@@ -105,17 +119,20 @@ class TrainingRecipe:
             self.lock.acquire()
         audio_only = cfg.task.kind == "bestrq"
         self.tokenizer = tokenizer = (
-            None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank))
+            None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank), "the tokenizer")
         )
         prepare = functools.partial(self._prepare, require_text=not audio_only)
-        train_cuts = prepare(data.train_split)
+        # With data.shar_dir the training cuts stream from shards (checked when they were written): here only
+        # their manifests, for the frame budget and the duration buckets; the statistics read their audio.
+        train_cuts = shar_train_cuts(data, audio=False) if data.shar_dir else prepare(data.train_split)
         if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
             # What CTC cannot align it ignores: counted now rather than found in the results.
             budget = frame_budget(
                 train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
             )
             check_frame_budget(budget, data.train_split, warn=rank == 0)
-        stats = rank0_first(rank, lambda: load_or_compute_stats(train_cuts, data))
+        stats_cuts = shar_train_cuts(data, audio=True) if data.shar_dir else train_cuts
+        stats = rank0_first(rank, lambda: load_or_compute_stats(stats_cuts, data), "the feature statistics")
         if rank == 0:
             self._write_run_files(stats, tokenizer)
         pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
@@ -193,6 +210,7 @@ class TrainingRecipe:
                 split=split,
                 require_text=require_text,
             ),
+            f"the {split} split's validation and features",
         )
         if self.rank == 0 and report.num_skipped:
             log.warning("%s: %s", split, report.summary())
@@ -247,6 +265,7 @@ class TrainingRecipe:
     # ---------------------------------------------------------------- train
     def train(self) -> dict:
         result = self.trainer.fit()
+        self.finished = True
         summary = {
             "step": result.step,
             "last_loss": result.last_loss,
@@ -258,16 +277,51 @@ class TrainingRecipe:
         return summary
 
     def cleanup(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-        if dist.is_initialized():
-            # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
-            # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
-            # releasing a finished collective's tensor waits for that GIL (a hang at exit). The group itself
-            # is destroyed with the GIL released.
-            self.trainer = None
-            gc.collect()
-            dist.destroy_process_group()
+        """End what the run started, on every rank, after a finished run and after an error alike (``run``
+        calls it in ``finally``; a second call does nothing): the training loader's worker processes,
+        inductor's compile workers, the trainer, the process groups (``shutdown_distributed``: behind a
+        final barrier when every rank finished) and rank 0's lock of the experiment directory. The TensorBoard writer is closed by ``Trainer.fit`` itself.
+        Each part is timed; a slow one is named in a warning."""
+        if self.cleaned:
+            return
+        self.cleaned = True
+        timings: dict[str, float] = {}
+
+        def timed(name: str, fn) -> None:
+            start = time.perf_counter()
+            try:
+                fn()
+            except Exception as e:  # the remaining parts still end; the run's own error (if any) comes first
+                log.warning("rank %d: ending %s failed: %s", self.rank, name, e)
+            timings[name] = time.perf_counter() - start
+
+        loader, self.loader = self.loader, None
+        if loader is not None and hasattr(loader, "close"):
+            timed("the loader workers", loader.close)
+        timed("the compile workers", shutdown_compile_workers)
+        # DDP's reducer goes first, while the process group it holds is still registered: were the reducer
+        # the group's last owner, its destructor would join gloo's threads holding the GIL, and a thread
+        # releasing a finished collective's tensor waits for that GIL (a hang at exit). The group itself
+        # is destroyed with the GIL released.
+        self.trainer = None
+        timed("the trainer", gc.collect)
+        timed("the process groups", functools.partial(shutdown_distributed, self.finished))
+        lock, self.lock = self.lock, None
+        if lock is not None:
+            timed("the experiment directory's lock", lock.release)
+        total = sum(timings.values())
+        parts = ", ".join(f"{name} {t:.1f} s" for name, t in timings.items())
+        if total > SLOW_SHUTDOWN_S:
+            log.warning("rank %d: shutting down took %.1f s (%s)", self.rank, total, parts)
+        elif self.rank == 0:
+            log.info("shut down in %.1f s (%s)", total, parts)
+
+
+def shutdown_compile_workers() -> None:
+    """End inductor's pool of compile worker processes, if this process started one (``torch.compile``)."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        async_compile.shutdown_compile_workers()
 
 
 # ---------------------------------------------------------------- checks before any data is read
@@ -355,12 +409,20 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
             cfg.tokenizer_type,
             cfg.vocab_size,
         )
-        cuts = load_cuts(
-            cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus, allow_urls=cfg.data.allow_urls
-        )
+        if cfg.data.shar_dir:
+            cuts = shar_train_cuts(cfg.data, audio=False)
+        else:
+            cuts = load_cuts(
+                cfg.data.manifest_dir, cfg.data.train_split, corpus=cfg.data.corpus, allow_urls=cfg.data.allow_urls
+            )
         texts = [s.text for c in cuts for s in c.supervisions if s.text]
         Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type)
     return Tokenizer.load(path)
+
+
+def shar_train_cuts(data: DataConfig, *, audio: bool) -> CutSet:
+    """The training split's cuts in ``data.shar_dir``, lazily: with their audio, or only their manifests."""
+    return shar_cuts(split_shards(data.shar_dir, data.train_split), audio=audio)
 
 
 def init_ctc_head(module: torch.nn.Module, src: Path, tokenizer: Tokenizer) -> list[str]:

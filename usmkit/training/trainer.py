@@ -29,7 +29,6 @@ from usmkit.checkpointing.checkpoint import (
     STATE_TENSORS_FILE,
     CheckpointDamaged,
     CheckpointError,
-    latest_checkpoint,
     list_checkpoints,
     load_train_state,
     load_weights,
@@ -48,6 +47,7 @@ from usmkit.errors import UsageError
 from usmkit.models.output import StepOutput
 from usmkit.training.activation_checkpoint import checkpoint_blocks
 from usmkit.training.compile_blocks import compile_blocks
+from usmkit.training.distributed import agree, collective, from_rank0, gather, wait_for_rank0
 from usmkit.training.fsdp import clip_grad_norm, gathered, shard_model
 from usmkit.training.grad_norms import clip_with_norms
 from usmkit.training.metric_log import MetricLog
@@ -154,14 +154,16 @@ class Trainer:
         self.step_module: torch.nn.Module = self.module
         if self.sharded:
             names = {id(p): name for name, p in self.module.named_parameters()}
-            n = shard_model(self.module, spec.shard_units, self.device, cfg.precision)
+            with collective("FSDP's sharding of the model"):
+                n = shard_model(self.module, spec.shard_units, self.device, cfg.precision)
             log.info("sharding %d units and the rest of the model over %d processes (FSDP2)", n, dist.get_world_size())
             now = dict(self.module.named_parameters())  # the shards: new parameters under the same names
             groups = tuple(replace(g, params=tuple(now[names[id(p)]] for p in g.params)) for g in groups)
         elif self.distributed:
             ids = [self.device.index] if self.device.type == "cuda" else None
             # No BatchNorm anywhere: buffers (e.g. BEST-RQ's frozen codebooks) need no per-step broadcast.
-            self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
+            with collective("DDP's check of the parameter shapes and broadcast of rank 0's weights"):
+                self.step_module = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
         if cfg.compile and cfg.compile_scope == "whole":  # (the config's Literal type is checked where it is read)
             self.step_module = torch.compile(self.step_module, dynamic=False, mode=compile_mode)
         self.optimizer = make_optimizer(groups, optim_cfg)
@@ -174,21 +176,32 @@ class Trainer:
         self.damaged: set[Path] = set()  # checkpoints resume found damaged: a save at their step rewrites them
         self.bad_steps_in_row = 0
         self.named_parameters = list(self.module.named_parameters())  # clipping names each gradient's norm
+        # The step of the last checkpoint written or resumed from, and its path: the same on every rank (a
+        # look at the disk could differ between processes on a shared file system, and with FSDP each takes
+        # part in a save or none does).
+        self.saved: tuple[int, Path | None] | None = None
+        self.checkpoint_s = 0.0  # how long the last save blocked the loop
 
     # ---------------------------------------------------------------- state
     def train_state(self) -> dict[str, Any]:
-        """What resume restores besides the weights (a sharded run saves its optimizer state apart)."""
+        """What resume restores besides the weights (a sharded run saves its optimizer state apart).
+
+        Every rank calls it: with several processes, ``ranks`` holds each rank's own random state and loader
+        position (its dropout and its share of the data), gathered for rank 0 to write.
+        """
+        own = {"loader": self.train_loader.state_dict(), "rng": rng_state()}
         state = {
             "step": self.step,
             "epoch": self.epoch,
             "scheduler": self.scheduler.state_dict(),
-            "loader": self.train_loader.state_dict(),
-            "rng": rng_state(),
+            **own,
             "best": self.best,
             "bad_steps_total": self.bad_steps_total,
             "strategy": self.cfg.strategy,
             "world_size": dist.get_world_size() if self.distributed else 1,
         }
+        if self.distributed:
+            state["ranks"] = gather(own, f"every rank's random state and data position for step {self.step}")
         if not self.sharded:
             state["optimizer"] = self.optimizer.state_dict()
         return state
@@ -200,9 +213,8 @@ class Trainer:
         for the one before it; ``CheckpointError`` when none is usable. (``fit`` then removes the
         entries of ``metrics.jsonl`` after the step it starts from.)
         """
-        candidates = list_checkpoints(self.ckpt_root)
-        complete = {c.path for c in candidates}
-        incomplete = [p for p in sorted(self.ckpt_root.glob("step-*")) if p not in complete]
+        # Rank 0's view of the folder, on every rank: each process resumes from the same checkpoint.
+        candidates, incomplete = from_rank0(self._checkpoints_on_disk(), "list of checkpoints")
         for p in incomplete:
             log.warning("%s is incomplete (no %s or weights); it is not resumed from", p, STATE_FILE)
         if not candidates:
@@ -214,12 +226,18 @@ class Trainer:
                 )
             return False
         for ckpt in reversed(candidates):
+            problem = None
             try:
                 state = self._load_checkpoint(ckpt.path)
-                break
             except CheckpointDamaged as e:
-                log.warning("%s; falling back to the previous checkpoint", e)
-                self.damaged.add(ckpt.path)
+                problem = e
+            failed = agree(problem is None, f"checking checkpoint {ckpt.path.name}") if self.distributed else []
+            if not failed and problem is None:
+                break
+            log.warning(
+                "%s; falling back to the previous checkpoint", problem or f"{ckpt.path} is damaged on rank(s) {failed}"
+            )
+            self.damaged.add(ckpt.path)  # a save at its step rewrites it
         else:
             raise CheckpointError(
                 f"none of the {len(candidates)} checkpoints in {self.ckpt_root} can be read (see the warnings "
@@ -228,8 +246,12 @@ class Trainer:
         last = ckpt
         self.scheduler.load_state_dict(state["scheduler"])
         world = dist.get_world_size() if self.distributed else 1
+        rank = dist.get_rank() if self.distributed else 0
+        # This rank's own random state and data position; a rank the writing run did not have takes rank 0's.
+        ranks = state.get("ranks") or []
+        own = ranks[rank] if rank < len(ranks) else {"loader": state["loader"], "rng": state["rng"]}
         if state.get("world_size", world) == world:
-            self.train_loader.load_state_dict(state["loader"])
+            self.train_loader.load_state_dict(own["loader"])
         else:  # the sampler's position is per process: it cannot carry over to another number of them
             log.warning(
                 "%s was written by %d processes, this run has %d: the data order cannot continue where it "
@@ -240,12 +262,19 @@ class Trainer:
                 state["epoch"],
             )
             self.train_loader.set_epoch(state["epoch"])
-        set_rng_state(state["rng"])
+        set_rng_state(own["rng"])
         self.step, self.epoch = state["step"], state["epoch"]
         self.best = state.get("best") or read_best(self.ckpt_root)
         self.bad_steps_total = state.get("bad_steps_total", 0)
+        self.saved = (self.step, last.path)
         log.info("resumed from %s at step %d (epoch %d)", last.path, self.step, self.epoch)
         return True
+
+    def _checkpoints_on_disk(self) -> tuple[list, list[Path]]:
+        """The complete checkpoints in ``ckpt_root`` (oldest first) and the incomplete ones."""
+        candidates = list_checkpoints(self.ckpt_root)
+        complete = {c.path for c in candidates}
+        return candidates, [p for p in sorted(self.ckpt_root.glob("step-*")) if p not in complete]
 
     def _load_checkpoint(self, path: Path) -> dict[str, Any]:
         """Load the weights (and a sharded run's optimizer) of checkpoint ``path``; returns its train state."""
@@ -266,28 +295,36 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Write a checkpoint of this step (rank 0; with FSDP every process writes its part); its path, or
-        None on the processes that write nothing."""
-        if not (self.sharded or is_main_process()):
-            return None
-        last = latest_checkpoint(self.ckpt_root)
-        if last is not None and last.step == self.step and last.path not in self.damaged:
-            return last.path  # e.g. the best was just saved at this step
+        None on the processes that write nothing. Every rank calls it. ``checkpoint_s``: how long it kept
+        the loop waiting (with DDP, the other ranks wait for rank 0's write on the host group)."""
+        if self.saved is not None and self.saved[0] == self.step:  # e.g. the best was just saved at this step
+            return self.saved[1]
+        start = time.perf_counter()
+        path = None
         target = self.ckpt_root / f"step-{self.step:06d}"
-        if target.exists() and is_main_process():  # one resume fell back from, or one cut short by a crash
+        if is_main_process() and target.exists():  # one resume fell back from, or one cut short by a crash
             why = "damaged" if target in self.damaged else "incomplete"
             log.warning("%s is %s: replacing it with this run's checkpoint of step %d", target, why, self.step)
+        state = self.train_state()  # (every rank: it gathers each rank's part)
         # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
         # saving would lose every step after the last checkpoint, which stays intact.
         if self.sharded:
-            path = save_sharded_checkpoint(
-                self.ckpt_root, self.step, self.module, self.optimizer, self.train_state(), self.config_yaml
-            )
-        else:
-            path = save_checkpoint(self.ckpt_root, self.step, self.module, self.train_state(), self.config_yaml)
-        self.damaged.discard(path)
+            with collective(f"the sharded checkpoint of step {self.step}"):
+                path = save_sharded_checkpoint(
+                    self.ckpt_root, self.step, self.module, self.optimizer, state, self.config_yaml
+                )
+        elif is_main_process():
+            path = save_checkpoint(self.ckpt_root, self.step, self.module, state, self.config_yaml)
         if is_main_process():
             keep = {self.ckpt_root / self.best["path"]} if self.best else set()
             prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
+        if self.distributed and not self.sharded:
+            wait_for_rank0(f"checkpoint of step {self.step}")
+        self.saved = (self.step, path)
+        self.damaged.discard(target)
+        self.checkpoint_s = time.perf_counter() - start
+        if is_main_process():
+            log.info("step %d: checkpoint %s written in %.1f s", self.step, path.name, self.checkpoint_s)
         return path
 
     # ---------------------------------------------------------------- loop
@@ -320,11 +357,17 @@ class Trainer:
         )
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are no longer read
-        with no_sync():
+        with no_sync(), collective(self._step_collectives()):
             with autocast_context(self.device, self.cfg.precision):
                 out: StepOutput = self.step_module(batch)
             (out.loss / self.optim_cfg.accum_steps).backward()
         return out, frames
+
+    def _step_collectives(self) -> str:
+        """What the processes exchange in the forward and backward of the next step, for error messages."""
+        if self.sharded:
+            return f"step {self.step + 1}'s forward and backward (FSDP's weight gathers and gradient reduce-scatters)"
+        return f"step {self.step + 1}'s forward and backward (DDP's gradient all-reduce)"
 
     def _past(self, deadline: float) -> bool:
         """Whether the wall clock passed ``deadline``; every process stops at the same step (rank 0's clock).
@@ -335,14 +378,16 @@ class Trainer:
         if self.step % self.cfg.log_every:
             return False
         flag = torch.tensor(float(past), device=self.device)
-        dist.broadcast(flag, src=0)
-        return bool(flag.item())
+        with collective(f"step {self.step}'s broadcast of rank 0's clock (trainer.max_minutes)"):
+            dist.broadcast(flag, src=0)
+            return bool(flag.item())
 
     def _finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
         """1.0 where the loss and the gradient norm are finite on every process, else 0.0; on the device."""
         ok = torch.isfinite(loss.detach()).float() * torch.isfinite(grad_norm).float()
         if self.distributed:
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # one bad rank skips the step everywhere
+            with collective(f"step {self.step + 1}'s all-reduce of the finite flag"):
+                dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # one bad rank skips the step everywhere
         return ok
 
     def _settle(
@@ -415,7 +460,8 @@ class Trainer:
                 clip = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
                 grad_norms, names = None, ()
                 if self.sharded:  # the norm over every process's gradient shards
-                    grad_norm = clip_grad_norm(self.module.parameters(), clip)
+                    with collective(f"step {self.step + 1}'s all-reduce of the gradient norm"):
+                        grad_norm = clip_grad_norm(self.module.parameters(), clip)
                 else:  # each gradient's norm kept too, to name the parameters of a non-finite step
                     grad_norm, grad_norms, names = clip_with_norms(self.named_parameters, clip)
                 # A non-finite step is skipped by the optimizer on the device (its ``found_inf``): the host
@@ -447,18 +493,26 @@ class Trainer:
                 if eval_now:
                     self._evaluate(metric_log)
                 if save_now:
-                    self.save()
+                    self._save_and_log(metric_log)
             self._write_lines(self._settle(pending, losses), lines, losses, metric_log, progress)
             if cfg.eval_every and self.step % cfg.eval_every != 0:
                 self._evaluate(metric_log)
             if not cfg.save_every or self.step % cfg.save_every != 0:
-                self.save()
+                self._save_and_log(metric_log)
         finally:
             if progress:
                 progress.close()
             if metric_log:
                 metric_log.close()
         return TrainResult(self.step, _last_loss(losses), self.best, self.bad_steps_total, losses)
+
+    def _save_and_log(self, metric_log: MetricLog | None) -> Path | None:
+        """``save``, and log how long the loop waited for it (``train/checkpoint_s``, a line of its own)."""
+        saved = self.saved
+        path = self.save()
+        if metric_log is not None and self.saved != saved:
+            metric_log.write({"train/checkpoint_s": self.checkpoint_s}, self.step)
+        return path
 
     def _host_scalars(self, frames_per_s: float, loader_wait: float) -> dict[str, float]:
         """The log line's values known to the host when its step is queued."""
@@ -522,6 +576,7 @@ class Trainer:
         # Rank 0 evaluates alone; a sharded model is first gathered whole on every process for it.
         with gathered(self.module) if self.sharded else contextlib.nullcontext():
             if is_main_process():
+                log.info("step %d: evaluating on the dev set", self.step)
                 self.module.eval()
                 with torch.no_grad(), autocast_context(self.device, self.cfg.precision):
                     results = self.dev_eval(self.module)
@@ -536,22 +591,16 @@ class Trainer:
                         "value": value,
                         "step": self.step,
                     }
-        if self.sharded:  # every process writes its part of the best checkpoint
-            shared = [best]
-            dist.broadcast_object_list(shared, src=0)
-            best = shared[0]
+        # The others wait here, on the host group, while rank 0 evaluates; then every rank knows the best.
+        best = from_rank0(best, f"dev evaluation of step {self.step}")
         if best is not None:
-            previous, self.best = (
-                self.best,
-                best,
-            )  # set first, so the checkpoint's train state records itself as the best
-            path = self.save()
-            if path is None:
+            # Set first, so the checkpoint's train state records itself as the best.
+            previous, self.best = self.best, best
+            path = self._save_and_log(metric_log)
+            if path is None:  # (a rank that writes nothing keeps no best of its own)
                 self.best = previous
             elif is_main_process():
                 write_best(self.ckpt_root, path, best["metric"], best["value"], best["step"])
-        if self.distributed:
-            dist.barrier()
 
 
 def _last_loss(losses: list[tuple[int, float]], step: int | None = None) -> float:

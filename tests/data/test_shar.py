@@ -1,0 +1,204 @@
+"""Training from lhotse Shar shards (usmkit.data.shar, usmkit.data.loader.SharLoader): the converter, every
+cut once per epoch over the processes and loader workers, exact resume, and what is refused."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from usmkit.data.batch import Batch
+from usmkit.data.loader import SharLoader, make_loader
+from usmkit.data.shar import INDEX, SharArgs, run, shar_cuts, split_shards, write_split
+from usmkit.data.tokenizer import MODEL_FILE
+from usmkit.data.validate import BadInputError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def shards(tmp_path, build_corpus) -> Path:
+    """24 cuts of 0.4-1.6 s in 8 shards of 3: ``<tmp>/shar/train``."""
+    cuts = build_corpus(tmp_path / "corpus", {"en": 16, "de": 8})
+    write_split(cuts, tmp_path / "shar" / "train", shard_size=3)
+    return tmp_path / "shar"
+
+
+def _loader(shards: Path, build_config, tiny_tokenizer, *, rank: int = 0, world: int = 1, workers: int = 2):
+    cfg = build_config(shar_dir=str(shards), num_workers=workers, max_duration=2.5)
+    meta = shar_cuts(split_shards(shards, "train"), audio=False)
+    return make_loader(meta, cfg, tokenizer=tiny_tokenizer, stats=None, train=True, rank=rank, world_size=world)
+
+
+def _epochs_of(loader: SharLoader, epochs: int) -> dict[int, list[str]]:
+    """The cut ids each epoch's batches held, read until every stream is past ``epochs - 1``."""
+    seen: dict[int, list[str]] = {}
+    for batch in loader:
+        seen.setdefault(loader.epoch, []).extend(batch.cut_ids)
+        if min(e for e, _ in loader.positions) >= epochs:
+            break
+    loader.close()
+    return seen
+
+
+def test_the_converter_writes_every_split_as_shards_with_an_index(tmp_path, build_corpus):
+    from lhotse import CutSet
+
+    from usmkit.data.corpora.common import write_split as write_manifests
+
+    corpus = tmp_path / "corpus"
+    cuts = build_corpus(corpus, {"en": 7})
+    write_manifests(corpus, "toy", "train", CutSet.from_cuts(list(cuts)[:5]))
+    write_manifests(corpus, "toy", "dev", CutSet.from_cuts(list(cuts)[5:]))
+    run(SharArgs(src=str(corpus), out=str(tmp_path / "shar"), shard_size=2))
+    index = json.loads((tmp_path / "shar" / INDEX).read_text())
+    assert index["corpus"] == "toy" and {k: v["shards"] for k, v in index["splits"].items()} == {"train": 3, "dev": 1}
+    got = list(shar_cuts(split_shards(tmp_path / "shar", "train"), audio=True))
+    assert sorted(c.id for c in got) == sorted(c.id for c in list(cuts)[:5])
+    by_id = {c.id: c for c in cuts}
+    for cut in got:  # FLAC: the samples come back exact
+        torch.testing.assert_close(torch.from_numpy(cut.load_audio()), torch.from_numpy(by_id[cut.id].load_audio()))
+
+
+def test_the_converter_names_an_unreadable_cut(tmp_path, build_corpus):
+    cuts = build_corpus(tmp_path / "corpus", {"en": 3})
+    (tmp_path / "corpus" / "audio" / f"{cuts[1].id}.wav").write_bytes(b"not audio")
+    with pytest.raises(BadInputError, match=cuts[1].id):
+        write_split(cuts, tmp_path / "shar" / "train", shard_size=2)
+    assert not (tmp_path / "shar" / "train").exists()  # nothing half-written
+    entry = write_split(cuts, tmp_path / "shar" / "train", shard_size=2, on_bad_input="skip")
+    assert entry["cuts"] == 2 and "skipped 1 of 3" in entry["skipped"]
+
+
+def test_every_cut_once_per_epoch_over_processes_and_workers(shards, build_config, tiny_tokenizer):
+    """Two processes (ranks given) with two loader workers each: four streams over 8 shards. In each of
+    two epochs the four streams together hold every cut exactly once, and the epochs differ in order."""
+    all_ids = sorted(c.id for c in shar_cuts(split_shards(shards, "train"), audio=False))
+    per_rank = [_epochs_of(_loader(shards, build_config, tiny_tokenizer, rank=r, world=2), 2) for r in (0, 1)]
+    for epoch in (0, 1):
+        ids = per_rank[0][epoch] + per_rank[1][epoch]
+        assert sorted(ids) == all_ids, f"epoch {epoch}"
+        assert not set(per_rank[0][epoch]) & set(per_rank[1][epoch])
+    assert per_rank[0][0] != per_rank[0][1]  # shards and cuts reshuffled per epoch
+
+
+@pytest.mark.parametrize("workers,consumed", [(0, 5), (2, 5), (2, 14)])
+def test_resume_yields_the_batches_of_an_uninterrupted_loader(shards, build_config, tiny_tokenizer, workers, consumed):
+    """After ``consumed`` batches (5: the next batch comes from worker 1, 14: one stream past the end of its
+    epoch), a new loader given the state yields the same next batches, features included."""
+
+    def take(loader, n) -> list[Batch]:
+        out = []
+        for batch in loader:
+            out.append(batch)
+            if len(out) == n:
+                break
+        return out
+
+    straight = take(_loader(shards, build_config, tiny_tokenizer, workers=workers), consumed + 6)
+    first = _loader(shards, build_config, tiny_tokenizer, workers=workers)
+    take(first, consumed)
+    state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint keeps
+    first.close()
+    resumed = _loader(shards, build_config, tiny_tokenizer, workers=workers)
+    resumed.load_state_dict(state)
+    again = take(resumed, 6)
+    resumed.close()
+    for want, got in zip(straight[consumed:], again, strict=True):
+        assert got.cut_ids == want.cut_ids
+        torch.testing.assert_close(got.features, want.features)
+
+
+def test_too_few_shards_for_the_streams_is_refused(shards, build_config, tiny_tokenizer):
+    with pytest.raises(ValueError, match="holds 8 shards of split train, fewer than 4 processes x 4 loader streams"):
+        _loader(shards, build_config, tiny_tokenizer, rank=0, world=4, workers=4)
+
+
+def test_what_needs_the_whole_split_is_refused_with_shar():
+    from usmkit.config import TrainConfig, from_dict
+    from usmkit.data.config import DataConfig, FeatureConfig
+    from usmkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="MOST"):
+        from_dict(
+            TrainConfig, {"task": {"kind": "most"}, "data": {"shar_dir": "x", "features": {"precomputed": False}}}
+        )
+    with pytest.raises(ValueError, match="features.precomputed=true, language_temperature=2"):
+        DataConfig(shar_dir="x", features=FeatureConfig(precomputed=True), language_temperature=2.0)
+
+
+# ---------------------------------------------------------------- two processes
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_process_worker(rank: int, port: int, shards: str, tokenizer_dir: str, out: str) -> None:
+    """One process of two (gloo): its rank from torch.distributed; rank 0 gathers every process's epochs."""
+    from usmkit.data.config import DataConfig, FeatureConfig
+    from usmkit.data.tokenizer import Tokenizer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cfg = DataConfig(shar_dir=shards, num_workers=2, max_duration=2.5, num_buckets=2,
+                     features=FeatureConfig(precomputed=False))  # fmt: skip
+    meta = shar_cuts(split_shards(shards, "train"), audio=False)
+    loader = make_loader(meta, cfg, tokenizer=Tokenizer.load(Path(tokenizer_dir) / MODEL_FILE), stats=None,
+                         train=True, rank=dist.get_rank(), world_size=dist.get_world_size())  # fmt: skip
+    seen = _epochs_of(loader, 1)
+    gathered: list = [None, None]
+    dist.all_gather_object(gathered, seen[0])
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def test_two_processes_read_every_cut_once_per_epoch(shards, tiny_tokenizer, tmp_path):
+    tokenizer_dir = tmp_path / "tok"
+    tokenizer_dir.mkdir()
+    (tokenizer_dir / MODEL_FILE).write_bytes(tiny_tokenizer.model_proto)
+    out = tmp_path / "seen.json"
+    mp.start_processes(_two_process_worker, args=(_port(), str(shards), str(tokenizer_dir), str(out)), nprocs=2,
+                       start_method="fork")  # fmt: skip
+    rank0, rank1 = json.loads(out.read_text())
+    all_ids = sorted(c.id for c in shar_cuts(split_shards(shards, "train"), audio=False))
+    assert sorted(rank0 + rank1) == all_ids and rank0 and rank1
+
+
+# ---------------------------------------------------------------- training
+def _train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "usmkit.cli.train", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+
+
+@pytest.mark.slow  # ~60 s
+def test_training_on_shards_resumes_exactly(synth_corpus, tmp_path):
+    """``data.shar_dir``: a run stopped at step 3 and resumed to 6 logs the losses of a run that was not."""
+    run(SharArgs(src=str(synth_corpus), out=str(tmp_path / "shar"), splits=("train",), shard_size=5))
+    args = [
+        "recipe=stage3_ctc", f"data.manifest_dir={synth_corpus}", f"data.shar_dir={tmp_path / 'shar'}",
+        "data.features.precomputed=false", "data.num_workers=2", "data.max_duration=20", "model=tiny",
+        "model.overrides={d_model: 64, num_layers: 2, num_heads: 2}", "trainer.device=cpu", "trainer.log_every=1",
+        "trainer.progress=false", "trainer.eval_every=0", "trainer.save_every=3", "optim.schedule=constant",
+    ]  # fmt: skip
+
+    def losses(exp: Path) -> dict[int, float]:
+        rows = [json.loads(x) for x in (exp / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
+
+    for extra in (["trainer.max_steps=6"], ["trainer.max_steps=3"], ["trainer.max_steps=6", "resume=true"]):
+        exp = tmp_path / ("straight" if extra == ["trainer.max_steps=6"] else "resumed")
+        proc = _train(tmp_path, *args, f"trainer.exp_dir={exp}", *extra)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    assert losses(tmp_path / "resumed") == pytest.approx(losses(tmp_path / "straight"), rel=1e-6)
