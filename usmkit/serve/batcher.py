@@ -6,9 +6,12 @@ thread: features of the new audio; one chunk from every stream that has a chunk 
 stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batches of at most
 ``max_batch`` rows, one step per batch, each row's output and state given back to its stream,
 which decodes it; then the end of streams whose audio ended. The events go back to each stream's
-sink on the loop. Audio keeps arriving while a round runs, and what is ready when it ends forms the
-next round, so batches grow with the load. A stream with more chunks buffered (a client sending
-faster than real time) gives one per round, so no stream waits behind another's backlog.
+sink on the loop (every stream of the round gets a call, with no events if it has none: the server
+learns there that the stream's buffer has room again). Audio keeps arriving while a round runs, and
+what is ready when it ends forms the next round, so batches grow with the load. A stream with more
+chunks buffered (a client sending faster than real time) gives one per round, and has its audio
+featurized only as its chunks are needed (``ServerStream.collect``), so no stream waits behind
+another's backlog.
 
 A failure inside one stream (its features, its decoding) ends that stream with an ``Error`` event;
 a failed step fails the streams of that batch. The server goes on with the others.
@@ -112,8 +115,7 @@ class Batcher:
             sink = self._sinks.get(stream)
             if sink is None:  # the client left during the round: its events go nowhere
                 continue
-            if events:
-                sink(events)
+            sink(events)
             if stream.has_work:
                 self.notify(stream)
 
