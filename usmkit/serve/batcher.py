@@ -1,7 +1,8 @@
 """Rounds of batched encoder steps: the chunks of every stream that has one run as one ``stream_step``.
 
 The event loop never runs the model. ``Batcher.run`` (a task on the loop) waits until some stream
-has news (audio, the end), hands each such stream what it queued, and runs a *round* in one worker
+has news (audio that completes a chunk, the end), hands each such stream what it queued, and runs a
+*round* in one worker
 thread: features of the new audio; one chunk from every stream that has a chunk ready, their states
 stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batches of at most
 ``max_batch`` rows, one step per batch, each row's output and state given back to its stream,

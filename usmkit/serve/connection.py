@@ -91,6 +91,7 @@ class Connection:
                 if self._closing:
                     break
                 pause = self._rate.wait(loop.time())
+                self.server.messages_in += 1
                 try:
                     if isinstance(message, str):
                         self._on_text(message)
@@ -232,7 +233,10 @@ class Connection:
         if over:
             data = data[: max(room, 0)]
         if data:
-            self.stream.push(data)
+            before = self.stream.samples_in
+            if self.stream.push(data):
+                self.server.batcher.notify(self.stream)
+            self.server.samples_in += self.stream.samples_in - before
         if over:
             self.cut_stream(
                 f"the stream reached the server's limit of {self.cfg.max_seconds:g} s of audio "
@@ -240,7 +244,6 @@ class Connection:
                 "start a new stream for more",
                 CLOSE_POLICY,
             )
-        self.server.batcher.notify(self.stream)
 
     # ------------------------------------------------------------------ results (from the batcher)
     def deliver(self, events: list) -> None:

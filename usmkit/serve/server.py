@@ -113,6 +113,8 @@ class Server:
         self.connections: set[Connection] = set()
         self.port: int | None = None
         self.draining = False
+        self.messages_in = 0  # messages read from all clients
+        self.samples_in = 0  # audio samples received from all clients
         self._ws_server = None
         self._batcher_task: asyncio.Task | None = None
 
@@ -172,7 +174,13 @@ class Server:
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
 
     def stats(self) -> dict:
-        return {"connections": len(self.connections), "streams": self.batcher.streams, **self.batcher.stats.as_dict()}
+        return {
+            "connections": len(self.connections),
+            "streams": self.batcher.streams,
+            "messages_in": self.messages_in,
+            "audio_in_s": round(self.samples_in / self.recognizer.sample_rate, 3),
+            **self.batcher.stats.as_dict(),
+        }
 
     # ------------------------------------------------------------------ HTTP: the page and /stats
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:

@@ -139,7 +139,8 @@ class ServerStream:
     ``collect``s it, and its worker calls ``take`` (features), ``next_chunk`` -> one batched step ->
     ``encoded`` (decoding), and ``wrap_up``.
 
-    The audio waits as raw bytes in one buffer, however many messages brought it; each round's ``take``
+    The audio waits as raw bytes in one buffer, however many messages brought it, and the stream asks
+    for a round (``push`` returns True) only once a whole chunk of audio is there; each round's ``take``
     decodes and featurizes what was collected in one call, so the cost follows the audio, not the
     number of messages. A round collects at most ``round_samples`` (two chunks of audio), and none
     while the encoder already has two chunks waiting: a stream that sends ahead of real time gets one
@@ -168,11 +169,14 @@ class ServerStream:
         self.sample_rate = r.sample_rate
         self.round_samples = r.round_samples
         self._window, self._shift = fbank.window, fbank.shift
+        self._context = self.encoder.feature_context  # s - 1 feature frames start the encoder's state
+        self._chunk_frames = self.encoder.encoder.subsampling_factor * r.chunk_size  # s C feature frames a chunk
         # event loop side
         self._queued = bytearray()  # PCM bytes not yet collected
         self._end_queued = False  # the end came (after the queued bytes)
         self._end_collected = False
         self.bytes_in = 0  # PCM bytes pushed
+        self._chunks_announced = 0  # whole chunks of audio that ``push`` has reported
         # Sample positions where messages ended (at least one feature hop apart), for ``audio_ms``;
         # appended by the loop, consumed by the worker (a deque's append and popleft are thread-safe).
         self._message_ends: deque[int] = deque()
@@ -197,13 +201,19 @@ class ServerStream:
         """Samples received but not yet through the encoder."""
         return self.samples_in - self.samples_done
 
-    def push(self, pcm: bytes) -> None:
-        """Queue one message's 16-bit little-endian PCM bytes (any number, a sample may be split)."""
+    def push(self, pcm: bytes) -> bool:
+        """Queue one message's 16-bit little-endian PCM bytes (any number, a sample may be split). True when
+        they complete a chunk: only then does the stream need a round (between chunks nothing is decided)."""
         self._queued += pcm
         self.bytes_in += len(pcm)
         end = self.samples_in
         if not self._message_ends or end - self._message_ends[-1] >= self._shift:
             self._message_ends.append(end)
+        chunks = (self._frames_after(end) - self._context) // self._chunk_frames
+        if chunks <= self._chunks_announced:
+            return False
+        self._chunks_announced = chunks
+        return True
 
     def end(self) -> None:
         """No more audio will come."""
@@ -220,11 +230,13 @@ class ServerStream:
 
     @property
     def has_work(self) -> bool:
-        """Whether the next round has something to do for this stream without new messages."""
+        """Whether the next round has something to do for this stream without new messages: a chunk to
+        encode, one whose audio is still queued, or the end (audio short of a chunk waits for more)."""
         if self.done or self.failed:
             return False
+        ready = self.encoder.chunks_ready
         end_waiting = self._end_queued and not self._end_collected
-        return bool(self._queued) or bool(self.encoder.chunks_ready) or self._end_fed or end_waiting
+        return bool(ready) or self.encoder.chunks + ready < self._chunks_announced or self._end_fed or end_waiting
 
     # ------------------------------------------------------------------ worker side
     @property
