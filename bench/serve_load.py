@@ -231,9 +231,18 @@ HOSTILE_SERVER_FLAGS = ["--max-connections", "64", "--start-timeout", "5", "--id
 
 
 async def _started(url: str, start: bool = True):
+    """A hostile connection (started unless ``start`` is false). Its socket's send buffer is small (64 KB), so
+    that the client waits for the server instead of spending this machine's CPU on filling megabytes of
+    kernel buffer: an attacker runs elsewhere, and its own CPU time is not the server's."""
+    import socket
+    from urllib.parse import urlsplit
+
     from websockets.asyncio.client import connect
 
-    ws = await connect(url, max_size=None, compression=None, open_timeout=30, close_timeout=1)
+    address = urlsplit(url)
+    sock = socket.create_connection((address.hostname, address.port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    ws = await connect(url, sock=sock, max_size=None, compression=None, open_timeout=30, close_timeout=1)
     if start:
         await ws.send(json.dumps({"signal": "start", "nbest": 1, "continuous_decoding": True}))
         reply = json.loads(await ws.recv())
@@ -334,7 +343,9 @@ async def idle_connections(url: str, count: int, ready, stop) -> dict:
 
 
 def hostile_process(kind: str, url: str, pcm: bytes, args: dict, ready, stop, out) -> None:
-    """The hostile client(s) of ``kind``, until ``stop``; what they did goes to ``out``."""
+    """The hostile client(s) of ``kind``, until ``stop``; what they did goes to ``out``. At the lowest CPU
+    priority, for the reason ``_started`` gives."""
+    os.nice(19)
     if kind == "tiny":
         work = tiny_messages(url, ready, stop)
     elif kind == "fast":

@@ -9,10 +9,14 @@ stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batch
 which decodes it; then the end of streams whose audio ended. The events go back to each stream's
 sink on the loop (every stream of the round gets a call, with no events if it has none: the server
 learns there that the stream's buffer has room again). Audio keeps arriving while a round runs, and
-what is ready when it ends forms the next round, so batches grow with the load. A stream with more
-chunks buffered (a client sending faster than real time) gives one per round, and has its audio
-featurized only as its chunks are needed (``ServerStream.collect``), so no stream waits behind
-another's backlog.
+what is ready when it ends forms the next round, so batches grow with the load.
+
+A stream with more chunks buffered gives one per round, and has its audio featurized only as its
+chunks are needed (``ServerStream.collect``). Streams whose audio runs more than ``AHEAD_S`` ahead of
+the clock (clients sending recordings faster than real time) come second (``choose``): while any
+stream at real time is attached, a round takes at most ``BACKLOG_ROWS`` of their chunks, the least
+recently served first, so they cannot lengthen the rounds that real-time streams wait for; with no
+real-time stream attached they batch like any other.
 
 A failure inside one stream (its features, its decoding) ends that stream with an ``Error`` event;
 a failed step fails the streams of that batch. The server goes on with the others.
@@ -42,6 +46,20 @@ class Error:
 
 
 Sink = Callable[[list[Event | Error]], None]
+
+AHEAD_S = 1.0  # a stream whose encoded audio is further ahead of the clock than this is not a live source
+BACKLOG_ROWS = 1  # chunks of such streams per round while a real-time stream is attached
+
+
+def choose(ready: list[ServerStream], now: float, real_time_attached: bool) -> list[ServerStream]:
+    """The streams (of those with a chunk ``ready``) whose chunk runs this round: all of them, unless a
+    real-time stream is attached; then every stream not ``AHEAD_S`` ahead of the clock and at most
+    ``BACKLOG_ROWS`` of those ahead, the least recently served first."""
+    if not real_time_attached:
+        return ready
+    live = [s for s in ready if s.ahead_s(now) <= AHEAD_S]
+    ahead = sorted((s for s in ready if s.ahead_s(now) > AHEAD_S), key=lambda s: s.last_round)
+    return live + ahead[:BACKLOG_ROWS]
 
 
 @dataclass
@@ -111,7 +129,9 @@ class Batcher:
         self._dirty.clear()
         if not work:
             return
-        results = await asyncio.get_running_loop().run_in_executor(self._pool, self._round, work)
+        now = time.monotonic()
+        real_time = any(not s.done and s.ahead_s(now) <= AHEAD_S for s in self._sinks)
+        results = await asyncio.get_running_loop().run_in_executor(self._pool, self._round, work, real_time)
         for stream, events in results:
             sink = self._sinks.get(stream)
             if sink is None:  # the client left during the round: its events go nowhere
@@ -124,19 +144,30 @@ class Batcher:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # ------------------------------------------------------------------ worker side
-    def _round(self, work: list[tuple[ServerStream, object]]) -> list[tuple[ServerStream, list[Event | Error]]]:
+    def _round(
+        self, work: list[tuple[ServerStream, object]], real_time_attached: bool
+    ) -> list[tuple[ServerStream, list[Event | Error]]]:
         start = time.perf_counter()
         events: dict[ServerStream, list[Event | Error]] = {stream: [] for stream, _ in work}
         with torch.no_grad():
-            rows = []  # (stream, (chunk (1, 4C, F), lengths (1,)))
+            ready = []
             for stream, inbox in work:
                 try:
                     stream.take(inbox)
-                    taken = stream.next_chunk()
                 except Exception as e:  # noqa: BLE001 - one stream's failure must not take the others down
                     self._fail(stream, events, e)
                     continue
+                if stream.has_chunk:
+                    ready.append(stream)
+            rows = []  # (stream, (chunk (1, 4C, F), lengths (1,)))
+            for stream in choose(ready, time.monotonic(), real_time_attached):
+                try:
+                    taken = stream.next_chunk()
+                except Exception as e:  # noqa: BLE001
+                    self._fail(stream, events, e)
+                    continue
                 if taken is not None:
+                    stream.last_round = self.stats.rounds
                     rows.append((stream, taken))
             for i in range(0, len(rows), self.max_batch):
                 self._step(rows[i : i + self.max_batch], events)

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("usmkit.serve")
 
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_ERROR, CLOSE_TRY_LATER = 1000, 1001, 1008, 1011, 1013
+# A connection over its message rate pauses once its debt reaches this: one timer per 20 ms instead of one
+# per message keeps the pacing itself cheap (the rate is the same on average).
+RATE_PAUSE_S = 0.02
 
 
 class Connection:
@@ -102,7 +105,7 @@ class Connection:
                 except Exception as e:  # noqa: BLE001 - the client hears of it; the server goes on
                     log.exception("%s: a message failed", self.peer)
                     self.fail(f"the server failed on a message: {type(e).__name__}: {e}", CLOSE_ERROR)
-                if pause:
+                if pause >= RATE_PAUSE_S:
                     await asyncio.sleep(pause)
         except ConnectionClosed:
             pass  # the client vanished mid-stream

@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -59,6 +60,10 @@ PAGE_FILES = {  # URL path -> (file under usmkit/serve/page, content type)
     "/resampler.js": ("resampler.js", "text/javascript; charset=utf-8"),
 }
 QUEUED_FRAMES = (4, 1)  # websockets' read buffer per connection (high, low water), in frames of <= max_size
+# The kernel's receive buffer per connection, fixed: left to autotuning it can grow to tcp_rmem's maximum
+# (often 32 MB) for a client that sends faster than the server reads, which the server would hold for it.
+# 256 KiB still carries 80 times real-time audio over a 100-ms round trip.
+RECEIVE_BUFFER_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,8 @@ class Server:
             raise UsageError(
                 f"cannot listen on {self.cfg.host}:{self.cfg.port}: {e.strerror or e}; pick another --port or --host"
             ) from e
+        for sock in self._ws_server.sockets:  # accepted connections inherit it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
         self.port = self._ws_server.sockets[0].getsockname()[1]
 
     async def drain(self, seconds: float) -> None:

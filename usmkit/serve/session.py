@@ -15,6 +15,7 @@ decoder settings, and the batched encoder step.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -180,7 +181,9 @@ class ServerStream:
         # Sample positions where messages ended (at least one feature hop apart), for ``audio_ms``;
         # appended by the loop, consumed by the worker (a deque's append and popleft are thread-safe).
         self._message_ends: deque[int] = deque()
+        self.opened = time.monotonic()
         # worker side
+        self.last_round = -1  # the batcher's round that last encoded a chunk of it
         self.done = False  # End was emitted
         self.failed = False  # the batcher gave up on it (an Error was emitted)
         self.samples_done = 0  # samples whose features the encoder has consumed (read by the loop)
@@ -238,10 +241,22 @@ class ServerStream:
         end_waiting = self._end_queued and not self._end_collected
         return bool(ready) or self.encoder.chunks + ready < self._chunks_announced or self._end_fed or end_waiting
 
+    def ahead_s(self, now: float) -> float:
+        """How far (s) the stream's encoded audio runs ahead of the clock since it started: at most about 0
+        for a live source, more for a client sending recorded audio faster than real time."""
+        return self.samples_done / self.sample_rate - (now - self.opened)
+
     # ------------------------------------------------------------------ worker side
     @property
     def encoder(self):
         return self.transcriber.encoder
+
+    @property
+    def has_chunk(self) -> bool:
+        """Whether ``next_chunk`` has one to give now (a whole one, or at the end the tail)."""
+        if self.done or self.failed:
+            return False
+        return bool(self.encoder.chunks_ready) or (self._end_fed and not self._tail_taken)
 
     def take(self, inbox: _Inbox) -> None:
         """Features of the collected audio into the encoder's buffer: one feed for all of it."""
