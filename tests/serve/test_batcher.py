@@ -11,7 +11,7 @@ from usmkit.serve.batcher import AHEAD_S, BACKLOG_ROWS, choose
 @dataclass(eq=False)
 class FakeStream:
     name: str
-    ahead: float  # s of encoded audio ahead of the clock
+    ahead: float  # s of audio received ahead of the clock
     last_round: int = -1
 
     def ahead_s(self, now: float) -> float:

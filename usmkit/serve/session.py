@@ -242,9 +242,10 @@ class ServerStream:
         return bool(ready) or self.encoder.chunks + ready < self._chunks_announced or self._end_fed or end_waiting
 
     def ahead_s(self, now: float) -> float:
-        """How far (s) the stream's encoded audio runs ahead of the clock since it started: at most about 0
-        for a live source, more for a client sending recorded audio faster than real time."""
-        return self.samples_done / self.sample_rate - (now - self.opened)
+        """How far (s) the audio received runs ahead of the clock since the stream started: at most about 0
+        for a live source (whether or not the server keeps up with it), more for a client sending recorded
+        audio faster than real time."""
+        return self.samples_in / self.sample_rate - (now - self.opened)
 
     # ------------------------------------------------------------------ worker side
     @property
