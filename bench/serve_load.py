@@ -35,7 +35,7 @@ real-time streams' latencies and whether they kept real time, each kind reports 
 client got through and the server's resident memory (``rss_mb``: after start, peak during the run).
 Writes ``bench/results/serve_load_hostile.json``.
 
-    PYTHONPATH=. python bench/serve_load.py --hostile tiny,fast,idle --variants int8 --threads 1 --clients 8
+    PYTHONPATH=. python bench/serve_load.py --hostile tiny,fast,idle --variants int8 --threads 1 --clients 8 --repeat 2
 """
 
 from __future__ import annotations
@@ -468,7 +468,9 @@ def measure(url: str, audio, n: int, args) -> dict:
 
 
 def run_hostile(checkpoint: Path, audio, kinds: list[str], args, results: dict, tmp: Path) -> None:
-    """``--hostile``: each kind (and first none) with a fresh server of the first variant and thread count."""
+    """``--hostile``: each kind (and first none) with a fresh server of the first variant and thread count,
+    ``--repeat`` times in turn (a shared machine's load then weighs on every kind alike); ``summary``: per
+    kind, the median p95 latency over the repeats and how many of them kept real time."""
     variant, threads = args.variants.split(",")[0], int(args.threads.split(",")[0])
     flags = ["--device", args.device] + (["--quantize", "int8"] if variant == "int8" else [])
     flags += (["--threads", str(threads)] if threads else []) + HOSTILE_SERVER_FLAGS
@@ -487,14 +489,22 @@ def run_hostile(checkpoint: Path, audio, kinds: list[str], args, results: dict, 
     out = result_path("serve_load", "hostile")
     print(f"{'hostile':8s} {'N':>4s} {'p50 ms':>8s} {'p95 ms':>8s} {'max ms':>8s} {'behind':>6s} {'slot s':>6s} "
           f"{'batch':>6s} {'busy':>5s} {'rss MB':>11s}  real time")  # fmt: skip
-    for kind in ["none", *kinds]:
+    for repeat, kind in ((r, k) for r in range(args.repeat) for k in ["none", *kinds]):
         proc, url = start_server(checkpoint, flags, tmp / f"server_{kind}.log")
+        load = os.getloadavg()[0]
         try:
             row = measure_hostile(url, proc.pid, audio, kind, args)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+        row = {"repeat": repeat, **row, "load_average_1min": [round(load, 2), round(os.getloadavg()[0], 2)]}
         results["runs"].append(row)
+        rows = [r for r in results["runs"] if r["hostile"] == kind]
+        results.setdefault("summary", {})[kind] = {
+            "p95_partial_latency_ms_median": round(float(np.median([r["partial_latency_ms"]["p95"] for r in rows])), 1),
+            "kept_real_time": f"{sum(r['real_time'] for r in rows)} of {len(rows)}",
+            "streams_behind": sum(r["streams_behind"] for r in rows),
+        }
         lat, rss = row["partial_latency_ms"], row["rss_mb"]
         print(f"{kind:8s} {row['clients']:4d} {lat['p50']:8.1f} {lat['p95']:8.1f} {lat['max']:8.1f} "
               f"{row['streams_behind']:6d} {row['slot_wait_s_max']:6.1f} {row['mean_batch']:6.2f} "
@@ -530,6 +540,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8, help="--hostile: real-time streams beside the hostile client")
     ap.add_argument("--fast-clients", type=int, default=8, help="--hostile fast: streams sending ahead of real time")
     ap.add_argument("--idle-connections", type=int, default=64, help="--hostile idle: connections held open")
+    ap.add_argument("--repeat", type=int, default=1, help="--hostile: runs of every kind, in turn")
     args = ap.parse_args()
     kinds = [k for k in args.hostile.split(",") if k]
     if any(k not in HOSTILE for k in kinds):
