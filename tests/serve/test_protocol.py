@@ -311,7 +311,7 @@ def test_http_serves_the_page_and_stats_and_404s_the_rest(server):
         urllib.request.urlopen(base + "nothing-here", timeout=10)
 
 
-def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer):
+def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer, audio_ckpt):
     from usmkit.cli.serve import main
 
     with pytest.raises(SystemExit) as e:
@@ -323,6 +323,14 @@ def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer):
     with pytest.raises(SystemExit) as e:  # the streaming options are usmkit-transcribe's, checks included
         main(["--checkpoint", "x", "--left-chunks", "-1"])
     assert e.value.code == 2 and "--left-chunks: must be >= 0" in capsys.readouterr().err
+    for flag, value in (("--idle-timeout", "0"), ("--start-timeout", "inf"), ("--max-buffer-seconds", "nan")):
+        with pytest.raises(SystemExit) as e:
+            main(["--checkpoint", "x", flag, value])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and flag in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as e:  # known only once the model's chunk is
+        main(["--checkpoint", str(audio_ckpt), "--max-buffer-seconds", "0.1", "--port", "0"])
+    assert e.value.code == 2 and "--max-buffer-seconds 0.1 is too small" in capsys.readouterr().err
     running = start_server(recognizer)
     try:
         with pytest.raises(Exception, match="cannot listen on 127.0.0.1:"):
