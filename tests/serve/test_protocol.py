@@ -212,7 +212,7 @@ def test_stats_need_the_token_too_and_the_bearer_scheme_is_case_insensitive(reco
 def test_one_message_of_over_32_s_as_wenets_performance_tool_sends_a_file(server, audio_ckpt, wavs, tmp_path):
     """WeNet's tools/websocket/performance-ws.py sends each file as one binary message; the transcript is the
     command line's."""
-    pcm = pcm_bytes(wavs["a"]) * 12  # 43.2 s, 1.4 MB: over the 1 MiB a message could once hold
+    pcm = pcm_bytes(wavs["a"]) * 12  # 43.2 s, 1.4 MB: over 1 MiB
     wav = tmp_path / "long.wav"
     sf.write(wav, np.frombuffer(pcm, "<i2"), 16000, subtype="PCM_16")
     with connect(server.url, max_size=None) as ws:

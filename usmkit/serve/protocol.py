@@ -3,7 +3,7 @@
 Client -> server (text messages are JSON signals, binary messages are audio)::
 
     {"signal": "start", "nbest": 1, "continuous_decoding": false}    (both options optional)
-    <binary: 16-bit little-endian mono PCM at 16 kHz, any number of bytes per message>
+    <binary: 16-bit little-endian mono PCM at 16 kHz, any number of bytes per message (up to the server's limit)>
     {"signal": "end"}
 
 Server -> client (text messages, JSON)::

@@ -61,8 +61,8 @@ PAGE_FILES = {  # URL path -> (file under usmkit/serve/page, content type)
 }
 QUEUED_FRAMES = (4, 1)  # websockets' read buffer per connection (high, low water), in frames of <= max_size
 # The kernel's receive buffer per connection, fixed: left to autotuning it can grow to tcp_rmem's maximum
-# (often 32 MB) for a client that sends faster than the server reads, which the server would hold for it.
-# 256 KiB still carries 80 times real-time audio over a 100-ms round trip.
+# (megabytes) for a client that sends faster than the server reads, memory the server's host holds for it.
+# 256 KiB still carries 80 times real-time audio (32 KB/s) over a 100-ms round trip.
 RECEIVE_BUFFER_BYTES = 256 * 1024
 
 
