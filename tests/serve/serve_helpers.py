@@ -13,12 +13,15 @@ import asyncio
 import json
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "streaming"))  # the streaming tests' builders
 from test_transcribe_cli import SR, make_checkpoint, speech_silence_speech, speechlike  # noqa: E402
@@ -126,11 +129,98 @@ def start_server(recognizer, **cfg) -> RunningServer:
 
 def messages_until_closed(ws, timeout: float = 30.0) -> tuple[list[dict], int | None]:
     """Every message the server sends until it closes the connection, and its close code."""
-    from websockets.exceptions import ConnectionClosed
-
     out = []
     try:
         while True:
             out.append(json.loads(ws.recv(timeout=timeout)))
     except ConnectionClosed as e:
         return out, e.rcvd.code if e.rcvd is not None else None
+
+
+class Gate:
+    """Holds the server's worker at its next encoder step until ``release()``, so that audio piles up in the
+    streams meanwhile, as it does on a loaded server. ``with Gate(recognizer) as gate: ...``; ``held`` is
+    set once the worker waits at the gate."""
+
+    def __init__(self, recognizer) -> None:
+        self.recognizer = recognizer
+        self._step = recognizer.step
+        self._released = threading.Event()
+        self.held = threading.Event()
+
+    def __enter__(self) -> Gate:
+        self.recognizer.step = self._held_step
+        return self
+
+    def _held_step(self, *args):
+        self.held.set()
+        self._released.wait(timeout=60)
+        return self._step(*args)
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __exit__(self, *exc) -> None:
+        self._released.set()
+        self.recognizer.step = self._step
+
+
+def wait_until(predicate, timeout: float = 20.0) -> bool:
+    """Poll ``predicate()`` until it is true; whether it became true within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def settled(value, quiet: float = 0.5, timeout: float = 20.0):
+    """Poll ``value()`` until it has not changed for ``quiet`` seconds (or ``timeout`` passed); its last value."""
+    deadline = time.monotonic() + timeout
+    last, since = value(), time.monotonic()
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = value()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def samples_in(running: RunningServer) -> list[int]:
+    """Samples each open stream on the server has received."""
+    return running.call(lambda: [c.stream.samples_in for c in running.server.connections if c.stream is not None])
+
+
+def stream(
+    url: str,
+    pcm: bytes,
+    start: dict | None = None,
+    block: int = 3200,
+    pace_s: float = 0.0,
+    ready: threading.Barrier | None = None,
+):
+    """Start, the PCM in ``block``-byte messages (``pace_s`` apart), end; every message back and the close code.
+    With ``ready``, the audio goes only once every client sharing the barrier has its stream started."""
+    with connect(url, open_timeout=10) as ws:
+        ws.send(json.dumps(start or {"signal": "start", "nbest": 1, "continuous_decoding": True}))
+        assert json.loads(ws.recv(timeout=10)) == {"status": "ok", "type": "server_ready"}
+        if ready is not None:
+            ready.wait(timeout=30)
+        for i in range(0, len(pcm), block):
+            try:
+                ws.send(pcm[i : i + block])
+            except ConnectionClosed:  # the server ended the stream (its first final, or a limit)
+                break
+            time.sleep(pace_s)
+        try:
+            ws.send(json.dumps({"signal": "end"}))
+        except ConnectionClosed:
+            pass
+        return messages_until_closed(ws)
+
+
+def best_finals(messages: list[dict]) -> list[dict]:
+    """The best path of each non-empty final result."""
+    paths = [json.loads(m["nbest"])[0] for m in messages if m.get("type") == "final_result"]
+    return [p for p in paths if p["sentence"]]

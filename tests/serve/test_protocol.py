@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import gc
 import json
+import socket
 import threading
 import time
 import urllib.request
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
-from serve_helpers import messages_until_closed, pcm_bytes, recognizer_for, start_server
+import soundfile as sf
+from serve_helpers import best_finals, messages_until_closed, pcm_bytes, recognizer_for, start_server, stream
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -31,40 +34,6 @@ def server(recognizer):
     running = start_server(recognizer)
     yield running
     running.close()
-
-
-def stream(
-    url: str,
-    pcm: bytes,
-    start: dict | None = None,
-    block: int = 3200,
-    pace_s: float = 0.0,
-    ready: threading.Barrier | None = None,
-):
-    """Start, the PCM in ``block``-byte messages (``pace_s`` apart), end; every message back and the close code.
-    With ``ready``, the audio goes only once every client sharing the barrier has its stream started."""
-    with connect(url, open_timeout=10) as ws:
-        ws.send(json.dumps(start or {"signal": "start", "nbest": 1, "continuous_decoding": True}))
-        assert json.loads(ws.recv(timeout=10)) == {"status": "ok", "type": "server_ready"}
-        if ready is not None:
-            ready.wait(timeout=30)
-        for i in range(0, len(pcm), block):
-            try:
-                ws.send(pcm[i : i + block])
-            except ConnectionClosed:  # the server ended the stream (its first final, or a limit)
-                break
-            time.sleep(pace_s)
-        try:
-            ws.send(json.dumps({"signal": "end"}))
-        except ConnectionClosed:
-            pass
-        return messages_until_closed(ws)
-
-
-def best_finals(messages: list[dict]) -> list[dict]:
-    """The best path of each non-empty final result."""
-    paths = [json.loads(m["nbest"])[0] for m in messages if m.get("type") == "final_result"]
-    return [p for p in paths if p["sentence"]]
 
 
 _cli_cache: dict = {}
@@ -148,6 +117,9 @@ def test_two_concurrent_clients_get_their_own_transcripts_in_one_batch(server, w
         (['{"signal": "start"}', '{"signal": "start"}'], "already started"),
         (['{"signal": "start"}', "some text where audio belongs"], "malformed JSON"),
         (['{"signal": "start"}', '{"signal": "end"}', b"\x00\x00"], "audio after the end signal"),
+        (["[" * 2000 + "]" * 2000], "nested too deep"),  # past the JSON parser's recursion limit
+        (['{"signal": "start", "nbest": ' + "1" * 5000 + "}"], "text messages are signals of at most 4096"),
+        (['{"signal": "start"}', "x" * 500_000], "a text message of 500000 characters"),
     ],
 )
 def test_each_bad_message_gets_an_error_and_the_server_serves_others(server, wavs, messages, expected):
@@ -217,6 +189,61 @@ def test_token_is_required_when_set(recognizer, wavs):
         running.close()
 
 
+def test_stats_need_the_token_too_and_the_bearer_scheme_is_case_insensitive(recognizer):
+    running = start_server(recognizer, token="s3cret")
+    stats = running.url.replace("ws://", "http://") + "stats"
+    try:
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(stats, timeout=10)
+        for request in (
+            stats + "?token=s3cret",
+            urllib.request.Request(stats, headers={"Authorization": "bearer s3cret"}),
+        ):
+            with urllib.request.urlopen(request, timeout=10) as r:
+                assert "connections" in json.loads(r.read())
+        for auth in ("bearer s3cret", "BEARER  s3cret"):
+            with connect(running.url, additional_headers={"Authorization": auth}) as ws:
+                ws.send(json.dumps({"signal": "start"}))
+                assert json.loads(ws.recv(timeout=10))["type"] == "server_ready"
+    finally:
+        running.close()
+
+
+def test_one_message_of_over_32_s_as_wenets_performance_tool_sends_a_file(server, audio_ckpt, wavs, tmp_path):
+    """WeNet's tools/websocket/performance-ws.py sends each file as one binary message; the transcript is the
+    command line's."""
+    pcm = pcm_bytes(wavs["a"]) * 12  # 43.2 s, 1.4 MB: over 1 MiB
+    wav = tmp_path / "long.wav"
+    sf.write(wav, np.frombuffer(pcm, "<i2"), 16000, subtype="PCM_16")
+    with connect(server.url, max_size=None) as ws:
+        ws.send(json.dumps({"signal": "start", "nbest": 1, "continuous_decoding": True}))
+        assert json.loads(ws.recv(timeout=10))["type"] == "server_ready"
+        ws.send(pcm)
+        ws.send(json.dumps({"signal": "end"}))
+        messages, code = messages_until_closed(ws, timeout=120)
+    assert code == 1000 and messages[-1]["type"] == "speech_end"
+    assert messages[-2]["audio_ms"] == 43200
+    assert [f["sentence"] for f in best_finals(messages)] == [s["text"] for s in cli_segments(wav, audio_ckpt)]
+
+
+def test_head_gets_the_headers_of_get_without_a_body_and_other_methods_405(server):
+    def exchange(request: bytes) -> tuple[bytes, bytes]:
+        with socket.create_connection(("127.0.0.1", server.server.port), timeout=10) as sock:
+            sock.sendall(request)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        return head, body
+
+    get_head, get_body = exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, body = exchange(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and body == b"" and get_body
+    assert f"Content-Length: {len(get_body)}".encode() in head and b"Content-Length" in get_head
+    head, _ = exchange(b"DELETE / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD" in head
+
+
 def test_max_connections_refuses_the_next_client_until_one_leaves(recognizer):
     running = start_server(recognizer, max_connections=2)
     try:
@@ -284,7 +311,7 @@ def test_http_serves_the_page_and_stats_and_404s_the_rest(server):
         urllib.request.urlopen(base + "nothing-here", timeout=10)
 
 
-def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer):
+def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer, audio_ckpt):
     from usmkit.cli.serve import main
 
     with pytest.raises(SystemExit) as e:
@@ -296,6 +323,14 @@ def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer):
     with pytest.raises(SystemExit) as e:  # the streaming options are usmkit-transcribe's, checks included
         main(["--checkpoint", "x", "--left-chunks", "-1"])
     assert e.value.code == 2 and "--left-chunks: must be >= 0" in capsys.readouterr().err
+    for flag, value in (("--idle-timeout", "0"), ("--start-timeout", "inf"), ("--max-buffer-seconds", "nan")):
+        with pytest.raises(SystemExit) as e:
+            main(["--checkpoint", "x", flag, value])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and flag in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit) as e:  # known only once the model's chunk is
+        main(["--checkpoint", str(audio_ckpt), "--max-buffer-seconds", "0.1", "--port", "0"])
+    assert e.value.code == 2 and "--max-buffer-seconds 0.1 is too small" in capsys.readouterr().err
     running = start_server(recognizer)
     try:
         with pytest.raises(Exception, match="cannot listen on 127.0.0.1:"):

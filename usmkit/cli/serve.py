@@ -2,6 +2,7 @@
 
 usmkit-serve --checkpoint exp/demo_ctc [--host 127.0.0.1 --port 10086] [--quantize int8]
 usmkit-serve --checkpoint exp/demo_ctc --token "$SECRET" --max-connections 32
+usmkit-serve --checkpoint exp/demo_ctc --allowed-origins https://app.example --idle-timeout 60
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import sys
 import time
@@ -29,6 +31,20 @@ log = logging.getLogger("usmkit.serve")
 TOKEN_ENV = "USMKIT_SERVE_TOKEN"
 
 
+def finite_nonnegative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def finite_positive(text: str) -> float:
+    value = finite_nonnegative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(
         prog="usmkit-serve",
@@ -43,7 +59,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
-        help=f"shared secret clients must send (?token=... or Authorization: Bearer ...); default ${TOKEN_ENV}",
+        help=f"shared secret clients (and /stats) must send (?token=... or Authorization: Bearer ...); "
+        f"default ${TOKEN_ENV}",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated web origins (https://app.example) whose pages may open sockets, besides the "
+        "server's own page; '*' allows any page. Clients that are not browsers send no Origin and are allowed",
+    )
+    p.add_argument(
+        "--max-buffer-seconds",
+        type=finite_positive,
+        default=60.0,
+        help="audio a stream may hold undecoded; reading its socket pauses beyond it. Also the largest "
+        "binary message (default 60 s)",
+    )
+    p.add_argument(
+        "--max-messages-per-second",
+        type=finite_positive,
+        default=1000.0,
+        help="messages read per connection per second (bursts of one second's worth); reading pauses beyond",
+    )
+    p.add_argument(
+        "--start-timeout", type=finite_positive, default=10.0, help="close a connection without a start signal (s)"
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=finite_positive,
+        default=30.0,
+        help="end a started stream that sends nothing for this long (s): its results, then a message",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=finite_nonnegative,
+        default=10.0,
+        help="on SIGTERM / Ctrl-C: the longest wait for open streams to get their results (s)",
     )
     add_stream_options(p)
     p.add_argument(
@@ -87,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
             max_seconds=args.max_seconds,
             max_batch=args.max_batch,
             token=args.token or None,
+            max_buffer_seconds=args.max_buffer_seconds,
+            max_messages_per_second=args.max_messages_per_second,
+            start_timeout=args.start_timeout,
+            idle_timeout=args.idle_timeout,
+            allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+            drain_seconds=args.drain_seconds,
         )
         start = time.perf_counter()
         recognizer = build_recognizer(args)

@@ -3,7 +3,7 @@
 Client -> server (text messages are JSON signals, binary messages are audio)::
 
     {"signal": "start", "nbest": 1, "continuous_decoding": false}    (both options optional)
-    <binary: 16-bit little-endian mono PCM at 16 kHz, any number of bytes per message>
+    <binary: 16-bit little-endian mono PCM at 16 kHz, any number of bytes per message (up to the server's limit)>
     {"signal": "end"}
 
 Server -> client (text messages, JSON)::
@@ -36,6 +36,7 @@ import numpy as np
 from usmkit.streaming.decoder import Segment
 
 MAX_NBEST = 100
+MAX_SIGNAL_CHARS = 4096  # a signal is a few dozen characters; longer text is refused before it is parsed
 
 
 class ProtocolError(ValueError):
@@ -54,13 +55,29 @@ class EndSignal:
 
 
 def parse_signal(text: str) -> Start | EndSignal:
-    """A client's text message -> its signal; raises ``ProtocolError`` naming what is wrong."""
+    """A client's text message -> its signal; raises ``ProtocolError`` naming what is wrong.
+
+    Whatever the text, the answer is a signal or a ``ProtocolError``: text longer than
+    ``MAX_SIGNAL_CHARS`` is refused unread, and JSON that nests too deep for the parser
+    (``RecursionError``) or holds a number too long to convert (``ValueError``) is malformed too.
+    """
+    if len(text) > MAX_SIGNAL_CHARS:
+        raise ProtocolError(
+            f"a text message of {len(text)} characters: text messages are signals of at most {MAX_SIGNAL_CHARS}, "
+            '{"signal": "start"} or {"signal": "end"}; audio goes in binary messages'
+        )
     try:
         message = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProtocolError(
             f"malformed JSON in a text message ({e.msg} at character {e.pos}): text messages are signals, "
             '{"signal": "start"} or {"signal": "end"}; audio goes in binary messages'
+        ) from None
+    except (RecursionError, ValueError) as e:
+        reason = "nested too deep" if isinstance(e, RecursionError) else str(e)
+        raise ProtocolError(
+            f"malformed JSON in a text message ({reason}): text messages are signals, "
+            '{"signal": "start"} or {"signal": "end"}'
         ) from None
     if not isinstance(message, dict) or "signal" not in message:
         raise ProtocolError(

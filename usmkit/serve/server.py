@@ -5,58 +5,53 @@
 
 The command line (``usmkit.cli.serve``) builds the ``Recognizer`` and runs ``serve_until_stopped``.
 
-One asyncio process (the ``websockets`` package). Each connection speaks ``usmkit.serve.protocol``;
-its audio goes to a ``ServerStream`` (the command line's streaming pipeline), and the ``Batcher``
-runs the chunks of all streams that are ready as one batched encoder step, in a worker thread, so
-the event loop keeps accepting and reading while the model runs. Plain HTTP GETs on the same port
-serve the page (``/``: microphone -> 16 kHz PCM -> the socket, live results; files under
-``usmkit/serve/page/``) and ``/stats`` (JSON counters).
+One asyncio process (the ``websockets`` package). Each connection (``connection``) speaks
+``usmkit.serve.protocol``; its audio goes to a ``ServerStream`` (the command line's streaming
+pipeline), and the ``Batcher`` runs the chunks of all streams that are ready as one batched encoder
+step, in a worker thread, so the event loop keeps accepting and reading while the model runs. Plain
+HTTP GETs (and HEADs) on the same port serve the page (``/``: microphone -> 16 kHz PCM -> the socket,
+live results; files under ``usmkit/serve/page/``) and ``/stats`` (JSON counters).
 
-Limits: ``--max-connections`` (more are refused with a message), ``--max-seconds`` of audio per
-stream (the audio up to it is decoded and sent, then the stream fails with a message), ``--token``
-(or ``$USMKIT_SERVE_TOKEN``): a shared secret each WebSocket client must send, as ``?token=...`` in
-the URL or an ``Authorization: Bearer ...`` header. Any error a client causes is sent to it as
-``{"status": "failed", "message": ...}`` before its connection is closed; the others go on.
-Binds to the loopback interface unless ``--host`` says otherwise.
+Limits (``ServeConfig``; ``docs/serve.md`` has the table): ``--max-connections`` (more are refused
+with a message), ``--max-seconds`` of audio per stream, ``--max-buffer-seconds`` of audio waiting
+per stream (also the largest binary message), ``--max-messages-per-second`` per connection,
+``--start-timeout`` and ``--idle-timeout``; ``--token`` (or ``$USMKIT_SERVE_TOKEN``): a shared
+secret each WebSocket client (and ``/stats``) must send, as ``?token=...`` in the URL or an
+``Authorization: Bearer ...`` header; ``--allowed-origins``: the web pages, besides the server's own,
+whose scripts may open a socket. Any error a client causes is sent to it as
+``{"status": "failed", "message": ...}`` before its connection is closed; the others go on. SIGTERM
+stops accepting, finishes the streams (their audio so far decoded, results sent) for at most
+``--drain-seconds``, then exits. Binds to the loopback interface unless ``--host`` says otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import dataclasses
 import json
 import logging
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from usmkit.errors import UsageError
-from usmkit.serve.batcher import Batcher, Error
-from usmkit.serve.protocol import (
-    EndSignal,
-    PcmDecoder,
-    ProtocolError,
-    Start,
-    failed,
-    final_result,
-    parse_signal,
-    partial_result,
-    server_ready,
-    speech_end,
-)
-from usmkit.serve.session import End, Final, Partial, Recognizer, ServerStream
+from usmkit.serve.access import origin_ok, token_ok
+from usmkit.serve.batcher import Batcher
+from usmkit.serve.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_LATER, Connection
+from usmkit.serve.protocol import MAX_SIGNAL_CHARS, failed
+from usmkit.serve.session import Recognizer
 
 log = logging.getLogger("usmkit.serve")
 
-CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_TRY_LATER = 1000, 1008, 1011, 1013
 PAGE_FILES = {  # URL path -> (file under usmkit/serve/page, content type)
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
@@ -64,6 +59,11 @@ PAGE_FILES = {  # URL path -> (file under usmkit/serve/page, content type)
     "/pcm-worklet.js": ("pcm-worklet.js", "text/javascript; charset=utf-8"),
     "/resampler.js": ("resampler.js", "text/javascript; charset=utf-8"),
 }
+QUEUED_FRAMES = (4, 1)  # websockets' read buffer per connection (high, low water), in frames of <= max_size
+# The kernel's receive buffer per connection, fixed: left to autotuning it can grow to tcp_rmem's maximum
+# (megabytes) for a client that sends faster than the server reads, memory the server's host holds for it.
+# 256 KiB still carries 80 times real-time audio (32 KB/s) over a 100-ms round trip.
+RECEIVE_BUFFER_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,12 @@ class ServeConfig:
     max_seconds: float = 3600.0
     max_batch: int = 32
     token: str | None = None
-    max_message_bytes: int = 1 << 20  # one binary message: 32 s of 16 kHz PCM
+    max_buffer_seconds: float = 60.0  # undecoded audio per stream; also the largest binary message
+    max_messages_per_second: float = 1000.0
+    start_timeout: float = 10.0
+    idle_timeout: float = 30.0
+    allowed_origins: tuple[str, ...] = ()
+    drain_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1 or self.max_batch < 1 or self.max_seconds <= 0:
@@ -84,154 +89,37 @@ class ServeConfig:
                 f"max_connections and max_batch must be >= 1 and max_seconds > 0, got {self.max_connections}, "
                 f"{self.max_batch} and {self.max_seconds}"
             )
-
-
-class Connection:
-    """One client: reads its messages, feeds its stream, writes its results in order (an outbox)."""
-
-    def __init__(self, server: Server, ws: ServerConnection, peer: str) -> None:
-        self.server = server
-        self.ws = ws
-        self.peer = peer
-        self.stream: ServerStream | None = None
-        self.start: Start | None = None
-        self.pcm = PcmDecoder()
-        self.ended = False  # the end signal came (or the --max-seconds limit stood in for it)
-        self.over_limit = False
-        self.audio_s = 0.0  # audio received
-        self.outcome = "client left"  # for the log
-        self._outbox: asyncio.Queue[str | tuple[int, str]] = asyncio.Queue()
-        self._closing = False
-
-    async def run(self) -> None:
-        writer = asyncio.create_task(self._write())
-        try:
-            async for message in self.ws:
-                if self._closing:
-                    break
-                try:
-                    if isinstance(message, str):
-                        self._on_text(message)
-                    else:
-                        self._on_audio(message)
-                except ProtocolError as e:
-                    self.fail(str(e), CLOSE_POLICY)
-        except ConnectionClosed:
-            pass  # the client vanished mid-stream
-        finally:
-            if self._closing:
-                with contextlib.suppress(ConnectionClosed):
-                    await writer  # what is queued, then the close
-            else:
-                writer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await writer
-
-    async def _write(self) -> None:
-        with contextlib.suppress(ConnectionClosed):
-            while True:
-                item = await self._outbox.get()
-                if isinstance(item, tuple):  # (close code, reason): the last item
-                    await self.ws.close(*item)
-                    return
-                await self.ws.send(item)
-
-    def _close(self, code: int, reason: str = "") -> None:
-        self._closing = True
-        self._outbox.put_nowait((code, reason))
-        self.release()
-
-    def fail(self, message: str, code: int = CLOSE_ERROR) -> None:
-        """Send ``{"status": "failed", "message": ...}``, then close."""
-        if self._closing:
-            return
-        log.warning("%s: %s", self.peer, message)
-        self.outcome = f"failed: {message}"
-        self._outbox.put_nowait(failed(message))
-        self._close(code, "failed")
-
-    def release(self) -> None:
-        """Detach the stream from the batcher (its state is dropped with it)."""
-        if self.stream is not None:
-            self.server.batcher.remove(self.stream)
-            self.stream = None
-
-    # ------------------------------------------------------------------ client messages
-    def _on_text(self, text: str) -> None:
-        signal_ = parse_signal(text)
-        if isinstance(signal_, Start):
-            if self.start is not None:
-                raise ProtocolError('the stream has already started: send audio, then {"signal": "end"}')
-            self.start = signal_
-            self.stream = self.server.recognizer.new_stream(signal_.nbest, signal_.continuous_decoding)
-            self.server.batcher.add(self.stream, self.deliver)
-            self._outbox.put_nowait(server_ready())
-            return
-        assert isinstance(signal_, EndSignal)
-        if self.start is None:
-            raise ProtocolError('end signal before the start signal: send {"signal": "start"} first')
-        if self.over_limit:
-            return  # the limit already ended the stream; its message follows its last results
-        if self.ended:
-            raise ProtocolError("the end signal came twice")
-        self.ended = True
-        self.stream.end()
-        self.server.batcher.notify(self.stream)
-
-    def _on_audio(self, data: bytes) -> None:
-        if self.start is None:
-            raise ProtocolError('audio before the start signal: send {"signal": "start"} first, then binary PCM')
-        if self.over_limit:
-            return  # past --max-seconds: dropped; the stream is being finished
-        if self.ended:
-            raise ProtocolError("audio after the end signal")
-        samples = self.pcm(data)
-        limit = round(self.server.cfg.max_seconds * self.stream.sample_rate)
-        room = limit - self.stream.samples_in
-        if samples.size > room:
-            samples = samples[: max(room, 0)]
-            self.over_limit = self.ended = True
-        if samples.size:
-            self.stream.push(samples)
-            self.audio_s += samples.size / self.stream.sample_rate
-        if self.over_limit:
-            self.stream.end()
-        self.server.batcher.notify(self.stream)
-
-    # ------------------------------------------------------------------ results (from the batcher)
-    def deliver(self, events: list) -> None:
-        for event in events:
-            if self._closing:
-                return
-            if isinstance(event, Partial):
-                self._outbox.put_nowait(partial_result(event.texts, event.audio_ms))
-            elif isinstance(event, Final):
-                self._outbox.put_nowait(final_result(event.segment, self.start.nbest, event.audio_ms))
-            elif isinstance(event, End):
-                if self.over_limit:
-                    self.fail(
-                        f"the stream reached the server's limit of {self.server.cfg.max_seconds:g} s of audio "
-                        "(--max-seconds): the results above cover the audio up to it, the rest was dropped; "
-                        "start a new stream for more",
-                        CLOSE_POLICY,
-                    )
-                else:
-                    self.outcome = "done"
-                    self._outbox.put_nowait(speech_end())
-                    self._close(CLOSE_NORMAL)
-            elif isinstance(event, Error):
-                self.fail(event.message, CLOSE_ERROR)
+        timing = {
+            "max_buffer_seconds": self.max_buffer_seconds,
+            "max_messages_per_second": self.max_messages_per_second,
+            "start_timeout": self.start_timeout,
+            "idle_timeout": self.idle_timeout,
+        }
+        for name, value in timing.items():
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
 
 
 class Server:
     """The WebSocket server around a ``Recognizer``: ``async with Server(...) as s:`` listens on ``s.port``."""
 
     def __init__(self, recognizer: Recognizer, cfg: ServeConfig = ServeConfig()) -> None:
+        least = 2 * recognizer.round_samples / recognizer.sample_rate  # a stream must hold two rounds of audio
+        if cfg.max_buffer_seconds < least:
+            raise UsageError(
+                f"--max-buffer-seconds {cfg.max_buffer_seconds:g} is too small for this model's chunks: a stream "
+                f"must be able to hold two rounds of audio; use at least {least:.2f}"
+            )
         self.recognizer = recognizer
         self.cfg = cfg
         self.batcher = Batcher(recognizer, cfg.max_batch)
         self.connections: set[Connection] = set()
         self.port: int | None = None
+        self.draining = False
+        self.messages_in = 0  # messages read from all clients
+        self.samples_in = 0  # audio samples received from all clients
         self._ws_server = None
         self._batcher_task: asyncio.Task | None = None
 
@@ -242,6 +130,11 @@ class Server:
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message: ``--max-buffer-seconds`` of 16-bit PCM (a signal is refused far below it)."""
+        return max(2 * round(self.cfg.max_buffer_seconds * self.recognizer.sample_rate), 4 * MAX_SIGNAL_CHARS)
+
     async def start(self) -> None:
         self._batcher_task = asyncio.create_task(self.batcher.run())
         try:
@@ -250,7 +143,8 @@ class Server:
                 self.cfg.host,
                 self.cfg.port,
                 process_request=self._http,
-                max_size=self.cfg.max_message_bytes,
+                max_size=self.max_message_bytes,
+                max_queue=QUEUED_FRAMES,  # a connection that is not read holds at most this many frames
                 compression=None,  # PCM does not compress; deflating it costs both sides CPU
             )
         except OSError as e:
@@ -258,11 +152,27 @@ class Server:
             raise UsageError(
                 f"cannot listen on {self.cfg.host}:{self.cfg.port}: {e.strerror or e}; pick another --port or --host"
             ) from e
+        for sock in self._ws_server.sockets:  # accepted connections inherit it
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
         self.port = self._ws_server.sockets[0].getsockname()[1]
+
+    async def drain(self, seconds: float) -> None:
+        """Stop accepting connections and finish the open streams: what each received is decoded and its
+        results sent, then it is closed (1001). Waits at most ``seconds``; ``close`` ends what is left."""
+        self.draining = True
+        self._ws_server.close(close_connections=False)  # the listening socket only
+        for conn in list(self.connections):
+            conn.shutdown()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._ws_server.wait_closed()
 
     async def close(self) -> None:
         if self._ws_server is not None:
-            self._ws_server.close()
+            self._ws_server.close()  # after a drain this is done already, and closes no connection
+            left = [c.ws.close(CLOSE_GOING_AWAY, "the server is stopping") for c in list(self.connections)]
+            if left:
+                await asyncio.gather(*left, return_exceptions=True)
             await self._ws_server.wait_closed()
         if self._batcher_task is not None:
             self._batcher_task.cancel()
@@ -271,33 +181,62 @@ class Server:
         await asyncio.get_running_loop().run_in_executor(None, self.batcher.close)
 
     def stats(self) -> dict:
-        return {"connections": len(self.connections), "streams": self.batcher.streams, **self.batcher.stats.as_dict()}
+        return {
+            "connections": len(self.connections),
+            "streams": self.batcher.streams,
+            "messages_in": self.messages_in,
+            "audio_in_s": round(self.samples_in / self.recognizer.sample_rate, 3),
+            **self.batcher.stats.as_dict(),
+        }
 
     # ------------------------------------------------------------------ HTTP: the page and /stats
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
         if request.headers.get("Upgrade", "").lower() == "websocket":
-            return None  # the WebSocket handshake goes on
+            if origin_ok(request.headers, self.cfg.allowed_origins):
+                return None  # the WebSocket handshake goes on
+            origin = request.headers.get("Origin")
+            log.warning("refused a socket from the page %s (not in --allowed-origins)", origin)
+            return _response(
+                connection,
+                HTTPStatus.FORBIDDEN,
+                f"pages from {origin} may not open sockets to this server: add it to the server's --allowed-origins\n",
+                "text/plain",
+            )
+        if request.method not in ("GET", "HEAD"):
+            response = _response(
+                connection, HTTPStatus.METHOD_NOT_ALLOWED, f"{request.method} is not served; use GET\n", "text/plain"
+            )
+            response.headers["Allow"] = "GET, HEAD"
+            return response
         path = urlsplit(request.path).path
         if path == "/stats":
-            return _response(connection, HTTPStatus.OK, json.dumps(self.stats()) + "\n", "application/json")
-        if path not in PAGE_FILES:
-            return _response(connection, HTTPStatus.NOT_FOUND, f"no page at {path}; the page is at /\n", "text/plain")
-        name, content_type = PAGE_FILES[path]
-        return _response(connection, HTTPStatus.OK, page_file(name), content_type)
+            if token_ok(self.cfg.token, request.path, request.headers):
+                response = _response(connection, HTTPStatus.OK, json.dumps(self.stats()) + "\n", "application/json")
+            else:
+                response = _response(
+                    connection,
+                    HTTPStatus.UNAUTHORIZED,
+                    "missing or wrong token: GET /stats?token=... (or send an Authorization: Bearer header)\n",
+                    "text/plain",
+                )
+        elif path not in PAGE_FILES:
+            response = _response(
+                connection, HTTPStatus.NOT_FOUND, f"no page at {path}; the page is at /\n", "text/plain"
+            )
+        else:
+            name, content_type = PAGE_FILES[path]
+            response = _response(connection, HTTPStatus.OK, page_file(name), content_type)
+        if request.method == "HEAD":  # the GET's headers, Content-Length included, and no body
+            response = dataclasses.replace(response, body=b"")
+        return response
 
     # ------------------------------------------------------------------ WebSocket connections
-    def _authorized(self, request: Request) -> bool:
-        if self.cfg.token is None:
-            return True
-        offered = parse_qs(urlsplit(request.path).query).get("token", [""])[0]
-        auth = request.headers.get("Authorization", "")
-        if auth.startswith("Bearer "):
-            offered = offered or auth[len("Bearer ") :]
-        return hmac.compare_digest(offered.encode(), self.cfg.token.encode())
-
     async def _handle(self, ws: ServerConnection) -> None:
         peer = _peer(ws)
-        if not self._authorized(ws.request):
+        if self.draining:
+            await _refuse(ws, "the server is stopping; connect again later", CLOSE_GOING_AWAY)
+            return
+        if not token_ok(self.cfg.token, ws.request.path, ws.request.headers):
             log.warning("refused %s: missing or wrong token", peer)
             await _refuse(ws, "missing or wrong token: add ?token=... to the URL (or an Authorization: Bearer header)")
             return
@@ -355,13 +294,25 @@ def page_file(name: str) -> str:
 
 
 async def serve_until_stopped(recognizer: Recognizer, cfg: ServeConfig, ready=print) -> None:
-    """Serve until SIGINT / SIGTERM; ``ready(line)`` gets the listening address once the port is bound."""
-    stop = asyncio.Event()
+    """Serve until SIGINT / SIGTERM, then drain (``Server.drain``, at most ``cfg.drain_seconds``; a second
+    signal cuts it short); ``ready(line)`` gets the listening address once the port is bound."""
     loop = asyncio.get_running_loop()
+    signals = asyncio.Queue()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, signals.put_nowait, sig)
     async with Server(recognizer, cfg) as server:
         ready(f"usmkit-serve: listening on ws://{cfg.host}:{server.port} (page: http://{cfg.host}:{server.port}/)")
-        await stop.wait()
-        log.info("stopping: %d connections open", len(server.connections))
+        await signals.get()
+        log.info(
+            "stopping: finishing %d connections (at most %g s; a second signal stops at once)",
+            len(server.connections),
+            cfg.drain_seconds,
+        )
+        drain = asyncio.create_task(server.drain(cfg.drain_seconds))
+        again = asyncio.create_task(signals.get())
+        await asyncio.wait([drain, again], return_when=asyncio.FIRST_COMPLETED)
+        for task in (drain, again):
+            task.cancel()
+        if server.connections:
+            log.info("closing %d connections that did not finish", len(server.connections))

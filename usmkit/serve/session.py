@@ -6,7 +6,8 @@ A ``ServerStream`` is the command line's pipeline (``usmkit.streaming.pipeline.S
 incremental features, the encoder's chunk buffer, CTC and the streaming decoder with its endpoints
 and optional LAS rescoring) built without an encoder step of its own: the ``Batcher`` takes one
 chunk from every stream that has one, runs them as one ``stream_step`` and hands each stream its
-rows back (``encoded``). Everything but ``push`` / ``end`` runs in the batcher's worker thread.
+rows back (``encoded``). ``push`` / ``end`` / ``collect`` run on the event loop, the rest in the
+batcher's worker thread.
 
 ``Recognizer`` holds what all streams share: the model, its feature statistics, the chunking, the
 decoder settings, and the batched encoder step.
@@ -14,13 +15,14 @@ decoder settings, and the batched encoder step.
 
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from usmkit.models.subsampling import feature_context
+from usmkit.serve.protocol import PcmDecoder
 from usmkit.streaming.decoder import DecoderConfig, Segment
 from usmkit.streaming.features import StreamingFbank
 from usmkit.streaming.pipeline import LoadedModel, StreamingTranscriber
@@ -84,6 +86,10 @@ class Recognizer:
         self.chunk_size, self.left_chunks = chunk_size, left_chunks
         self.silence_db = silence_db
         self.device = next(self.model.parameters()).device
+        framing = StreamingFbank(self.features)  # its window and hop, in samples
+        chunk_frames = self.model.encoder.subsampling_factor * chunk_size  # feature frames per chunk
+        # The most audio one round featurizes for a stream: two chunks (and the first window).
+        self.round_samples = 2 * chunk_frames * framing.shift + framing.window
         if step == "jit":
             from usmkit.streaming.traced_step import TracedStreamStep
 
@@ -122,15 +128,25 @@ class Recognizer:
 
 @dataclass
 class _Inbox:
-    """What the event loop hands a stream between two rounds: audio blocks and whether the end came."""
+    """What the event loop hands a stream for one round: the raw PCM bytes queued since its last turn (up to
+    a cap) and whether the end came after them."""
 
-    blocks: list[np.ndarray] = field(default_factory=list)
+    pcm: bytes = b""
     ended: bool = False
 
 
 class ServerStream:
-    """One client's recognition. ``push`` / ``end`` (event loop) queue audio; the batcher's worker calls
-    ``take`` (features), ``next_chunk`` -> one batched step -> ``encoded`` (decoding), and ``wrap_up``.
+    """One client's recognition. ``push`` / ``end`` (event loop) queue audio; before each round the batcher
+    ``collect``s it, and its worker calls ``take`` (features), ``next_chunk`` -> one batched step ->
+    ``encoded`` (decoding), and ``wrap_up``.
+
+    The audio waits as raw bytes in one buffer, however many messages brought it, and the stream asks
+    for a round (``push`` returns True) only once a whole chunk of audio is there; each round's ``take``
+    decodes and featurizes what was collected in one call, so the cost follows the audio, not the
+    number of messages. A round collects at most ``round_samples`` (two chunks of audio), and none
+    while the encoder already has two chunks waiting: a stream that sends ahead of real time gets one
+    chunk per round like the others, and its features are computed as the encoder needs them.
+    ``buffered_samples`` (audio received but not yet encoded) is what the server bounds per stream.
 
     ``nbest``: texts per result (more than one only with ``ctc_beam``). ``continuous``: keep decoding
     after the first endpoint (WeNet's ``continuous_decoding``); otherwise the stream ends there.
@@ -150,49 +166,109 @@ class ServerStream:
             silence_db=r.silence_db,
             step=None,
         )
+        fbank = self.transcriber.fbank
         self.sample_rate = r.sample_rate
-        self._inbox = _Inbox()
-        self.samples_in = 0  # event loop: samples pushed
+        self.round_samples = r.round_samples
+        self._window, self._shift = fbank.window, fbank.shift
+        self._context = self.encoder.feature_context  # s - 1 feature frames start the encoder's state
+        self._chunk_frames = self.encoder.encoder.subsampling_factor * r.chunk_size  # s C feature frames a chunk
+        # event loop side
+        self._queued = bytearray()  # PCM bytes not yet collected
+        self._end_queued = False  # the end came (after the queued bytes)
+        self._end_collected = False
+        self.bytes_in = 0  # PCM bytes pushed
+        self._chunks_announced = 0  # whole chunks of audio that ``push`` has reported
+        # Sample positions where messages ended (at least one feature hop apart), for ``audio_ms``;
+        # appended by the loop, consumed by the worker (a deque's append and popleft are thread-safe).
+        self._message_ends: deque[int] = deque()
+        self.opened = time.monotonic()
         # worker side
+        self.last_round = -1  # the batcher's round that last encoded a chunk of it
         self.done = False  # End was emitted
         self.failed = False  # the batcher gave up on it (an Error was emitted)
+        self.samples_done = 0  # samples whose features the encoder has consumed (read by the loop)
+        self._pcm = PcmDecoder()
         self._samples_fed = 0
         self._end_fed = False
         self._tail_taken = False
-        self._marks: deque[tuple[int, int]] = deque()  # (feature frames, samples) after each fed block
-        self._frames_encoded = 0  # feature frames the encoder has consumed (3 + 4C per whole chunk)
+        self._frames_encoded = 0  # feature frames the encoder has consumed (s - 1 + s C per whole chunk)
 
     # ------------------------------------------------------------------ event loop side
-    def push(self, samples: np.ndarray) -> None:
-        """Queue samples (N,) float32 in [-1, 1] at the model's rate."""
-        self._inbox.blocks.append(samples)
-        self.samples_in += samples.size
+    @property
+    def samples_in(self) -> int:
+        """Samples received (a trailing odd byte waits for its partner)."""
+        return self.bytes_in // 2
+
+    @property
+    def buffered_samples(self) -> int:
+        """Samples received but not yet through the encoder."""
+        return self.samples_in - self.samples_done
+
+    def push(self, pcm: bytes) -> bool:
+        """Queue one message's 16-bit little-endian PCM bytes (any number, a sample may be split). True when
+        they complete a chunk: only then does the stream need a round (between chunks nothing is decided)."""
+        self._queued += pcm
+        self.bytes_in += len(pcm)
+        end = self.samples_in
+        if not self._message_ends or end - self._message_ends[-1] >= self._shift:
+            self._message_ends.append(end)
+        chunks = (self._frames_after(end) - self._context) // self._chunk_frames
+        if chunks <= self._chunks_announced:
+            return False
+        self._chunks_announced = chunks
+        return True
 
     def end(self) -> None:
         """No more audio will come."""
-        self._inbox.ended = True
+        self._end_queued = True
 
     def collect(self) -> _Inbox:
-        """Hand over what was queued since the last round (event loop, before the round starts)."""
-        inbox, self._inbox = self._inbox, _Inbox(ended=self._inbox.ended)
-        return inbox
+        """Hand over the audio for the next round (event loop, while the worker is idle)."""
+        n = 0 if self.encoder.chunks_ready >= 2 else min(len(self._queued), 2 * self.round_samples)
+        pcm = bytes(self._queued[:n])
+        del self._queued[:n]
+        ended = self._end_queued and not self._queued and not self._end_collected
+        self._end_collected |= ended
+        return _Inbox(pcm, ended)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether the next round has something to do for this stream without new messages: a chunk to
+        encode, one whose audio is still queued, or the end (audio short of a chunk waits for more)."""
+        if self.done or self.failed:
+            return False
+        ready = self.encoder.chunks_ready
+        end_waiting = self._end_queued and not self._end_collected
+        return bool(ready) or self.encoder.chunks + ready < self._chunks_announced or self._end_fed or end_waiting
+
+    def ahead_s(self, now: float) -> float:
+        """How far (s) the audio received runs ahead of the clock since the stream started: at most about 0
+        for a live source (whether or not the server keeps up with it), more for a client sending recorded
+        audio faster than real time."""
+        return self.samples_in / self.sample_rate - (now - self.opened)
 
     # ------------------------------------------------------------------ worker side
     @property
     def encoder(self):
         return self.transcriber.encoder
 
+    @property
+    def has_chunk(self) -> bool:
+        """Whether ``next_chunk`` has one to give now (a whole one, or at the end the tail)."""
+        if self.done or self.failed:
+            return False
+        return bool(self.encoder.chunks_ready) or (self._end_fed and not self._tail_taken)
+
     def take(self, inbox: _Inbox) -> None:
-        """Features of the queued audio into the encoder's buffer."""
+        """Features of the collected audio into the encoder's buffer: one feed for all of it."""
         t = self.transcriber
-        for block in inbox.blocks:
-            t.encoder.queue(t.feed(block))
-            self._samples_fed += block.size
-            self._marks.append((t.fbank.num_frames, self._samples_fed))
+        samples = self._pcm(inbox.pcm)  # (N,)
+        if samples.size:
+            t.encoder.queue(t.feed(samples))
+            self._samples_fed += samples.size
         if inbox.ended and not self._end_fed:
             t.encoder.queue(t.feed_end())
             self._end_fed = True
-            self._marks.append((t.fbank.num_frames, self._samples_fed))
 
     def next_chunk(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The next chunk to encode, (1, 4C, F) and its lengths (1,): a whole one, or at the end the padded
@@ -214,6 +290,7 @@ class ServerStream:
         """The batched step's row for this stream's chunk: out (1, C, D), its valid frames, the new state."""
         enc = self.encoder.advance(out, state, frames)  # (1, n, D)
         self._frames_encoded = self.encoder.feature_context + self.encoder.chunks * state.chunk_input_frames
+        self.samples_done = min(self._samples_fed, self._frames_encoded * self._shift)
         audio_ms = self._audio_ms()
         events: list[Event] = []
         for segment in self.transcriber.frames.decode(enc[0]):
@@ -240,22 +317,22 @@ class ServerStream:
             events.append(Final(None, audio_ms))
         return [*events, End(audio_ms)]
 
-    @property
-    def has_work(self) -> bool:
-        """Whether the next round has something to do for this stream without new audio."""
-        if self.done or self.failed:
-            return False
-        return bool(self.encoder.chunks_ready) or self._end_fed
-
     def _final(self, segment: Segment, audio_ms: int) -> list[Event]:
         if self.continuous:
             return [Final(segment, audio_ms)]
         self.done = True
         return [Final(segment, audio_ms), End(audio_ms)]
 
+    def _frames_after(self, samples: int) -> int:
+        """Feature frames ``StreamingFbank`` has produced once it has ``samples``: frame k's window, after
+        the start reflection of (window - hop) / 2 samples, ends at sample k hop + window - (window - hop) / 2."""
+        ahead = samples + (self._window - self._shift) // 2 - self._window
+        return 0 if samples < self._window else ahead // self._shift + 1
+
     def _audio_ms(self) -> int:
-        """The stream's audio (ms) at the end of the block that completed the frames encoded so far."""
-        while len(self._marks) > 1 and self._marks[0][0] < self._frames_encoded:
-            self._marks.popleft()
-        samples = self._marks[0][1] if self._marks else self._samples_fed
+        """The stream's audio (ms) at the end of the message that completed the frames encoded so far."""
+        ends = self._message_ends
+        while len(ends) > 1 and self._frames_after(ends[0]) < self._frames_encoded:
+            ends.popleft()
+        samples = ends[0] if ends else self._samples_fed
         return round(1000 * samples / self.sample_rate)
