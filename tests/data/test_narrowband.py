@@ -242,3 +242,16 @@ def test_config_refuses_what_cannot_work():
         DataConfig(noise_cuts="n.jsonl.gz", features=FeatureConfig(precomputed=False))
     ok = DataConfig(features=FeatureConfig(precomputed=True, sample_rate=8000))  # off: nothing to check
     assert ok.waveform_augmentation == []
+
+
+def test_the_training_command_takes_the_keys():
+    """What ``python -m usmkit.cli.train`` (and the AN4 recipe's ``--extra``) passes reaches ``DataConfig``."""
+    from usmkit.cli.compose import compose_yaml
+    from usmkit.config import TrainConfig, from_dict
+
+    overrides = ["data=an4", "data.narrowband_prob=0.3", "data.lowpass_prob=0.2", "data.lowpass_hz=[3000,5000]",
+                 "data.reverb_prob=0.1", "data.noise_cuts=noise.jsonl.gz", "data.noise_snr_db=[5,20]"]  # fmt: skip
+    data = from_dict(TrainConfig, compose_yaml("train", overrides, command="t", schema=TrainConfig)).data
+    assert (data.narrowband_prob, data.lowpass_prob, data.reverb_prob) == (0.3, 0.2, 0.1)
+    assert tuple(data.lowpass_hz) == (3000.0, 5000.0) and data.noise_cuts == "noise.jsonl.gz"
+    assert not data.features.precomputed
