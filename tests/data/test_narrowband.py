@@ -241,7 +241,7 @@ def test_config_refuses_what_cannot_work():
     with pytest.raises(ValueError, match="noise_cuts=n.jsonl.gz.*noise_snr_db"):
         DataConfig(noise_cuts="n.jsonl.gz", features=FeatureConfig(precomputed=False))
     ok = DataConfig(features=FeatureConfig(precomputed=True, sample_rate=8000))  # off: nothing to check
-    assert ok.waveform_augmentation == []
+    assert ok.waveform_augmentation_on == []
 
 
 def test_the_training_command_takes_the_keys():
@@ -255,3 +255,35 @@ def test_the_training_command_takes_the_keys():
     assert (data.narrowband_prob, data.lowpass_prob, data.reverb_prob) == (0.3, 0.2, 0.1)
     assert tuple(data.lowpass_hz) == (3000.0, 5000.0) and data.noise_cuts == "noise.jsonl.gz"
     assert not data.features.precomputed
+
+
+def test_shard_streamed_cuts_are_augmented_and_resume_exactly(tmp_path, build_corpus, tiny_tokenizer, build_config):
+    """Cuts read from lhotse Shar shards hold their audio in memory; the augmentation applies to them alike."""
+    from usmkit.data.shar import shar_cuts, split_shards, write_split
+
+    write_split(build_corpus(tmp_path / "corpus", {"en": 12}), tmp_path / "shar" / "train", shard_size=3)
+    meta = shar_cuts(split_shards(tmp_path / "shar", "train"), audio=False)
+
+    def batches(n: int, state=None, **augment) -> tuple[list, dict]:
+        cfg = build_config(shar_dir=str(tmp_path / "shar"), num_workers=1, max_duration=2.5, **augment)
+        loader = make_loader(meta, cfg, tokenizer=tiny_tokenizer, stats=None, train=True)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for batch in loader:
+            out.append(batch)
+            if len(out) == n:
+                break
+        state = loader.state_dict()
+        loader.close()
+        return out, state
+
+    on = dict(narrowband_prob=0.4, lowpass_prob=0.3, reverb_prob=0.3)
+    plain, _ = batches(4)
+    straight, _ = batches(4, **on)
+    assert [b.cut_ids for b in plain] == [b.cut_ids for b in straight]
+    assert any(not torch.equal(a.features, b.features) for a, b in zip(plain, straight, strict=True))
+    _, state = batches(2, **on)
+    again, _ = batches(2, state, **on)
+    for want, got in zip(straight[2:], again, strict=True):
+        assert got.cut_ids == want.cut_ids and torch.equal(got.features, want.features)

@@ -233,7 +233,7 @@ class DataConfig:
             raise ValueError(f"DataConfig.max_cut_duration must be > 0 seconds, got {self.max_cut_duration}")
 
     @property
-    def waveform_augmentation(self) -> list[str]:
+    def waveform_augmentation_on(self) -> list[str]:
         """The waveform augmentations that are on, as ``key=value`` (empty: none)."""
         on = [
             (f"noise_cuts={self.noise_cuts}", bool(self.noise_cuts)),
@@ -264,7 +264,7 @@ class DataConfig:
                 f"DataConfig.noise_cuts={self.noise_cuts} mixes its noise at the SNR of noise_snr_db: set it too, "
                 "e.g. noise_snr_db=[5,20]"
             )
-        on = self.waveform_augmentation
+        on = self.waveform_augmentation_on
         if on and self.features.precomputed:
             raise ValueError(
                 f"DataConfig {', '.join(on)} changes the waveform, so it needs on-the-fly features: set "

@@ -314,7 +314,7 @@ def _dataset(
 
 def _waveform_augmentation(cfg: DataConfig, seed: int) -> WaveformAugment | None:
     """The training cuts' waveform augmentation ``cfg`` asks for (its noise manifest read here), or None."""
-    if not cfg.waveform_augmentation:
+    if not cfg.waveform_augmentation_on:
         return None
     noise = load_noise_cuts(cfg.noise_cuts, cfg.features.sample_rate, cfg.allow_urls) if cfg.noise_cuts else None
     return waveform_augmentation(

@@ -123,7 +123,6 @@ class WaveformAugment:
             )
         if lowpass_prob > 0 and not 0 < low <= high < sample_rate / 2:
             raise ValueError(f"lowpass_hz must be 0 < low <= high < {sample_rate / 2:g} Hz, got {list(lowpass_hz)}")
-        self.sample_rate = sample_rate
         self.reverb_prob = reverb_prob
         self.noise = noise
         self.noise_snr_db = noise_snr_db
