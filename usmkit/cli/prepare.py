@@ -5,8 +5,9 @@
     python -m usmkit.cli.prepare an4 --help                         # a corpus's keys
 
 The corpora and their modules: synth (``usmkit.data.synth``), an4, an4_text, kathleen, fsdd,
-librispeech, pool (several corpora as one unlabeled split) and pack (a compressed copy of a corpus
-folder), under ``usmkit.data.corpora``; shar writes a corpus's splits as lhotse Shar shards
+librispeech, pool (several corpora as one unlabeled split), pack (a compressed copy of a corpus
+folder) and bandlimit (a band-limited copy of a split, e.g. the telephone-band ``test_8k``), under
+``usmkit.data.corpora``; shar writes a corpus's splits as lhotse Shar shards
 (``usmkit.data.shar``). Each module defines ``ARGS`` (its dataclass of keys),
 ``USAGE`` and ``run(args)``; the keys are read like every ``python -m usmkit.cli.*`` command's.
 
@@ -38,6 +39,7 @@ CORPORA = {  # name -> module holding ARGS, USAGE and run
     "pool": "usmkit.data.corpora.pool",
     "pack": "usmkit.data.corpora.pack",
     "shar": "usmkit.data.shar",  # not a corpus: a corpus's splits as lhotse Shar shards
+    "bandlimit": "usmkit.data.corpora.bandlimit",  # a band-limited copy of a split (e.g. test_8k)
 }
 
 
@@ -68,7 +70,10 @@ def check_out(name: str, module: ModuleType, args: Any) -> None:
         marker = getattr(module, "MANIFEST", "pack.json")
         own, words = (lambda p: (p / marker).is_file()), f"an earlier pack (with {marker})"
     else:
-        corpus = getattr(args, "corpus", None) if name == "pool" else getattr(module, "CORPUS", name)
+        if hasattr(module, "output_corpus"):  # a recipe adding a split to a corpus it reads (bandlimit)
+            corpus = module.output_corpus(args)
+        else:
+            corpus = getattr(args, "corpus", None) if name == "pool" else getattr(module, "CORPUS", name)
         own, words = (lambda p: corpus_names(p) == {corpus}), f"the corpus folder of {corpus}"
     check_output_dir(Path(args.out), option="out=", own_kind="corpus", own_words=words, own=own, replaces=False)
 

@@ -89,6 +89,19 @@ class DataConfig:
       stationary colored background noise at an SNR uniform in ``noise_snr_db = (low, high)`` dB,
       inside the recording's own band (applied to the log-mel features; ``()`` disables), for
       speakers recorded with more noise than the training set.
+    - ``noise_cuts``: a lhotse cuts manifest of noise recordings (e.g. MUSAN's noise part). With it, the noise
+      of ``noise_snr_db`` / ``noise_prob`` is mixed into the waveform from these recordings (lhotse
+      ``CutSet.mix``; a random window of a random recording, at an SNR uniform in ``noise_snr_db``) instead of
+      the synthetic noise on the features. Needs ``features.precomputed=False``.
+    - ``reverb_prob``: a share of the training cuts reverberated with a synthetic room impulse response
+      (lhotse's random-room generator). Needs ``features.precomputed=False``.
+    - ``narrowband_prob``: a share of the training cuts through a telephone channel (the band cut at 3.4 kHz,
+      then lhotse ``Narrowband``: down to 8 kHz, the G.711 mu-law codec, back up), for narrowband audio.
+      Needs ``features.precomputed=False``.
+    - ``lowpass_prob`` / ``lowpass_hz``: a share of the training cuts low-passed at a cut-off drawn
+      log-uniformly in ``lowpass_hz = (low, high)`` Hz (lhotse's resampling low-pass), for band-limited audio;
+      ``narrowband_prob + lowpass_prob <= 1`` (each cut gets at most one channel). Needs
+      ``features.precomputed=False``; ``usmkit.data.waveform_augment`` says how the four combine.
     - ``pad_to_frames``: pad each batch's feature frames up to a multiple of this (0 = off). With
       ``trainer.compile=true`` it keeps the compiled step to a few static time lengths (use 256);
       without compilation it only wastes compute.
@@ -133,6 +146,11 @@ class DataConfig:
     gain_db: float = 0.0
     noise_snr_db: tuple[float, ...] = ()
     noise_prob: float = 0.5
+    noise_cuts: str | None = None
+    reverb_prob: float = 0.0
+    narrowband_prob: float = 0.0
+    lowpass_prob: float = 0.0
+    lowpass_hz: tuple[float, ...] = (3000.0, 7000.0)
     pad_to_frames: int = 0
     fixed_batch_shapes: bool = False
     language_temperature: float = 1.0
@@ -198,6 +216,7 @@ class DataConfig:
             )
         if not 0.0 <= self.noise_prob <= 1.0:
             raise ValueError(f"DataConfig.noise_prob must be in [0, 1], got {self.noise_prob}")
+        self._check_waveform_augmentation()
         if self.speaker_mean_norm and self.utterance_mean_norm:
             raise ValueError(
                 "DataConfig.speaker_mean_norm and utterance_mean_norm both subtract a mean; pick one of them"
@@ -212,3 +231,42 @@ class DataConfig:
             raise ValueError(f"DataConfig.labeled_fraction must be in (0, 1], got {self.labeled_fraction}")
         if self.max_cut_duration <= 0:
             raise ValueError(f"DataConfig.max_cut_duration must be > 0 seconds, got {self.max_cut_duration}")
+
+    @property
+    def waveform_augmentation_on(self) -> list[str]:
+        """The waveform augmentations that are on, as ``key=value`` (empty: none)."""
+        on = [
+            (f"noise_cuts={self.noise_cuts}", bool(self.noise_cuts)),
+            (f"reverb_prob={self.reverb_prob:g}", self.reverb_prob > 0),
+            (f"narrowband_prob={self.narrowband_prob:g}", self.narrowband_prob > 0),
+            (f"lowpass_prob={self.lowpass_prob:g}", self.lowpass_prob > 0),
+        ]
+        return [name for name, is_on in on if is_on]
+
+    def _check_waveform_augmentation(self) -> None:
+        for key in ("reverb_prob", "narrowband_prob", "lowpass_prob"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                raise ValueError(f"DataConfig.{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.narrowband_prob + self.lowpass_prob > 1.0:
+            raise ValueError(
+                f"DataConfig.narrowband_prob + lowpass_prob must be <= 1 (each cut gets at most one channel), got "
+                f"{self.narrowband_prob:g} + {self.lowpass_prob:g}"
+            )
+        nyquist = self.features.sample_rate / 2
+        bad_band = len(self.lowpass_hz) != 2 or not 0 < self.lowpass_hz[0] <= self.lowpass_hz[1] < nyquist
+        if self.lowpass_prob > 0 and bad_band:
+            raise ValueError(
+                f"DataConfig.lowpass_hz must be [low, high] Hz with 0 < low <= high < {nyquist:g} (half the feature "
+                f"rate), got {list(self.lowpass_hz)}"
+            )
+        if self.noise_cuts and not self.noise_snr_db:
+            raise ValueError(
+                f"DataConfig.noise_cuts={self.noise_cuts} mixes its noise at the SNR of noise_snr_db: set it too, "
+                "e.g. noise_snr_db=[5,20]"
+            )
+        on = self.waveform_augmentation_on
+        if on and self.features.precomputed:
+            raise ValueError(
+                f"DataConfig {', '.join(on)} changes the waveform, so it needs on-the-fly features: set "
+                "features.precomputed=false, or turn it off"
+            )

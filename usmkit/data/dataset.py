@@ -2,8 +2,9 @@
 
 Shapes: B batch, T feature frames, F mel bins, U tokens.
 
-Per batch (in a loader worker): speed perturbation (train, lhotse) -> features (lhotse input
-strategy: stored or on-the-fly fbank) -> random gain and background noise (train) -> global
+Per batch (in a loader worker): speed perturbation (train, lhotse) -> reverberation, recorded noise and a
+band-limited channel on the waveform (train, lhotse; ``usmkit.data.waveform_augment``) -> features (lhotse
+input strategy: stored or on-the-fly fbank) -> random gain and synthetic background noise (train) -> global
 mean/variance normalization -> SpecAugment (train, torchaudio) -> tokens from the supervision text.
 Feature values that are not finite (NaN/Inf samples in a recording make its fbank frames NaN) are
 set to the global mean (0 after normalization), with a warning naming the cut and counting the frames.
@@ -11,6 +12,7 @@ set to the global mean (0 after normalization), with a warning naming the cut an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from functools import partial
@@ -26,6 +28,7 @@ from usmkit.data.config import FeatureConfig, SpecAugmentConfig
 from usmkit.data.features import input_strategy, to_sample_rate
 from usmkit.data.normalize import FeatureStats, SpeakerNorm
 from usmkit.data.sampling import cut_language, cut_speaker
+from usmkit.data.waveform_augment import WaveformAugment
 
 TOKEN_PAD = -1
 log = logging.getLogger(__name__)
@@ -89,8 +92,9 @@ class AsrDataset(torch.utils.data.Dataset):
 
     ``tokenizer=None`` gives audio-only batches (tokens (B, 0)). ``stats=None`` leaves features
     unnormalized (only for computing the stats themselves; training always passes them).
-    ``spec_augment`` / ``speed_perturb`` / ``gain_db`` / ``noise_snr_db`` are for training; leave them
-    off for evaluation.
+    ``spec_augment`` / ``speed_perturb`` / ``waveform`` / ``gain_db`` / ``noise_snr_db`` are for training;
+    leave them off for evaluation. ``waveform`` (``usmkit.data.waveform_augment.waveform_augmentation``) needs
+    on-the-fly features; when it mixes recorded noise, the synthetic feature noise (``noise_snr_db``) is off.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class AsrDataset(torch.utils.data.Dataset):
         stats: FeatureStats | None = None,
         spec_augment: SpecAugmentConfig | None = None,
         speed_perturb: tuple[float, ...] = (),
+        waveform: WaveformAugment | None = None,
         gain_db: float = 0.0,
         noise_snr_db: tuple[float, ...] = (),
         noise_prob: float = 0.5,
@@ -113,6 +118,8 @@ class AsrDataset(torch.utils.data.Dataset):
             raise ValueError(
                 f"speed_perturb={speed_perturb} needs on-the-fly features (FeatureConfig.precomputed=False)"
             )
+        if waveform is not None and features.precomputed:
+            raise ValueError("waveform augmentation needs on-the-fly features (FeatureConfig.precomputed=False)")
         if stats is not None and stats.num_bins != features.num_mel_bins:
             raise ValueError(
                 f"feature stats have {stats.num_bins} bins but FeatureConfig.num_mel_bins={features.num_mel_bins}; "
@@ -123,8 +130,9 @@ class AsrDataset(torch.utils.data.Dataset):
         self.stats = stats
         self.spec_augment = SpecAugment(spec_augment) if spec_augment is not None and spec_augment.enabled else None
         self.perturb = speed_perturbation(speed_perturb, seed)
+        self.waveform = waveform
         self.gain_db = gain_db
-        self.noise_snr_db = noise_snr_db
+        self.noise_snr_db = () if waveform is not None and waveform.noise is not None else noise_snr_db
         self.noise_prob = noise_prob
         self.pad_to_frames = pad_to_frames
         self.utterance_mean_norm = utterance_mean_norm
@@ -132,9 +140,12 @@ class AsrDataset(torch.utils.data.Dataset):
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
-        """Give this copy its own speed-perturbation stream (called in each loader worker)."""
+        """Restart the speed perturbation's and the waveform augmentation's random streams from ``seed`` (the
+        loader calls it per batch with the batch's seed)."""
         if self.perturb is not None:
             self.perturb.random = random.Random(seed)
+        if self.waveform is not None:
+            self.waveform.reseed(seed)
 
     def __getitem__(self, cuts: CutSet) -> Batch:
         if len(cuts) == 0:
@@ -143,7 +154,11 @@ class AsrDataset(torch.utils.data.Dataset):
             cuts = self.perturb(cuts)
         if not self.features.precomputed:
             cuts = cuts.map(partial(to_sample_rate, sample_rate=self.features.sample_rate))
-        feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
+        loading = contextlib.nullcontext()
+        if self.waveform is not None:
+            cuts, loading = self.waveform(cuts), self.waveform.loading()
+        with loading:  # the audio is read here, and the waveform augmentation applied to it
+            feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
         feats, feat_lens = feats.float(), feat_lens.long()
         feats, _ = repair_non_finite_features(feats, cuts, None if self.stats is None else self.stats.mean)
         feats = random_gain(feats, self.gain_db)

@@ -35,6 +35,7 @@ from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
 from usmkit.data.sampling import NUM_CUTS_FOR_BINS, labeled_subset, language_balanced, make_sampler
 from usmkit.data.shar import shar_cuts, split_shards, stream_shards
 from usmkit.data.validate import ValidationReport, validate_cuts
+from usmkit.data.waveform_augment import WaveformAugment, load_noise_cuts, waveform_augmentation
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +301,7 @@ def _dataset(
         stats=stats,
         spec_augment=cfg.spec_augment if train else None,
         speed_perturb=cfg.speed_perturb if train else (),
+        waveform=_waveform_augmentation(cfg, seed) if train else None,
         gain_db=cfg.gain_db if train else 0.0,
         noise_snr_db=cfg.noise_snr_db if train else (),
         noise_prob=cfg.noise_prob,
@@ -308,6 +310,18 @@ def _dataset(
         speaker_norms=speaker_norms,
         seed=seed,
     )
+
+
+def _waveform_augmentation(cfg: DataConfig, seed: int) -> WaveformAugment | None:
+    """The training cuts' waveform augmentation ``cfg`` asks for (its noise manifest read here), or None."""
+    if not cfg.waveform_augmentation_on:
+        return None
+    noise = load_noise_cuts(cfg.noise_cuts, cfg.features.sample_rate, cfg.allow_urls) if cfg.noise_cuts else None
+    return waveform_augmentation(
+        sample_rate=cfg.features.sample_rate, reverb_prob=cfg.reverb_prob, noise=noise,
+        noise_snr_db=cfg.noise_snr_db, noise_prob=cfg.noise_prob, narrowband_prob=cfg.narrowband_prob,
+        lowpass_prob=cfg.lowpass_prob, lowpass_hz=cfg.lowpass_hz, seed=seed,
+    )  # fmt: skip
 
 
 def split_loader(

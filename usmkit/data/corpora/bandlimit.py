@@ -1,0 +1,152 @@
+"""A band-limited copy of a corpus split, e.g. the telephone-band test set: every cut's audio resampled to
+``rate`` and back to its own rate, so nothing is left above ``rate / 2``.
+
+CLI::
+
+    python -m usmkit.cli.prepare bandlimit src=data/an4 split=test            # -> split test_8k in data/an4
+    python -m usmkit.cli.evaluate checkpoint=exp/an4 'test_sets=[test,test_8k]'
+
+The new split (``name``, default ``{split}_{rate in kHz}k``, e.g. ``test_8k``) is written as
+``{out}/{corpus}_{recordings,supervisions,cuts}_{name}.jsonl.gz`` with its audio as 24-bit FLAC under
+``{out}/{name}/``: the same transcripts, speakers and durations (sample for sample), and cut, recording and
+supervision ids suffixed with ``_{rate in kHz}k``. ``out`` defaults to ``src``, so the new split sits beside
+the original one, where a model trained on that corpus finds it by name.
+
+Resampling: torchaudio's Kaiser-windowed sinc with librosa's "kaiser_best" settings (64 zero crossings,
+roll-off 0.9476, beta 14.77): the band above ``rate / 2`` ends more than 60 dB down. lhotse's resampler
+(torchaudio's default filter, 6 zero crossings) would leave energy 20-30 dB down in the first 500 Hz above
+it, and a band-limited test set must not have any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torchaudio.functional as AF
+from lhotse import CutSet, MonoCut, Recording
+from lhotse.cut import Cut
+from lhotse.utils import fastcopy
+
+from usmkit.checkpointing.output_dir import corpus_names
+from usmkit.data.audio_files import write_audio
+from usmkit.data.corpora import print_split_table, split_rows
+from usmkit.data.corpora.common import RecipeDrops, RecipeError, drops_footer, write_split
+from usmkit.data.manifests import available_splits, load_cuts
+
+# torchaudio's equivalent of librosa's "kaiser_best" (torchaudio's resampling tutorial)
+KAISER_BEST = dict(
+    lowpass_filter_width=64, rolloff=0.9475937167399596, resampling_method="sinc_interp_kaiser", beta=14.769656459379492
+)
+
+USAGE = """\
+usage: python -m usmkit.cli.prepare bandlimit src=DIR [key=value ...]
+
+  src=DIR            a usmkit corpus folder (its lhotse manifests, e.g. data/an4)
+  split=NAME         the split to copy (default test)
+  rate=HZ            resample to this rate and back (default 8000: nothing above 4 kHz, the telephone band)
+  out=DIR            where the new split goes (default: src, beside the original split)
+  corpus=NAME        the manifests' name prefix (default: the only one in src)
+  name=NAME          the new split's name (default {split}_{rate in kHz}k, e.g. test_8k)
+  on_error=fail|skip stop at the first cut whose audio cannot be read (default), or leave it out, counted
+"""
+
+
+@dataclass(frozen=True)
+class BandlimitArgs:
+    src: str = ""
+    split: str = "test"
+    rate: int = 8000
+    out: str = ""  # default: src
+    corpus: str = ""  # default: the only corpus in src
+    name: str = ""  # default: {split}_{rate in kHz}k
+    on_error: str = "fail"  # fail | skip
+
+
+def suffix(rate: int) -> str:
+    """``_8k`` for 8000 Hz, ``_11.025k`` for 11025 Hz."""
+    return f"_{rate / 1000:g}k"
+
+
+def output_corpus(args: BandlimitArgs) -> str:
+    """The corpus name the new split is written under: ``corpus=``, else the only one in ``src``
+    (``usmkit.cli.prepare`` checks that ``out`` holds this corpus or nothing)."""
+    if args.corpus:
+        return args.corpus
+    if not args.src or not Path(args.src).is_dir():
+        raise RecipeError(f"bandlimit needs src=DIR, a usmkit corpus folder (got src={args.src!r})")
+    names = corpus_names(Path(args.src))
+    if len(names) != 1:
+        found = ", ".join(sorted(names)) or "none"
+        raise RecipeError(f"src={args.src} holds the manifests of {found}: name the one to use with corpus=NAME")
+    return next(iter(names))
+
+
+def band_limited(samples: np.ndarray, sample_rate: int, rate: int) -> np.ndarray:
+    """samples (C, N) at ``sample_rate`` -> (C, N): resampled to ``rate`` and back, trimmed or zero-padded to N."""
+    x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).double()  # (C, N)
+    y = AF.resample(AF.resample(x, sample_rate, rate, **KAISER_BEST), rate, sample_rate, **KAISER_BEST)
+    n = x.shape[-1]
+    y = torch.nn.functional.pad(y[..., :n], (0, max(0, n - y.shape[-1])))  # (C, N)
+    return y.float().numpy()
+
+
+def band_limited_cut(cut: Cut, samples: np.ndarray, rate: int, audio_dir: Path) -> MonoCut:
+    """``cut``'s audio ``samples`` (C, N) through ``band_limited``, written to ``audio_dir/<new id>.flac``, as a
+    new cut whose ids are suffixed and whose supervisions (transcripts, speakers, times) are the same."""
+    if samples.shape[0] != 1:
+        raise RecipeError(f"cut {cut.id} has {samples.shape[0]} channels; bandlimit copies mono cuts only")
+    tail = suffix(rate)
+    new_id = f"{cut.id}{tail}"
+    # Filter ringing can overshoot full scale by a hair on clipped recordings; FLAC stores integers in [-1, 1).
+    out = np.clip(band_limited(samples, cut.sampling_rate, rate)[0], -1.0, 1.0 - 2.0**-23)
+    path = write_audio(audio_dir / f"{new_id}.flac", out, cut.sampling_rate, subtype="PCM_24")
+    recording = Recording.from_file(path, recording_id=new_id)
+    supervisions = [fastcopy(s, id=f"{s.id}{tail}", recording_id=new_id, channel=0) for s in cut.supervisions]
+    return MonoCut(
+        id=new_id, start=0.0, duration=recording.duration, channel=0, recording=recording,
+        supervisions=supervisions, custom=cut.custom,
+    )  # fmt: skip
+
+
+def run(args: BandlimitArgs) -> None:
+    """``python -m usmkit.cli.prepare bandlimit key=value ...`` (``USAGE``)."""
+    if args.rate <= 0:
+        raise RecipeError(f"rate must be > 0 Hz, got {args.rate}")
+    corpus = output_corpus(args)
+    if args.split not in available_splits(args.src, corpus):
+        found = ", ".join(available_splits(args.src, corpus)) or "none"
+        raise RecipeError(f"src={args.src} has no split {args.split!r} of corpus {corpus} (splits: {found})")
+    out = Path(args.out or args.src)
+    name = args.name or f"{args.split}{suffix(args.rate)}"
+    if name == args.split and out.resolve() == Path(args.src).resolve():
+        raise RecipeError(f"name={name} would replace the split it is made from: pass another name= or out=")
+    source = load_cuts(args.src, args.split, corpus=corpus)
+    narrow = next((c for c in source if c.sampling_rate <= args.rate), None)
+    if narrow is not None:
+        raise RecipeError(
+            f"cut {narrow.id} is at {narrow.sampling_rate} Hz, not above rate={args.rate}: it has nothing above "
+            f"{args.rate / 2:g} Hz to remove; pass a lower rate= or a wideband split"
+        )
+    drops = RecipeDrops(on_error=args.on_error, unit="cuts")
+    cuts = []
+    for cut in source:
+        drops.seen()
+        try:
+            samples = cut.load_audio()  # (C, N)
+        except Exception as e:  # lhotse tries every audio backend: any failure means unreadable audio
+            first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            drops.drop("unreadable audio", cut.id, f"its audio cannot be read ({first_line})")
+            continue
+        cuts.append(band_limited_cut(cut, samples, args.rate, out / name))
+    if not cuts:
+        raise RecipeError(f"no cut of {corpus} {args.split} could be copied ({drops.summary()})")
+    cut_set = CutSet.from_cuts(cuts)
+    write_split(out, corpus, name, cut_set)
+    title = f"{corpus} {args.split} band-limited to {args.rate / 2:g} Hz ({args.rate} Hz and back) in {out}"
+    print_split_table(title, split_rows({name: cut_set}), footer=drops_footer(drops))
+
+
+ARGS = BandlimitArgs
