@@ -358,8 +358,8 @@ def test_bad_arguments_are_one_error_line(teacher, tmp_path, capsys, case, messa
 # ------------------------------------------------------------------------------------------------ pieces
 def test_word_alignment_of_a_hand_made_path():
     class Pieces:
-        pieces = {4: "\u2581ab", 5: "c", 6: "\u2581d"}
-        blank_id = 0
+        pieces = {0: "<blank>", 1: "<unk>", 2: "<s>", 3: "</s>", 4: "\u2581ab", 5: "c", 6: "\u2581d"}
+        blank_id, vocab_size = 0, 7
 
         def id_to_piece(self, i):
             return self.pieces[i]
@@ -377,6 +377,13 @@ def test_word_alignment_of_a_hand_made_path():
     assert t.confidence == pytest.approx((0.5 + 0.7 + 0.6 + 0.4) / 4)  # over the words' frames, not the blanks
     empty = word_alignment.greedy_transcript(np.array([0, 0]), np.array([0.9, 0.7]), Pieces(), 0.04)
     assert (empty.text, empty.confidence) == ("", pytest.approx(0.8))
+    # A lexicon path: "d" where the argmax is blank (its own posterior 0.05 there), two tokens on frame 2.
+    starts = word_alignment.spread_starts([0, 2, 2], T=8)
+    assert starts == [0, 2, 3]
+    t = word_alignment.align_words([6, 4, 5], starts, [0.05, 0.7, 0.6], ids, probs, Pieces(), frame_s=1.0)
+    assert t.text == "d abc"
+    assert [(w.start, w.end, w.frames) for w in t.words] == [(0, 1, 1), (2, 4, 2)]
+    assert [w.confidence for w in t.words] == pytest.approx([0.05, (0.7 + 0.6) / 2])
 
 
 def test_journal_repair_keeps_whole_lines_and_merge_drops_duplicates(tmp_path):

@@ -61,7 +61,8 @@ def print_summary(summary) -> None:
     hours = summary.audio_seconds / 3600
     print(
         f"transcribed {summary.transcribed} inputs ({hours:.2f} h of audio) in {summary.wall_seconds:.1f} s: "
-        f"RTFx {summary.rtfx:.1f}; {summary.already_done} were already in {summary.out}",
+        f"RTFx {summary.rtfx:.1f} (after {summary.setup_seconds:.1f} s of setup); {summary.already_done} were "
+        f"already in {summary.out}",
         file=sys.stderr,
     )
     if summary.report.problems:

@@ -101,6 +101,19 @@ class DeviceRunner:
         stack.enter_context(autocast_context(self.device, self.precision))
         return stack
 
+    def warm_up(self, frames: int, num_bins: int) -> None:
+        """The encoder and CTC once on zeros of 2 rows, then 1 row, of ``frames`` feature frames: a compiled
+        encoder (``compile_encoder``) compiles here, before the clock starts, not in the first batches (one
+        graph with dynamic shapes, and the one torch specializes for a single row)."""
+        for rows in (2, 1):
+            with self._context():
+                feats = torch.zeros(rows, frames, num_bins, device=self.device)
+                lens = torch.full((rows,), frames, device=self.device)
+                enc, _ = self.model.encoder(feats, lens, self.C, self.K)
+                self.model.ctc(enc).max(dim=-1)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     # ------------------------------------------------------------------------------------------ batches
     def batch(self, batch: AudioBatch) -> Callable[[], None]:
         """Launch ``batch`` on the device; returns the function that finishes it on the host."""
@@ -134,7 +147,9 @@ class DeviceRunner:
 
     def _submit(self, items: list[AudioItem], host: _HostCopy) -> None:
         log_probs, lens = host.wait()
-        rows = [log_probs[b, : int(lens[b])] for b in range(len(items))]
+        # Copies in ordinary memory: they travel to the pool's processes through shared memory, which page-locked
+        # memory (the device's copy) cannot be moved into; and each row keeps only its own frames.
+        rows = [log_probs[b, : int(lens[b])].clone() for b in range(len(items))]
         self.pool.submit(LexiconJob(("batch", items), rows, [0.0] * len(items)))
         self.poll()
 
@@ -162,7 +177,7 @@ class DeviceRunner:
                 ids_all, probs_all = np.concatenate(state.ids), np.concatenate(state.probs)
                 self.emit(item, greedy_transcript(ids_all, probs_all, self.tokenizer, self.frame_s))
             return
-        state.pending.append(log_probs.cpu())
+        state.pending.append(log_probs.cpu().clone())  # ordinary memory (see _submit)
         self._submit_segments(state, final=piece.last)
         state.ended = piece.last
         self.poll()

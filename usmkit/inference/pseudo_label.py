@@ -9,7 +9,7 @@
    is normalized as every corpus recipe normalizes transcripts (``usmkit.metrics.normalize_text``);
 3. they are written as a usmkit corpus in ``DIR`` (``{corpus}_{recordings,supervisions,cuts}_{split}
    .jsonl.gz``, ``usmkit.data.corpora.common.write_split``), each supervision keeping its confidence
-   in ``custom``; the teacher's tokenizer is copied to ``DIR/tokenizer/tokenizer.model`` (where the
+   in ``custom``; what was kept in ``{corpus}_kept_{split}.json``; the teacher's tokenizer is copied to ``DIR/tokenizer/tokenizer.model`` (where the
    trainer looks for a corpus's own), so ``python -m usmkit.cli.train data.manifest_dir=DIR
    data.corpus={corpus}`` trains on it with the teacher's pieces.
 
@@ -154,7 +154,7 @@ def pseudo_label(cfg: PseudoLabelConfig) -> PseudoLabels:
         total_hours=sum(r["duration"] for r in records) / 3600,
         cuts=manifest_path(cfg.out, cfg.corpus, "cuts", cfg.split),
     )
-    with replaced_atomically(Path(cfg.out) / f"{cfg.corpus}_pseudo_{cfg.split}.json") as tmp:
+    with replaced_atomically(Path(cfg.out) / f"{cfg.corpus}_kept_{cfg.split}.json") as tmp:
         info = {k: v for k, v in asdict(result).items() if k != "transcription"}
         tmp.write_text(
             json.dumps({"teacher": cfg.checkpoint, "threshold": cfg.threshold, **info}, indent=2, default=str)

@@ -84,26 +84,44 @@ def align_words(
     ``offset_s`` added to every time (a piece of a longer input).
     """
     T = frame_ids.shape[0]
-    ends = run_ends(frame_ids) if T else frame_ids
-    groups: list[tuple[list[int], list[float], int, int]] = []  # (tokens, frame confidences, first, end)
-    for k, (token, start) in enumerate(zip(tokens, starts, strict=True)):
-        start = min(int(start), max(T - 1, 0))
-        limit = int(starts[k + 1]) if k + 1 < len(tokens) else T
-        end = int(ends[start]) if T and frame_ids[start] == token else start + 1
-        end = max(start + 1, min(end, limit))
-        confidences = [float(start_probs[k]), *frame_probs[start + 1 : end].tolist()]
-        if not groups or tokenizer.id_to_piece(int(token)).startswith(WORD_BOUNDARY):
-            groups.append(([], [], start, end))
-        toks, confs, first, _ = groups[-1]
-        groups[-1] = ([*toks, int(token)], confs + confidences, first, end)
-    words = []
-    for toks, confs, first, end in groups:
-        text = tokenizer.decode(toks).strip()
-        if text:
-            start_s, end_s = offset_s + first * frame_s, offset_s + end * frame_s
-            words.append(WordTiming(text, start_s, end_s, float(np.mean(confs)), len(confs)))
     empty = float(frame_probs.mean()) if T else 0.0
+    if len(tokens) == 0 or T == 0:
+        return transcript_of([], empty)
+    # Vectorized over tokens: at a few thousand frames per second of batch, a Python loop per token
+    # would make the host, not the device, the limit.
+    tokens = np.asarray(tokens, dtype=np.int64)
+    starts = np.minimum(np.asarray(starts, dtype=np.int64), T - 1)  # (K,)
+    limits = np.append(starts[1:], T)  # a token's frames stop where the next one starts
+    runs = np.where(frame_ids[starts] == tokens, run_ends(frame_ids)[starts], starts + 1)
+    ends = np.maximum(starts + 1, np.minimum(runs, limits))  # (K,) exclusive
+    cumulative = np.concatenate([[0.0], np.cumsum(frame_probs, dtype=np.float64)])
+    sums = np.asarray(start_probs, dtype=np.float64) + cumulative[ends] - cumulative[starts + 1]  # (K,)
+    counts = ends - starts  # (K,) frames per token
+    first = word_starts(tokenizer)[tokens]
+    first[0] = True
+    heads = np.flatnonzero(first)  # (W,) each word's first token
+    lasts = np.append(heads[1:], len(tokens)) - 1
+    word_sums, word_counts = np.add.reduceat(sums, heads), np.add.reduceat(counts, heads)
+    words = []
+    for w, (a, b) in enumerate(zip(heads.tolist(), (lasts + 1).tolist(), strict=True)):
+        text = tokenizer.decode(tokens[a:b].tolist()).strip()
+        if text:
+            start_s, end_s = offset_s + int(starts[a]) * frame_s, offset_s + int(ends[b - 1]) * frame_s
+            n = int(word_counts[w])
+            words.append(WordTiming(text, start_s, end_s, float(word_sums[w] / n), n))
     return transcript_of(words, empty)
+
+
+_WORD_STARTS: dict[int, tuple[object, np.ndarray]] = {}
+
+
+def word_starts(tokenizer) -> np.ndarray:
+    """(V,) bool: which of the tokenizer's pieces begin a word ("▁"); computed once per tokenizer."""
+    cached = _WORD_STARTS.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:
+        table = np.array([tokenizer.id_to_piece(i).startswith(WORD_BOUNDARY) for i in range(tokenizer.vocab_size)])
+        cached = _WORD_STARTS[id(tokenizer)] = (tokenizer, table)
+    return cached[1].copy()
 
 
 def transcript_of(words: Sequence[WordTiming], empty: float) -> Transcript:
