@@ -55,11 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         setup_logging()
         if cfg.calibrate:
-            points, json_path, png_path = calibrate(cfg)
-            print_calibration(points)
-            print(f"wrote {json_path} and {png_path}", file=sys.stderr)
+            calibrated = calibrate(cfg)
+            if calibrated is not None:  # rank 0 (torchrun)
+                points, json_path, png_path = calibrated
+                print_calibration(points)
+                print(f"wrote {json_path} and {png_path}", file=sys.stderr)
             return 0
         result = pseudo_label(cfg)
+    if result is None:  # another rank than 0 (torchrun)
+        return 0
     print(
         f"kept {result.kept} of {result.total} utterances ({result.kept_hours:.2f} of {result.total_hours:.2f} h) "
         f"with confidence >= {cfg.threshold}: {result.cuts}",

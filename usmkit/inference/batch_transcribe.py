@@ -215,7 +215,7 @@ def _plan(cfg: BatchConfig, max_seconds: float | None) -> _Plan:
 
 
 def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
-    setup_start = time.perf_counter()
+    setup_start = time.perf_counter()  # loading, planning, compiling: before the first batch
     device = ranks.device(cfg.device)
     loaded, C, K = load_checkpoint(cfg, device)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -240,65 +240,45 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
     on_device = cfg.features == "device" or (cfg.features == "auto" and device.type == "cuda")
     out = Path(cfg.out)
     writer = JournalWriter(out if ranks.world == 1 else part_path(out, ranks.rank))
-    pool = _lexicon_pool(cfg, loaded, frame_s) if cfg.decode == "ctc_lexicon" else None
     sink = _Sink(writer, cfg.srt_dir, sum(_seconds(u) for u in units), cfg.progress and ranks.rank == 0)
-    failures: list[Problem] = []
-    runner = DeviceRunner(
-        model,
-        tokenizer,
-        chunk_size=C,
-        left_chunks=K,
-        device=device,
-        precision=cfg.precision,
-        frame_s=frame_s,
-        emit=sink.emit,
-        front_end=FbankFrontEnd(features, loaded.stats).to(device) if on_device else None,
-        pool=pool,
-        window_chunks=cfg.window_chunks,
-    )
-    if cfg.compile and units:
-        longest = max(u.item.duration if isinstance(u, LongUnit) else u.items[0].duration for u in units)
-        frames = round(min(longest, cfg.long_seconds) * 1000 / features.frame_shift_ms)
-        runner.warm_up(max(frames, 100), features.num_mel_bins)
-    dataset = BatchAudioDataset(
-        units, features, loaded.stats, None if on_device else FbankFrontEnd(features, loaded.stats)
-    )
-    workers = min(cfg.num_workers, len(units))
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_size=None,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        prefetch_factor=4 if workers else None,
-    )
-    start = sink.start = time.perf_counter()  # RTFx counts from the first batch on
-    setup = start - setup_start
+    pool = None
     try:
-        finish_previous = None
-        for x in loader:
-            if isinstance(x, AudioBatch):
-                for f in x.failed:
-                    failures.append(sink.fail(f))
-                finish = runner.batch(x)  # launched on the device; the previous batch is finished meanwhile
-                if finish_previous is not None:
-                    finish_previous()
-                finish_previous = finish
-            elif isinstance(x, LongPiece):
-                runner.long_piece(x)
-            else:
-                runner.drop(x.item.id)
-                failures.append(sink.fail(x))
-            runner.poll()
-            writer.flush()
-        if finish_previous is not None:
-            finish_previous()
-        runner.poll(wait=True)
-        writer.flush()
+        pool = _lexicon_pool(cfg, loaded, frame_s) if cfg.decode == "ctc_lexicon" else None
+        runner = DeviceRunner(
+            model,
+            tokenizer,
+            chunk_size=C,
+            left_chunks=K,
+            device=device,
+            precision=cfg.precision,
+            frame_s=frame_s,
+            emit=sink.emit,
+            front_end=FbankFrontEnd(features, loaded.stats).to(device) if on_device else None,
+            pool=pool,
+            window_chunks=cfg.window_chunks,
+        )
+        if cfg.compile and units:
+            longest = max(u.item.duration if isinstance(u, LongUnit) else u.items[0].duration for u in units)
+            frames = round(min(longest, cfg.long_seconds) * 1000 / features.frame_shift_ms)
+            runner.warm_up(max(frames, 100), features.num_mel_bins)
+        workers = min(cfg.num_workers, len(units))
+        loader = torch.utils.data.DataLoader(
+            BatchAudioDataset(
+                units, features, loaded.stats, None if on_device else FbankFrontEnd(features, loaded.stats)
+            ),
+            batch_size=None,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=4 if workers else None,
+        )
+        start = sink.start = time.perf_counter()  # RTFx counts from the first batch on
+        failures = _transcribe(loader, runner, sink, writer)
     finally:
         writer.close()
         sink.close()
         if pool is not None:
             pool.close()
+    setup = start - setup_start
     wall = time.perf_counter() - start
     mine = BatchSummary(
         out, sink.count, plan.already_done, ValidationReport(problems=failures), sink.seconds, wall, setup_seconds=setup
@@ -323,6 +303,31 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
         with replaced_atomically(cfg.ctm) as tmp, tmp.open("w", encoding="utf-8") as f:
             f.writelines(ctm_lines(read_records(out)))
     return summary
+
+
+def _transcribe(loader, runner: DeviceRunner, sink: _Sink, writer: JournalWriter) -> list[Problem]:
+    """Everything the loader yields through the runner into the sink; returns the inputs that failed."""
+    failures: list[Problem] = []
+    finish_previous = None
+    for x in loader:
+        if isinstance(x, AudioBatch):
+            failures += [sink.fail(f) for f in x.failed]
+            finish = runner.batch(x)  # launched on the device; the previous batch is finished meanwhile
+            if finish_previous is not None:
+                finish_previous()
+            finish_previous = finish
+        elif isinstance(x, LongPiece):
+            runner.long_piece(x)
+        else:
+            runner.drop(x.item.id)
+            failures.append(sink.fail(x))
+        runner.poll()
+        writer.flush()
+    if finish_previous is not None:
+        finish_previous()
+    runner.poll(wait=True)
+    writer.flush()
+    return failures
 
 
 def _seconds(unit: BatchUnit | LongUnit) -> float:

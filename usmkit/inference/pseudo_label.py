@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -130,10 +131,13 @@ def select(records: list[dict], threshold: float, min_words: int = 1) -> list[di
     ]
 
 
-def pseudo_label(cfg: PseudoLabelConfig) -> PseudoLabels:
-    """Transcribe, filter and write the corpus (see the module docstring)."""
+def pseudo_label(cfg: PseudoLabelConfig) -> PseudoLabels | None:
+    """Transcribe, filter and write the corpus (see the module docstring). Under ``torchrun`` every process
+    transcribes its share and rank 0 alone writes the corpus (the others return None)."""
     cfg.check()
     summary = transcribe_batch(cfg.batch_config())
+    if _rank() != 0:
+        return None
     items = {i.id: i for i in find_inputs(cfg.inputs)[0]}
     records = [r for r in read_records(cfg.transcripts()) if r["id"] in items]
     kept = select(records, cfg.threshold, cfg.min_words)
@@ -204,6 +208,11 @@ def pseudo_cuts(
     )
 
 
+def _rank() -> int:
+    """This process's rank under ``torchrun`` (0 without it): rank 0 alone writes what follows the transcripts."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def _copy_tokenizer(checkpoint: str, out: Path) -> None:
     """The teacher's sentencepiece model as the corpus's own (``out/tokenizer/tokenizer.model``), unless
     the folder has one already."""
@@ -256,9 +265,10 @@ def calibration(records: list[dict], refs: dict[str, str], thresholds: tuple[flo
     return points
 
 
-def calibrate(cfg: PseudoLabelConfig) -> tuple[list[CalibrationPoint], Path, Path]:
+def calibrate(cfg: PseudoLabelConfig) -> tuple[list[CalibrationPoint], Path, Path] | None:
     """Transcribe the labeled manifest ``cfg.inputs`` (its transcripts unseen by the teacher) and score the
-    pseudo-labels per threshold; returns the points and the JSON and PNG written beside the transcripts."""
+    pseudo-labels per threshold; returns the points and the JSON and PNG written beside the transcripts
+    (None on the other ranks under ``torchrun``)."""
     cfg.check()
     items, _ = find_inputs(cfg.inputs)
     refs = {i.id: cut_text(i.cut) for i in items if i.cut is not None}
@@ -267,6 +277,8 @@ def calibrate(cfg: PseudoLabelConfig) -> tuple[list[CalibrationPoint], Path, Pat
             f"calibrate=true needs inputs= a labeled cuts manifest (its transcripts are the references), got {cfg.inputs}"
         )
     transcribe_batch(cfg.batch_config())
+    if _rank() != 0:
+        return None
     records = [r for r in read_records(cfg.transcripts()) if r["id"] in refs]
     points = calibration(records, refs, cfg.thresholds)
     json_path, png_path = cfg.transcripts().with_suffix(".json"), cfg.transcripts().with_suffix(".png")
