@@ -22,7 +22,7 @@ usage: python -m usmkit.cli.transcribe_batch checkpoint=EXP inputs=DIR|LIST|MANI
 
   checkpoint=PATH        a CTC checkpoint dir, or an experiment dir (its best/latest checkpoint)
   inputs=PATH            a folder (its audio files, recursively), a text file with one audio path a line
-                         (relative to the list's folder), or a lhotse cuts manifest (.jsonl.gz)
+                         (relative to the list's folder), a lhotse cuts manifest (.jsonl.gz) or one audio file
   out=FILE               JSONL, one line per input: id, path, duration, text, confidence, words with
                          start/end/confidence. A rerun skips the ids already in it (resume after a kill)
   srt_dir=DIR            also one SubRip file per input (DIR/<id>.srt)
@@ -58,13 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def print_summary(summary) -> None:
-    hours = summary.audio_seconds / 3600
-    print(
-        f"transcribed {summary.transcribed} inputs ({hours:.2f} h of audio) in {summary.wall_seconds:.1f} s: "
-        f"RTFx {summary.rtfx:.1f} (after {summary.setup_seconds:.1f} s of setup); {summary.already_done} were "
-        f"already in {summary.out}",
-        file=sys.stderr,
-    )
+    if summary.transcribed:
+        print(
+            f"transcribed {summary.transcribed} inputs ({summary.audio_seconds / 3600:.2f} h of audio) in "
+            f"{summary.wall_seconds:.1f} s: RTFx {summary.rtfx:.1f} (after {summary.setup_seconds:.1f} s of setup); "
+            f"{summary.already_done} were already in {summary.out}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"nothing to transcribe: {summary.already_done} inputs were already in {summary.out}", file=sys.stderr)
     if summary.report.problems:
         print(summary.report.summary(), file=sys.stderr)
     print(f"wrote {summary.out} ({summary.records} lines)", file=sys.stderr)

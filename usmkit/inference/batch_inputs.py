@@ -34,10 +34,11 @@ from usmkit.data.manifests import read_cuts
 from usmkit.data.validate import Problem, ValidationReport
 from usmkit.errors import UsageError
 
-# Suffixes of formats libsndfile reads (soundfile.available_formats(), as file-name suffixes).
+# File-name suffixes of the audio formats libsndfile reads that hold speech recordings (of
+# soundfile.available_formats(); the rarer ones, e.g. MATLAB's .mat, would mostly catch files that are not audio).
 AUDIO_SUFFIXES = frozenset(
-    {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".snd", ".w64", ".caf"}
-    | {".sph", ".nist", ".rf64", ".sd2", ".voc", ".wve", ".mat", ".pvf", ".xi", ".htk", ".ircam", ".sf", ".avr"}
+    {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".au", ".snd", ".w64", ".rf64"}
+    | {".caf", ".sph", ".nist"}
 )
 MANIFEST_SUFFIXES = (".jsonl.gz", ".jsonl")
 MIN_SECONDS = 0.025  # one 25 ms feature window: a shorter input gives no feature frame
