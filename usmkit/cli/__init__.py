@@ -1,4 +1,4 @@
-"""The command-line entry points: ``python -m usmkit.cli.{train,evaluate,tune_lexicon,export,prepare,demo}`` (Hydra
+"""The command-line entry points: ``python -m usmkit.cli.{train,evaluate,tune_lexicon,transcribe_batch,pseudo_label,export,prepare,demo}`` (Hydra
 overrides, ``usmkit.cli.compose``) and the console scripts ``usmkit-transcribe``, ``usmkit-serve`` and
 ``usmkit-average`` (argparse, ``usmkit.cli.args``). The library under them never parses arguments.
 
