@@ -1,5 +1,6 @@
-"""The command-line entry points: ``python -m usmkit.cli.{train,evaluate,tune_lexicon,transcribe_batch,pseudo_label,export,prepare,demo}`` (Hydra
-overrides, ``usmkit.cli.compose``) and the console scripts ``usmkit-transcribe``, ``usmkit-serve`` and
+"""The command-line entry points: ``python -m usmkit.cli.X`` for X in train, evaluate, tune_lexicon,
+transcribe_batch, pseudo_label, export, prepare and demo (Hydra overrides, ``usmkit.cli.compose``), and
+the console scripts ``usmkit-transcribe``, ``usmkit-serve`` and
 ``usmkit-average`` (argparse, ``usmkit.cli.args``). The library under them never parses arguments.
 
 Importing ``usmkit`` itself changes nothing in the process; importing this package (which Python does
