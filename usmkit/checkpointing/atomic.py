@@ -14,6 +14,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -33,11 +34,16 @@ class WriteError(UsageError):
 def replaced_atomically(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (same suffix) to write; on success it replaces ``path``.
     A symbolic link at ``path`` is replaced by the file, never written through to what it points at.
+    A special file at ``path`` (``/dev/null``, ``/dev/stdout``, a named pipe) is written in place: it
+    cannot be half-written, and renaming over it would replace the device with a plain file.
 
     >>> with replaced_atomically("out/x.flac") as tmp:  # doctest: +SKIP
     ...     soundfile.write(tmp, samples, 16000)
     """
     path = Path(path)
+    if is_special_file(path):
+        yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}")
     try:
@@ -54,6 +60,7 @@ def replaced_dir_atomically(path: str | os.PathLike[str], *, durable: bool = Fal
     and folders are flushed to disk before the rename (checkpoints), so a power cut cannot leave a
     renamed folder of empty files."""
     path = Path(path)
+    refuse_non_folder(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     try:
@@ -67,9 +74,26 @@ def replaced_dir_atomically(path: str | os.PathLike[str], *, durable: bool = Fal
         raise
 
 
+def is_special_file(path: Path) -> bool:
+    """Whether ``path`` (not followed if it is a link) is a device, pipe or socket rather than a file
+    or folder."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode))
+
+
+def refuse_non_folder(path: Path) -> None:
+    """A folder output must not replace a file, device or pipe that is already at ``path``."""
+    if os.path.lexists(path) and not path.is_dir():
+        raise UsageError(f"{path} exists and is not a folder; name a folder to write (it will be replaced)")
+
+
 def move_into_place(tmp: Path, path: Path, *, durable: bool = False) -> None:
     """Rename the finished folder ``tmp`` to ``path``. An existing ``path`` is first renamed aside and
     removed only once ``tmp`` is in place, so a kill in between leaves one whole version under a name."""
+    refuse_non_folder(path)
     old = None
     if path.exists():
         old = path.with_name(f".tmp-{path.name}-old-{uuid.uuid4().hex[:8]}")
