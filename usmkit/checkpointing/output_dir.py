@@ -1,7 +1,8 @@
 """The one guard of every command that writes a whole folder (``--out`` of ``usmkit-average``, ``out=`` of
-``usmkit.cli.export`` and of the ``usmkit.cli.prepare`` recipes): it refuses an existing folder that holds
-work of another kind, so a slip such as ``usmkit-average exp/run --out exp/run`` cannot replace an
-experiment.
+``usmkit.cli.export`` and of the ``usmkit.cli.prepare`` recipes, ``trainer.exp_dir`` of training): it refuses
+an existing folder that holds work of another kind, so a slip such as ``usmkit-average exp/run --out exp/run``
+cannot replace an experiment, nor a run started with ``trainer.exp_dir`` set to a checkpoint write its
+config over the checkpoint's.
 
 What a folder holds is told from the names usmkit gives its files, without reading them all:
 
@@ -100,4 +101,23 @@ def check_output_dir(
         return
     raise UsageError(
         f"{shown} is {words}, not {own_words}; writing there would replace or mix into it: pass a new folder"
+    )
+
+
+def check_experiment_dir(exp_dir: Path) -> None:
+    """Refuse ``trainer.exp_dir`` where it is a file, or a folder holding usmkit work other than an experiment
+    (a checkpoint, a run's checkpoints folder, a corpus folder, an export): a run writes its config,
+    tokenizer, statistics, logs and checkpoints into it, over what is there. An experiment directory (a
+    run to resume, or one whose earlier run the run itself refuses) and a new or foreign folder pass."""
+    exp_dir = Path(exp_dir)
+    if not exp_dir.exists():
+        return
+    if not exp_dir.is_dir():
+        raise UsageError(f"trainer.exp_dir={exp_dir} exists and is not a folder; choose another trainer.exp_dir")
+    found = folder_kind(exp_dir)
+    if found is None or found[0] == "experiment":
+        return
+    raise UsageError(
+        f"trainer.exp_dir={exp_dir} is {found[1]}, not an experiment directory: a run would write its config, "
+        "tokenizer, logs and checkpoints into it; choose another trainer.exp_dir"
     )

@@ -32,6 +32,7 @@ from usmkit.checkpointing.checkpoint import (
     resolve_checkpoint,
     run_dir,
 )
+from usmkit.checkpointing.output_dir import check_experiment_dir
 from usmkit.config import ConfigError, TrainConfig, tokenizer_path
 from usmkit.data.config import DataConfig
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
@@ -327,7 +328,9 @@ def shutdown_compile_workers() -> None:
 # ---------------------------------------------------------------- checks before any data is read
 def check_config(cfg: TrainConfig) -> ConformerConfig:
     """The encoder's config, after checking the model's, the task's and the trainer's settings against
-    each other and the machine, and that ``init_from`` exists; ``ConfigError`` names what does not fit."""
+    each other and the machine, that ``init_from`` exists and that ``trainer.exp_dir`` is not other work
+    (``check_experiment_dir``); ``ConfigError`` names what does not fit."""
+    check_experiment_dir(Path(cfg.trainer.exp_dir))
     try:
         encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
     except (ValueError, TypeError) as e:
