@@ -69,3 +69,95 @@ def test_exp_dir_that_is_a_checkpoint_corpus_or_file_is_refused_before_anything_
         with pytest.raises(UsageError, match="not an experiment directory"):
             TrainingRecipe(cfg, yaml_text)
     assert not (synth_corpus / "train.log").exists()
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until its file system is full."""
+    with path.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 1024)
+        except OSError:
+            pass
+
+
+# ---- result files (evaluate output=, tune_lexicon output=, usmkit-transcribe --json) -------------------
+def test_result_files_never_replace_what_is_not_an_earlier_result(ctc_ckpt, tmp_path):
+    """``output=``/``--json`` replaced any file silently, exit 0: a checkpoint's model.safetensors, an
+    experiment's config.yaml, the recording being transcribed. Now refused before any work, naming the file;
+    an earlier result of the same command (or an empty file) is still replaced."""
+    import soundfile as sf
+    from fault_helpers import SR, speechlike
+
+    from usmkit.cli import transcribe
+
+    weights = ctc_ckpt / "checkpoints" / "step-000001" / "model.safetensors"
+    kept = weights.read_bytes()
+    proc = _run("usmkit.cli.evaluate", f"checkpoint={ctc_ckpt}", f"output={weights}", cwd=tmp_path)
+    _one_error_line(proc, f"output={weights} exists and is not an evaluation result", "pass a new file name")
+    proc = _run(
+        "usmkit.cli.tune_lexicon", f"checkpoint={ctc_ckpt}", f"output={weights.with_name('config.yaml')}", cwd=tmp_path
+    )
+    _one_error_line(proc, "is not a lexicon tuning")
+    assert weights.read_bytes() == kept
+
+    audio = tmp_path / "talk.wav"
+    sf.write(audio, speechlike(2.0), SR)
+    recording = audio.read_bytes()
+    argv = [str(audio), "--checkpoint", str(ctc_ckpt), "--step", "eager", "--no-partials"]
+    assert transcribe.main([*argv, "--json", str(audio)]) == 2
+    assert transcribe.main([*argv, "--json", str(tmp_path)]) == 2  # a folder: one line, not exit 1
+    assert audio.read_bytes() == recording
+    out = tmp_path / "talk.json"
+    out.touch()  # an empty file holds nothing to lose
+    assert transcribe.main([*argv, "--json", str(out)]) == 0
+    assert transcribe.main([*argv, "--json", str(out)]) == 0  # its own earlier transcript is replaced
+    assert "segments" in out.read_text()
+
+    from usmkit.checkpointing.output_dir import check_output_file
+
+    earlier = tmp_path / "eval.json"
+    earlier.write_text('{"checkpoint": "x", "decode": "ctc_greedy", "sets": {}}')
+    check_output_file(
+        earlier, option="output=", own_words="an evaluation result", own_keys=("checkpoint", "decode", "sets")
+    )
+
+
+def test_a_full_disk_at_a_result_file_is_one_line_and_keeps_the_earlier_file(ctc_ckpt, tmp_path, capsys):
+    """A full disk when writing ``--json`` left a 0-byte file (the earlier transcript gone) and said
+    ``RuntimeError``; evaluate's and tune_lexicon's output, a traceback. A real full tmpfs (root only)."""
+    import os
+
+    import soundfile as sf
+    from fault_helpers import SR, speechlike
+
+    from usmkit.cli import transcribe
+
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)]).returncode != 0:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        _fill(mnt / "fill")
+        audio = tmp_path / "talk.wav"
+        sf.write(audio, speechlike(2.0), SR)
+        out = mnt / "talk.json"
+        argv = [str(audio), "--checkpoint", str(ctc_ckpt), "--step", "eager", "--json", str(out)]
+        assert transcribe.main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"could not write --json {out} (the file system holding {mnt} is full" in err, err
+        assert not out.exists() and not list(mnt.glob(".tmp-*"))
+
+        from usmkit.checkpointing.atomic import WriteError, write_result_file
+
+        (mnt / "fill").unlink()
+        earlier = mnt / "eval.json"
+        earlier.write_text('{"checkpoint": "x", "decode": "ctc_greedy", "sets": {}}')
+        _fill(mnt / "fill")
+        with pytest.raises(WriteError, match=rf"could not write the evaluation result {earlier} \(the file system"):
+            write_result_file(earlier, "{" + " " * 100_000 + "}", what="the evaluation result")
+        assert earlier.read_text().startswith('{"checkpoint"')
+    finally:
+        subprocess.run(["umount", str(mnt)])
