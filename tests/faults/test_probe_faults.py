@@ -161,3 +161,22 @@ def test_a_full_disk_at_a_result_file_is_one_line_and_keeps_the_earlier_file(ctc
         assert earlier.read_text().startswith('{"checkpoint"')
     finally:
         subprocess.run(["umount", str(mnt)])
+
+
+# ---- a setting ignored without a word ------------------------------------------------------------------
+def test_vocab_size_that_the_corpus_tokenizer_does_not_have_is_not_ignored(synth_corpus, tmp_path, caplog):
+    """``vocab_size=300`` on a corpus whose shared tokenizer has 512 pieces trained with the 512 pieces,
+    exit 0, and recorded ``vocab_size: 300`` in the run's config. Now refused, saying how to get either."""
+    from fault_helpers import fast_train
+
+    from usmkit.config import ConfigError
+
+    corpus = Path(shutil.copytree(synth_corpus, tmp_path / "corpus", ignore=shutil.ignore_patterns("feats_*")))
+    with pytest.raises(ConfigError) as e:
+        fast_train(corpus, tmp_path / "exp", "vocab_size=300")
+    assert "vocab_size=300, but the corpus's tokenizer" in str(e.value) and "has 512 pieces" in str(e.value)
+    assert "pass vocab_size=512" in str(e.value) and "tokenizer=" in str(e.value)
+    assert not (tmp_path / "exp" / "checkpoints").exists()
+    with caplog.at_level("WARNING"):  # more than it has: perhaps all the texts allow, so it trains, with a warning
+        fast_train(corpus, tmp_path / "exp2", "vocab_size=600", "trainer.max_steps=2")
+    assert "has 512 pieces, fewer than vocab_size=600" in caplog.text
