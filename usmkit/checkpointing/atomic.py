@@ -161,3 +161,21 @@ def disk_full_is_one_line(where: Path, what: str, todo: str) -> Iterator[None]:
         if not is_disk_full(e):
             raise
         raise WriteError(f"could not write {what} ({disk_full_reason(e, where)}); {todo}") from e
+
+
+def write_result_file(path: str | os.PathLike[str], text: str, *, what: str) -> Path:
+    """Write ``text`` (a command's result: evaluation JSON, a transcript) to ``path`` through
+    ``replaced_atomically``. A file that cannot be written is one line naming ``what`` and ``path``, the
+    earlier version intact: ``WriteError`` (exit 1) for a full disk, ``UsageError`` for any other refusal
+    (a folder where the file goes, no permission)."""
+    path = Path(path)
+    try:
+        with replaced_atomically(path) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+    except OSError as e:
+        kind = WriteError if is_disk_full(e) else UsageError
+        raise kind(
+            f"could not write {what} {path} ({disk_full_reason(e, path.parent)}); what was there before is "
+            "unchanged: free space or pass a path that can be written"
+        ) from e
+    return path

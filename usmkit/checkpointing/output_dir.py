@@ -1,7 +1,10 @@
 """The one guard of every command that writes a whole folder (``--out`` of ``usmkit-average``, ``out=`` of
-``usmkit.cli.export`` and of the ``usmkit.cli.prepare`` recipes): it refuses an existing folder that holds
-work of another kind, so a slip such as ``usmkit-average exp/run --out exp/run`` cannot replace an
-experiment.
+``usmkit.cli.export`` and of the ``usmkit.cli.prepare`` recipes, ``trainer.exp_dir`` of training): it refuses
+an existing folder that holds work of another kind, so a slip such as ``usmkit-average exp/run --out exp/run``
+cannot replace an experiment, nor a run started with ``trainer.exp_dir`` set to a checkpoint write its
+config over the checkpoint's. ``check_output_file`` is its counterpart for the JSON result files
+(``output=`` of evaluate and tune_lexicon, ``--json`` of usmkit-transcribe): they replace only their own
+earlier result, never a checkpoint's file or a recording named by a slip.
 
 What a folder holds is told from the names usmkit gives its files, without reading them all:
 
@@ -101,3 +104,50 @@ def check_output_dir(
     raise UsageError(
         f"{shown} is {words}, not {own_words}; writing there would replace or mix into it: pass a new folder"
     )
+
+
+def check_experiment_dir(exp_dir: Path) -> None:
+    """Refuse ``trainer.exp_dir`` where it is a file, or a folder holding usmkit work other than an experiment
+    (a checkpoint, a run's checkpoints folder, a corpus folder, an export): a run writes its config,
+    tokenizer, statistics, logs and checkpoints into it, over what is there. An experiment directory (a
+    run to resume, or one whose earlier run the run itself refuses) and a new or foreign folder pass."""
+    exp_dir = Path(exp_dir)
+    if not exp_dir.exists():
+        return
+    if not exp_dir.is_dir():
+        raise UsageError(f"trainer.exp_dir={exp_dir} exists and is not a folder; choose another trainer.exp_dir")
+    found = folder_kind(exp_dir)
+    if found is None or found[0] == "experiment":
+        return
+    raise UsageError(
+        f"trainer.exp_dir={exp_dir} is {found[1]}, not an experiment directory: a run would write its config, "
+        "tokenizer, logs and checkpoints into it; choose another trainer.exp_dir"
+    )
+
+
+def check_output_file(out: Path, *, option: str, own_words: str, own_keys: tuple[str, ...]) -> None:
+    """Refuse to write the JSON result file ``out`` (given as ``option``, e.g. ``output=`` or ``--json``)
+    where it is a folder, or an existing non-empty file other than this command's own earlier result: a JSON
+    object holding ``own_keys`` (``own_words`` names it in the message). Called before any work, so a slip such as
+    ``output=exp/run/checkpoints/step-000100/model.safetensors`` costs nothing and replaces nothing."""
+    out = Path(out)
+    shown = f"{option}{out}" if option.endswith("=") else f"{option} {out}"
+    if out.is_dir():
+        raise UsageError(f"{shown} is a folder; pass a file name, e.g. {out / 'result.json'}")
+    if not out.exists() or out.stat().st_size == 0 or _is_json_object_with(out, own_keys):
+        return  # nothing there, nothing in it, or an earlier result of this command
+    raise UsageError(
+        f"{shown} exists and is not {own_words} (a JSON object with {', '.join(own_keys)}): writing there would "
+        "replace it; pass a new file name, or remove that file first if it is yours to lose"
+    )
+
+
+def _is_json_object_with(path: Path, keys: tuple[str, ...]) -> bool:
+    try:
+        with path.open("rb") as f:
+            if f.read(64).lstrip()[:1] != b"{":  # not JSON: weights, audio, YAML; nothing more is read
+                return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(k in data for k in keys)

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.checkpointing.atomic import write_result_file
+from usmkit.checkpointing.output_dir import check_output_file
 from usmkit.cli.compose import compose_yaml
 from usmkit.cli.logs import setup_logging
 from usmkit.config import from_dict
@@ -20,6 +21,7 @@ from usmkit.errors import strip_debug_flag, user_errors
 from usmkit.inference.evaluate import EvalConfig, evaluate
 
 COMMAND = "usmkit.cli.evaluate"
+OWN_KEYS = ("checkpoint", "decode", "sets")  # what every result this command writes holds
 
 
 def print_table(results: dict[str, Any]) -> None:
@@ -54,12 +56,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with user_errors():  # a bad value or file: one line and exit code 2 (--debug: the traceback)
         cfg = from_dict(EvalConfig, compose_yaml("evaluate", argv, command=COMMAND, schema=EvalConfig))
         setup_logging()
+        if cfg.output:  # before decoding: never over a file that is not an earlier evaluation's
+            check_output_file(Path(cfg.output), option="output=", own_words="an evaluation result", own_keys=OWN_KEYS)
 
         def write(results: dict[str, Any]) -> Path:  # after every set: nothing scored is lost
             out = Path(cfg.output) if cfg.output else Path(results["checkpoint"]) / f"eval_{cfg.decode}.json"
-            with replaced_atomically(out) as tmp:
-                tmp.write_text(json.dumps(results, indent=2))
-            return out
+            return write_result_file(out, json.dumps(results, indent=2), what="the evaluation result")
 
         results = evaluate(cfg, on_set=write)
         print_table(results)

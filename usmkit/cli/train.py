@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from usmkit.checkpointing.output_dir import check_experiment_dir
 from usmkit.cli.compose import compose_yaml
 from usmkit.cli.logs import setup_logging
 from usmkit.config import TrainConfig, from_dict
@@ -34,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(note, file=sys.stderr, flush=True)
         container = compose_yaml("train", [*argv, *extra], command=COMMAND, schema=TrainConfig)
         cfg = from_dict(TrainConfig, container)  # every value checked here, before any data is read
+        check_experiment_dir(Path(cfg.trainer.exp_dir))  # before the log file is opened in it
         setup_logging(Path(cfg.trainer.exp_dir) / "train.log")
         run(cfg, yaml.safe_dump(container, sort_keys=False))
     return 0

@@ -33,6 +33,8 @@ from typing import TextIO
 
 import torch
 
+from usmkit.checkpointing.atomic import write_result_file
+from usmkit.checkpointing.output_dir import check_output_file
 from usmkit.cli.args import UsageParser, add_stream_options, decoder_config, device_arg, positive_int
 from usmkit.errors import UsageError, debug_enabled  # UsageError: bad command line, checkpoint or input (exit 2)
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
@@ -48,6 +50,7 @@ from usmkit.streaming.pipeline import (
 )
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+JSON_KEYS = ("input", "checkpoint", "segments")  # what every --json file this command writes holds
 CLIP_WARN_FRACTION = 0.001  # warn when more than 0.1% of the samples sit at full scale
 
 
@@ -285,6 +288,8 @@ def _offline_transcriber(args, model, tokenizer, fbank, decoder_cfg, source, mas
 def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """The command with parsed arguments; raises UsageError / AudioError for bad input."""
     out, err = out or sys.stdout, err or sys.stderr
+    if args.json is not None:  # before any work: never over a file that is not an earlier transcript
+        check_output_file(args.json, option="--json", own_words="an earlier transcript", own_keys=JSON_KEYS)
     device = device_arg(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -372,11 +377,7 @@ def _write_json(
         "segments": [seg.as_dict() for seg in segments],
         **({"error": str(failure)} if failure is not None else {}),
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n")
-    except OSError as e:
-        raise RuntimeError(f"cannot write --json {path}: {e}") from e
+    write_result_file(path, json.dumps(record, indent=2) + "\n", what="--json")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         print(f"usmkit-transcribe: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_code  # 2, or 1 for a failure of the machine (a full disk)
     except Exception as e:  # noqa: BLE001 - the one place that turns any failure into a message and a status
         if debug:
             traceback.print_exc()

@@ -12,13 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.checkpointing.atomic import write_result_file
+from usmkit.checkpointing.output_dir import check_output_file
 from usmkit.cli.compose import compose_dataclass
 from usmkit.cli.logs import setup_logging
 from usmkit.decoding.ctc_lexicon import LexiconConfig
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 
 COMMAND = "usmkit.cli.tune_lexicon"
+OWN_KEYS = ("checkpoint", "set", "grid")  # what every tuning this command writes holds
 
 USAGE = """\
 usage: python -m usmkit.cli.tune_lexicon checkpoint=EXP [set=dev] [orders=[1,2]] [lm_weights=[0.5,1,1.5,2,3]]
@@ -65,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from usmkit.inference.lexicon_tuning import LexiconGrid, tune_lexicon
 
         setup_logging()
+        if args.output:  # before decoding: never over a file that is not an earlier tuning's
+            check_output_file(Path(args.output), option="output=", own_words="a lexicon tuning", own_keys=OWN_KEYS)
         try:
             grid = LexiconGrid(tuple(args.orders), tuple(args.lm_weights), tuple(args.word_scores))
             lexicon = LexiconConfig(beam_size=args.beam_size, beam_threshold=args.beam_threshold)
@@ -90,8 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         )
         out = Path(args.output) if args.output else Path(tuning.checkpoint) / f"lexicon_tuning_{args.set}.json"
-        with replaced_atomically(out) as tmp:
-            tmp.write_text(json.dumps(tuning.as_dict(), indent=2) + "\n")
+        write_result_file(out, json.dumps(tuning.as_dict(), indent=2) + "\n", what="the lexicon tuning")
         best = tuning.best_point
         print(
             f"best on {args.set} ({tuning.utterances} utterances): WER {100 * best.wer:.2f}%: {' '.join(tuning.overrides())}"

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from usmkit.decoding.hypothesis import Hypothesis
+from usmkit.errors import UsageError
 
 WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word-initial piece
 
@@ -147,8 +148,23 @@ class LexiconDecoder:
         self._blank_id, self._sil_id = tokenizer.blank_id, tokenizer.unk_id
         self._piece, self._encode = tokenizer.id_to_piece, tokenizer.encode
         lm = cfg.lm_path or (str(directory / "lm.arpa") if cfg.order > 0 else None)
+        if cfg.lm_path and not Path(cfg.lm_path).is_file():
+            raise UsageError(f"lexicon.lm_path={cfg.lm_path}: no such file; pass an ARPA or KenLM binary LM")
         self.cfg = cfg
-        self._decoder = ctc_decoder(
+        try:
+            self._decoder = self._build(ctc_decoder, directory, lm, tokenizer, cfg)
+        except RuntimeError as e:  # KenLM's reader: a file that is not an LM
+            if not cfg.lm_path:
+                raise
+            first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise UsageError(
+                f"lexicon.lm_path={cfg.lm_path} cannot be read as an ARPA or KenLM binary LM ({first}); "
+                "pass one (e.g. made by KenLM's lmplz) or leave lexicon.lm_path out to use the built one"
+            ) from e
+
+    @staticmethod
+    def _build(ctc_decoder, directory: Path, lm: str | None, tokenizer, cfg: LexiconConfig):
+        return ctc_decoder(
             lexicon=str(directory / "lexicon.txt"),
             tokens=str(directory / "tokens.txt"),
             lm=lm,

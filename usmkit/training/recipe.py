@@ -32,6 +32,7 @@ from usmkit.checkpointing.checkpoint import (
     resolve_checkpoint,
     run_dir,
 )
+from usmkit.checkpointing.output_dir import check_experiment_dir
 from usmkit.config import ConfigError, TrainConfig, tokenizer_path
 from usmkit.data.config import DataConfig
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
@@ -327,7 +328,9 @@ def shutdown_compile_workers() -> None:
 # ---------------------------------------------------------------- checks before any data is read
 def check_config(cfg: TrainConfig) -> ConformerConfig:
     """The encoder's config, after checking the model's, the task's and the trainer's settings against
-    each other and the machine, and that ``init_from`` exists; ``ConfigError`` names what does not fit."""
+    each other and the machine, that ``init_from`` exists and that ``trainer.exp_dir`` is not other work
+    (``check_experiment_dir``); ``ConfigError`` names what does not fit."""
+    check_experiment_dir(Path(cfg.trainer.exp_dir))
     try:
         encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
     except (ValueError, TypeError) as e:
@@ -417,7 +420,38 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
             )
         texts = [s.text for c in cuts for s in c.supervisions if s.text]
         Tokenizer.train(texts, path.parent, vocab_size=cfg.vocab_size, model_type=cfg.tokenizer_type)
-    return Tokenizer.load(path)
+        return Tokenizer.load(path)
+    tokenizer = Tokenizer.load(path)
+    if not cfg.tokenizer:
+        check_corpus_tokenizer(tokenizer, path, cfg.vocab_size, warn=rank == 0)
+    return tokenizer
+
+
+def check_corpus_tokenizer(tokenizer: Tokenizer, path: Path, vocab_size: int, *, warn: bool) -> None:
+    """The corpus's shared tokenizer (``tokenizer=null``), trained by an earlier run or the corpus recipe,
+    is used as it is: ``vocab_size`` only sizes one trained here. A tokenizer with more pieces than
+    ``vocab_size`` was made for another setting (``ConfigError``: training on with it would ignore the
+    setting and record it in the run's config as if it had applied); one with fewer may be what the texts
+    allowed (sentencepiece's soft limit), so that is a warning."""
+    pieces = tokenizer.vocab_size
+    if pieces == vocab_size:
+        return
+    how = (
+        f"pass vocab_size={pieces} to train with it, or tokenizer=<a new path> (e.g. "
+        f"tokenizer={path.parent.with_name(f'{path.parent.name}_{vocab_size}') / path.name}) to train one with "
+        f"vocab_size={vocab_size}"
+    )
+    if pieces > vocab_size:
+        raise ConfigError(f"vocab_size={vocab_size}, but the corpus's tokenizer {path} has {pieces} pieces: {how}")
+    if warn:
+        log.warning(
+            "the corpus's tokenizer %s has %d pieces, fewer than vocab_size=%d (the texts may allow no more); "
+            "it is used as it is: %s",
+            path,
+            pieces,
+            vocab_size,
+            how,
+        )
 
 
 def shar_train_cuts(data: DataConfig, *, audio: bool) -> CutSet:
