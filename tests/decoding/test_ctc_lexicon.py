@@ -10,6 +10,7 @@ import torch
 
 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder, write_arpa
+from usmkit.errors import UsageError
 
 pytest.importorskip("flashlight.lib.text.decoder")
 
@@ -140,3 +141,13 @@ def test_streaming_finals_are_the_lexicon_path(tmp_path, tokenizer):
         finals[name] = [s.text for s in segments + dec.finish()]
     assert finals["plain"] == ["they shold win the bussiness"]
     assert finals["lexicon"] == ["they should win the business"]
+
+
+def test_an_lm_path_that_is_missing_or_not_an_lm_is_one_line(tmp_path, tokenizer):
+    missing = tmp_path / "no.arpa"
+    with pytest.raises(UsageError, match=f"lexicon.lm_path={missing}: no such file"):
+        LexiconDecoder.build(TEXTS, tokenizer, tmp_path / "a", LexiconConfig(order=2, lm_path=str(missing)))
+    garbage = tmp_path / "notes.arpa"
+    garbage.write_text("these are my notes, not a language model\n")
+    with pytest.raises(UsageError, match=f"lexicon.lm_path={garbage} cannot be read as an ARPA or KenLM binary LM"):
+        LexiconDecoder.build(TEXTS, tokenizer, tmp_path / "b", LexiconConfig(order=2, lm_path=str(garbage)))
