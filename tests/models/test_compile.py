@@ -198,7 +198,14 @@ def test_packed_model_compiles_fullgraph_without_recompiling():
     compiled = torch.compile(model.losses, fullgraph=True, backend="aot_eager")
     for lengths, seed in (([100, 60, 90, 40, 120], 0), ([70, 50, 30, 110, 64, 80], 1), ([128, 127, 20, 33], 2)):
         batch = _packed_batch(lengths, seed)
-        for t, dim in ((batch[1], 0), (batch[2], 0), (batch[2], 1), (batch[3], 0), (batch[4].rows, 0), (batch[4].offsets, 0)):
+        for t, dim in (
+            (batch[1], 0),
+            (batch[2], 0),
+            (batch[2], 1),
+            (batch[3], 0),
+            (batch[4].rows, 0),
+            (batch[4].offsets, 0),
+        ):
             torch._dynamo.maybe_mark_dynamic(t, dim)
         model.zero_grad()
         eager = model.losses(*batch)
