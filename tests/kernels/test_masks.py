@@ -1,4 +1,4 @@
-"""The one chunk-mask definition (usmkit.kernels.masks): worked examples, left context, padding."""
+"""The one chunk-mask definition (usmkit.kernels.masks): worked examples, left context, padding, packed rows."""
 
 import doctest
 
@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from usmkit.kernels import masks
-from usmkit.kernels.masks import check_chunk_args, chunk_mask, lengths_to_padding_mask, padded_chunk_mask
+from usmkit.kernels.masks import (
+    Segments,
+    check_chunk_args,
+    chunk_mask,
+    frames_padding,
+    lengths_to_padding_mask,
+    padded_chunk_mask,
+    segment_chunk_mask,
+)
 
 
 def test_doctests_hold():
@@ -68,3 +76,31 @@ def test_zero_length_row_sees_nothing():
 def test_bad_chunk_args_raise(chunk_size, left_chunks):
     with pytest.raises(ValueError, match="chunk_size|left_chunks"):
         check_chunk_args(chunk_size, left_chunks)
+
+
+# ---- packed rows (Segments)
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (2, 0), (3, 1), (2, -1), (1, 2)])
+def test_one_utterance_per_row_segments_give_the_padded_mask(chunk_size, left_chunks):
+    lengths = torch.tensor([7, 4, 0])
+    segments = Segments.from_lengths(lengths, 7)
+    assert torch.equal(
+        segment_chunk_mask(segments, chunk_size, left_chunks), padded_chunk_mask(lengths, 7, chunk_size, left_chunks)
+    )
+    assert torch.equal(frames_padding(segments, 7), lengths_to_padding_mask(lengths, 7))
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (2, 0), (3, 1), (2, -1)])
+def test_packed_row_is_block_diagonal_with_chunks_from_each_utterance_start(chunk_size, left_chunks):
+    """Two utterances (5 and 3 frames) and padding in one row: each block is that utterance's own mask,
+    nothing crosses between them, padding sees and is seen by nothing."""
+    ids = torch.tensor([[0, 0, 0, 0, 0, -1, 1, 1, 1, -1]])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 0, 1, 2, 0]])
+    mask = segment_chunk_mask(Segments(ids, positions), chunk_size, left_chunks)[0]  # (T, T)
+    assert torch.equal(mask[:5, :5], chunk_mask(5, chunk_size, left_chunks))
+    assert torch.equal(mask[6:9, 6:9], chunk_mask(3, chunk_size, left_chunks))
+    outside = torch.ones(10, 10, dtype=torch.bool)
+    outside[:5, :5] = False
+    outside[6:9, 6:9] = False
+    assert not mask[outside].any()

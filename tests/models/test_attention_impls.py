@@ -1,6 +1,6 @@
 """Every chunk-attention implementation against the reference (the oracle): forward and gradients.
 
-CPU: ``sdpa`` forward + gradients; ``flex`` forward only (torch 2.11 has no FlexAttention backward on
+Also on packed rows (several utterances per row, ``Segments``). CPU: ``sdpa`` forward + gradients; ``flex`` forward only (torch 2.11 has no FlexAttention backward on
 CPU; its gradients are checked by the ``gpu`` tests: ``pytest -m gpu tests/models/test_attention_impls.py``).
 """
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from usmkit.kernels.chunk_attention.api import chunk_attention
-from usmkit.kernels.chunk_attention.flex import chunk_block_layout
-from usmkit.kernels.masks import lengths_to_padding_mask, padded_chunk_mask
+from usmkit.kernels.chunk_attention.flex import chunk_block_layout, segment_block_layout
+from usmkit.kernels.masks import Segments, lengths_to_padding_mask, padded_chunk_mask, segment_chunk_mask
 
 # The CPU flex path is the eager (unfused) one on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -140,3 +140,90 @@ def test_gpu_impl_bf16_error_no_worse_than_torch_bf16(impl, chunk_size, left_chu
         base_err = (torch_same.double() - exact).abs().max()
         assert err <= 2 * base_err + 1e-2, (err, base_err)
     _check_padding(out, grads, lengths)
+
+
+# ---- packed rows (Segments): the same implementations, block-diagonal per utterance
+
+
+def _segments(T: int, rows: list[list[tuple[int, int]]]) -> Segments:
+    """Rows of (start, length) utterances, numbered row by row, left to right."""
+    ids = torch.full((len(rows), T), -1)
+    positions = torch.zeros(len(rows), T, dtype=torch.int64)
+    u = 0
+    for r, row in enumerate(rows):
+        for start, n in row:
+            ids[r, start : start + n] = u
+            positions[r, start : start + n] = torch.arange(n)
+            u += 1
+    return Segments(ids, positions)
+
+
+# Three rows of 37 frames: utterances back to back, with gaps, one filling the row.
+PACKED = [[(0, 9), (9, 14), (25, 11)], [(0, 3), (4, 5), (12, 20)], [(0, 37)]]
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), MASKS)
+def test_sdpa_matches_reference_on_packed_rows_forward_and_grads(chunk_size, left_chunks):
+    q, k, v, _, grad_out = _inputs(37, [37, 37, 37])
+    segments = _segments(37, PACKED)
+    ref, ref_grads = _run("reference", q, k, v, segments, chunk_size, left_chunks, grad_out)
+    out, grads = _run("sdpa", q, k, v, segments, chunk_size, left_chunks, grad_out)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for name, g, r in zip("qkv", grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"d{n}: {m}")
+    padded = ~segments.valid[:, None, :, None]  # (B, 1, T, 1)
+    assert (out.masked_select(padded) == 0).all() and all((g.masked_select(padded) == 0).all() for g in grads)
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), MASKS)
+def test_packed_rows_give_each_utterance_its_own_attention(chunk_size, left_chunks):
+    """The reference on a packed row equals the reference on each utterance alone (its own row)."""
+    q, k, v, _, _ = _inputs(37, [37, 37, 37])
+    segments = _segments(37, PACKED)
+    out = chunk_attention(q, k, v, segments, chunk_size, left_chunks, impl="reference")
+    for r, row in enumerate(PACKED):
+        for start, n in row:
+            part = slice(start, start + n)
+            alone = chunk_attention(
+                q[r : r + 1, :, part], k[r : r + 1, :, part], v[r : r + 1, :, part], torch.tensor([n]),
+                chunk_size, left_chunks, impl="reference",
+            )  # fmt: skip
+            torch.testing.assert_close(out[r : r + 1, :, part], alone, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), MASKS)
+def test_flex_forward_matches_reference_on_packed_rows(chunk_size, left_chunks):
+    q, k, v, _, _ = _inputs(37, [37, 37, 37])
+    segments = _segments(37, PACKED)
+    with torch.no_grad():
+        ref, _ = _run("reference", q, k, v, segments, chunk_size, left_chunks)
+        out, _ = _run("flex", q, k, v, segments, chunk_size, left_chunks)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (3, 0), (4, 0), (5, 1), (3, -1), (2, 2)])
+def test_flex_packed_block_layout_is_exact_where_full_and_misses_no_allowed_tile(chunk_size, left_chunks):
+    """Tiles of 4: a full tile is one whose every in-range pair is allowed; every tile holding an allowed
+    pair is full or partial; utterance ranges and chunk ranges skip tiles (fewer partial than all)."""
+    bs, T = 4, 37
+    segments = _segments(T, PACKED)
+    partial, full = segment_block_layout(segments, chunk_size, left_chunks, block_size=bs)
+    n = (T + bs - 1) // bs
+    dense = torch.zeros(len(PACKED), n * bs, n * bs, dtype=torch.bool)
+    dense[:, :T, :T] = segment_chunk_mask(segments, chunk_size, left_chunks)
+    tiles = dense.view(len(PACKED), n, bs, n, bs).permute(0, 1, 3, 2, 4)  # (B, nq, nk, bs, bs)
+    inside = torch.zeros(n * bs, dtype=torch.bool)
+    inside[:T] = True
+    inside_tiles = inside.view(n, bs)[:, None, :, None] & inside.view(n, bs)[None, :, None, :]
+    any_allowed = tiles.flatten(-2).any(-1)  # (B, nq, nk)
+    all_allowed = (tiles | ~inside_tiles).flatten(-2).all(-1) & any_allowed
+    assert torch.equal(full, all_allowed)
+    assert not (partial & full).any()
+    assert torch.equal((partial | full) & any_allowed, any_allowed), "a tile with an allowed pair is skipped"
+    assert (partial | full).sum() < partial.numel(), "nothing is skipped"
+
+
+def test_triton_refuses_packed_rows_in_one_line():
+    q, k, v, _, _ = _inputs(8, [8, 8, 8])
+    with pytest.raises(ValueError, match="attention_impl='sdpa' or 'flex' with packing"):
+        chunk_attention(q, k, v, _segments(8, [[(0, 8)], [(0, 3), (4, 4)], []]), 4, 0, impl="triton")

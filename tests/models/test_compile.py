@@ -175,3 +175,46 @@ def test_whole_model_replays_as_cuda_graphs_like_the_default_compiled_model():
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(a, c, rtol=1e-2, atol=1e-4)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+def _packed_batch(lengths, seed):
+    """Utterances of ``lengths`` frames packed into 3 rows of 256 frames (always the same shape)."""
+    from usmkit.data.packing import RowPacker
+
+    feats, lens, tokens, token_lens = _batch(len(lengths), max(lengths), 4, seed)
+    lens = torch.tensor(lengths)
+    order, packed, lens, packing = RowPacker(3, 256, 4).pack(feats, lens, lengths)
+    return packed, lens, tokens[order], token_lens[order], packing
+
+
+def test_packed_model_compiles_fullgraph_without_recompiling():
+    """Packed batches (``data.pack_to_frames``): no graph break, and one graph for batches of other
+    numbers of utterances in the same rows (the utterance and token axes dynamic, as the trainer marks them)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _model(las=False)
+    compiled = torch.compile(model.losses, fullgraph=True, backend="aot_eager")
+    for lengths, seed in (([100, 60, 90, 40, 120], 0), ([70, 50, 30, 110, 64, 80], 1), ([128, 127, 20, 33], 2)):
+        batch = _packed_batch(lengths, seed)
+        for t, dim in (
+            (batch[1], 0),
+            (batch[2], 0),
+            (batch[2], 1),
+            (batch[3], 0),
+            (batch[4].rows, 0),
+            (batch[4].offsets, 0),
+        ):
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+        model.zero_grad()
+        eager = model.losses(*batch)
+        eager["loss"].backward()
+        g_eager = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        comp = compiled(*batch)
+        comp["loss"].backward()
+        torch.testing.assert_close(comp["loss"], eager["loss"], rtol=1e-4, atol=1e-4)
+        for a, b in zip([p.grad for p in model.parameters()], g_eager, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

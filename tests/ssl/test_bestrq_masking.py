@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from usmkit.ssl.bestrq import BestRQConfig
-from usmkit.ssl.masking import ensure_one_start, expand_spans, mask_spans, sample_span_starts, valid_mask
+from usmkit.ssl.masking import (
+    ensure_one_start,
+    expand_spans,
+    mask_packed_spans,
+    mask_spans,
+    sample_span_starts,
+    valid_mask,
+)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -137,3 +144,32 @@ def test_masks_are_reproducible_for_a_generator_seed():
     c = mask_spans(lengths, 200, cfg, _gen(12))
     assert a.equal(b)
     assert not a.equal(c)
+
+
+# ---- packed rows: spans per utterance
+
+
+def test_expand_spans_stop_at_the_end_of_each_packed_utterance():
+    """Two utterances (frames 0-4, 5-9) in one row: a span started at frame 3 stops at frame 4."""
+    starts = torch.tensor([[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]])
+    assert expand_spans(starts, span=4).int().tolist() == [[0, 0, 0, 1, 1, 1, 1, 0, 0, 0]]
+    assert expand_spans(starts, span=4, positions=positions).int().tolist() == [[0, 0, 0, 1, 1, 0, 0, 0, 0, 0]]
+    t = torch.arange(10)[None, :]
+    many = torch.rand(3, 10, generator=_gen(0)) < 0.3
+    assert torch.equal(expand_spans(many, 3, positions=t.expand(3, 10)), expand_spans(many, 3)), "one per row"
+
+
+def test_packed_masks_cover_each_utterance_alone():
+    """Every utterance of a packed row gets a span (min_one_span) inside itself; padding stays unmasked."""
+    ids = torch.tensor([[0, 0, 0, 0, -1, 1, 1, 1, 1, 1, 1, -1], [2, 2, 2, 2, 2, 2, 2, 2, -1, -1, -1, -1]])
+    rows, offsets, lengths = torch.tensor([0, 0, 1]), torch.tensor([0, 5, 0]), torch.tensor([4, 6, 8])
+    positions = torch.where(ids >= 0, torch.arange(12)[None, :] - offsets[ids.clamp(min=0)], 0)
+    cfg = BestRQConfig(mask_prob=1e-6, mask_span_ms=30.0)  # starts come from min_one_span alone
+    for seed in range(20):
+        mask = mask_packed_spans(ids, positions, rows, offsets, lengths, cfg, _gen(seed))
+        assert not mask[ids < 0].any()
+        for u in range(3):
+            own = mask[ids == u]
+            assert own.any(), f"utterance {u} has no span"
+            assert _runs(own)[0][1] <= 3 and len(_runs(own)) == 1, "one span of at most 3 frames"

@@ -111,6 +111,13 @@ class DataConfig:
       ``max_duration / (L x frame shift)`` cuts, so the number of shapes is the number of padded lengths.
       Per epoch, each length's last incomplete batch waits for a later epoch (the log says how many cuts);
       refused with ``speed_perturb`` (it changes lengths after batching). Evaluation is unchanged.
+    - ``pack_to_frames``: training batches of packed rows (0 = off): several whole utterances share each row
+      of this many feature frames, and a batch is always ``max_duration / (pack_to_frames x frame shift)``
+      rows, so a compiled step sees one shape (CUDA graphs: one graph) and computes little padding. The
+      model keeps the utterances apart and the losses see each alone (``usmkit.data.packing``). Cuts must fit
+      a row: ``max_cut_duration`` at most a row's seconds. Not with ``pad_to_frames`` or ``fixed_batch_shapes``
+      (packing fixes the shape itself), ``speed_perturb`` (it changes lengths after batching) or ``shar_dir``.
+      Evaluation is unchanged.
     - ``utterance_mean_norm``: after global normalization, subtract each utterance's own per-bin mean
       (CMN; removes recording-level gain and channel offsets). Needs the whole utterance, so models
       trained with it decode offline (``usmkit.cli.evaluate``), not with streaming ``usmkit-transcribe``.
@@ -153,6 +160,7 @@ class DataConfig:
     lowpass_hz: tuple[float, ...] = (3000.0, 7000.0)
     pad_to_frames: int = 0
     fixed_batch_shapes: bool = False
+    pack_to_frames: int = 0
     language_temperature: float = 1.0
     on_bad_input: OnBadInput = "error"
     allow_urls: bool = False
@@ -208,6 +216,7 @@ class DataConfig:
                 f"DataConfig.fixed_batch_shapes=true with speed_perturb={list(self.speed_perturb)}: speed "
                 "changes a cut's length after it is batched, so shapes would not stay fixed; drop one of them"
             )
+        self._check_packing()
         if self.gain_db < 0:
             raise ValueError(f"DataConfig.gain_db must be >= 0 (a range in dB), got {self.gain_db}")
         if self.noise_snr_db and (len(self.noise_snr_db) != 2 or self.noise_snr_db[0] > self.noise_snr_db[1]):
@@ -231,6 +240,34 @@ class DataConfig:
             raise ValueError(f"DataConfig.labeled_fraction must be in (0, 1], got {self.labeled_fraction}")
         if self.max_cut_duration <= 0:
             raise ValueError(f"DataConfig.max_cut_duration must be > 0 seconds, got {self.max_cut_duration}")
+
+    def _check_packing(self) -> None:
+        if self.pack_to_frames < 0:
+            raise ValueError(f"DataConfig.pack_to_frames must be >= 0 (0 = off), got {self.pack_to_frames}")
+        if self.pack_to_frames == 0:
+            return
+        refused = [
+            name
+            for name, on in (
+                (f"pad_to_frames={self.pad_to_frames}", self.pad_to_frames > 0),
+                ("fixed_batch_shapes=true", self.fixed_batch_shapes),
+                (f"speed_perturb={list(self.speed_perturb)}", bool(self.speed_perturb)),
+                (f"shar_dir={self.shar_dir}", bool(self.shar_dir)),
+            )
+            if on
+        ]
+        if refused:
+            raise ValueError(
+                f"DataConfig.pack_to_frames={self.pack_to_frames} packs fixed rows itself, which does not go with "
+                f"{', '.join(refused)}: drop those, or set pack_to_frames=0"
+            )
+        row_s = self.pack_to_frames * self.features.frame_shift_ms / 1000.0
+        if self.max_cut_duration > row_s:
+            raise ValueError(
+                f"DataConfig.pack_to_frames={self.pack_to_frames} makes rows of {row_s:g} s, shorter than "
+                f"max_cut_duration={self.max_cut_duration:g} s: set max_cut_duration={row_s:g} (longer cuts are "
+                "left out of training) or raise pack_to_frames"
+            )
 
     @property
     def waveform_augmentation_on(self) -> list[str]:

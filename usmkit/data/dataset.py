@@ -5,7 +5,8 @@ Shapes: B batch, T feature frames, F mel bins, U tokens.
 Per batch (in a loader worker): speed perturbation (train, lhotse) -> reverberation, recorded noise and a
 band-limited channel on the waveform (train, lhotse; ``usmkit.data.waveform_augment``) -> features (lhotse
 input strategy: stored or on-the-fly fbank) -> random gain and synthetic background noise (train) -> global
-mean/variance normalization -> SpecAugment (train, torchaudio) -> tokens from the supervision text.
+mean/variance normalization -> SpecAugment (train, torchaudio) -> packing into fixed rows (train, with a
+``RowPacker``: ``usmkit.data.packing``) -> tokens from the supervision text.
 Feature values that are not finite (NaN/Inf samples in a recording make its fbank frames NaN) are
 set to the global mean (0 after normalization), with a warning naming the cut and counting the frames.
 """
@@ -27,6 +28,7 @@ from usmkit.data.batch import Batch
 from usmkit.data.config import FeatureConfig, SpecAugmentConfig
 from usmkit.data.features import input_strategy, to_sample_rate
 from usmkit.data.normalize import FeatureStats, SpeakerNorm
+from usmkit.data.packing import RowPacker, cut_frames
 from usmkit.data.sampling import cut_language, cut_speaker
 from usmkit.data.waveform_augment import WaveformAugment
 
@@ -95,6 +97,8 @@ class AsrDataset(torch.utils.data.Dataset):
     ``spec_augment`` / ``speed_perturb`` / ``waveform`` / ``gain_db`` / ``noise_snr_db`` are for training;
     leave them off for evaluation. ``waveform`` (``usmkit.data.waveform_augment.waveform_augmentation``) needs
     on-the-fly features; when it mixes recorded noise, the synthetic feature noise (``noise_snr_db``) is off.
+    ``packer``: pack the utterances into its fixed rows (``Batch.packing``); every augmentation and
+    normalization runs on each utterance before, so packing changes none of them.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class AsrDataset(torch.utils.data.Dataset):
         pad_to_frames: int = 0,
         utterance_mean_norm: bool = False,
         speaker_norms: dict[str, SpeakerNorm] | None = None,
+        packer: RowPacker | None = None,
         seed: int = 0,
     ) -> None:
         if speed_perturb and features.precomputed:
@@ -137,6 +142,7 @@ class AsrDataset(torch.utils.data.Dataset):
         self.pad_to_frames = pad_to_frames
         self.utterance_mean_norm = utterance_mean_norm
         self.speaker_norms = speaker_norms
+        self.packer = packer
         self.input = input_strategy(features)
 
     def reseed(self, seed: int) -> None:
@@ -150,6 +156,8 @@ class AsrDataset(torch.utils.data.Dataset):
     def __getitem__(self, cuts: CutSet) -> Batch:
         if len(cuts) == 0:
             raise ValueError("AsrDataset got an empty CutSet for a batch")
+        # Packed rows are assigned from the frames the sampler counted, on the cuts as it saw them.
+        sizes = [cut_frames(c, self.features.frame_shift_ms / 1000.0) for c in cuts] if self.packer else []
         if self.perturb is not None:
             cuts = self.perturb(cuts)
         if not self.features.precomputed:
@@ -179,6 +187,11 @@ class AsrDataset(torch.utils.data.Dataset):
         if self.pad_to_frames > 0:  # a few static time lengths for a compiled step
             extra = -feats.shape[1] % self.pad_to_frames
             feats = torch.nn.functional.pad(feats, (0, 0, 0, extra))  # (B, T + extra, F), zeros
+        packing = None
+        cuts = list(cuts)
+        if self.packer is not None:  # (R, N, F) rows; the utterances from now on in row-major order
+            order, feats, feat_lens, packing = self.packer.pack(feats, feat_lens, sizes)
+            cuts = [cuts[i] for i in order]
         texts = [cut_text(c) for c in cuts]
         tokens, token_lens = self._tokenize(texts)
         return Batch(
@@ -189,6 +202,7 @@ class AsrDataset(torch.utils.data.Dataset):
             texts=texts,
             languages=[cut_language(c) for c in cuts],
             cut_ids=[c.id for c in cuts],
+            packing=packing,
         )
 
     def _normalize_speakers(self, feats: torch.Tensor, feat_lens: torch.Tensor, cuts: CutSet) -> torch.Tensor:

@@ -32,6 +32,7 @@ from usmkit.data.dataset import AsrDataset, TextEncoder
 from usmkit.data.features import feature_storage_dir, precompute_features
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
+from usmkit.data.packing import RowPacker, cut_frames, packed_rows
 from usmkit.data.sampling import NUM_CUTS_FOR_BINS, labeled_subset, language_balanced, make_sampler
 from usmkit.data.shar import shar_cuts, split_shards, stream_shards
 from usmkit.data.validate import ValidationReport, validate_cuts
@@ -242,6 +243,7 @@ def make_loader(
     speaker_norms: dict[str, SpeakerNorm] | None = None,
     pin_memory: bool = False,
     endless: bool = False,
+    pack_align: int | None = None,
 ) -> AsrLoader:
     """Loader over ``cuts`` (already through ``prepare_cuts``).
 
@@ -253,6 +255,8 @@ def make_loader(
     repeatedly), else from ``cuts``. ``pin_memory``: batches arrive in page-locked memory (for a CUDA
     trainer, whose host runs ahead of the device: a copy from pageable memory can wait for it).
     ``endless``: one pass runs through consecutive epochs (``AsrLoader``), for a training loop counted in steps.
+    ``pack_align``: with ``cfg.pack_to_frames`` (training), where packed utterances may start: a multiple of
+    this many frames, the encoder's subsampling factor (``usmkit.data.packing``).
 
     With ``cfg.shar_dir`` the training loader streams the training split's Shar shards instead (``SharLoader``,
     endless; ``cuts`` are then only the shards' manifests, from which it takes the duration buckets).
@@ -270,16 +274,21 @@ def make_loader(
                 f"features.precomputed=True but cut {bare!r} has no stored features: pass the cuts through "
                 "usmkit.data.loader.prepare_cuts first, or set features.precomputed=False"
             )
+    packer = _packer(cfg, pack_align) if train else None
     if speaker_norms is None:  # before language sampling, which can make the training stream endless
         speaker_norms = speaker_norms_for(cuts, cfg, stats)
     if train:
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
         cuts = _drop_long(cuts, cfg.max_cut_duration)
+        if packer is not None:
+            cuts = _drop_unpackable(cuts, packer, cfg.features.frame_shift_ms / 1000.0)
         cuts = language_balanced(cuts, cfg.language_temperature, seed=seed)
     fixed = train and cfg.fixed_batch_shapes
-    sampler = make_sampler(cuts, cfg, train=train, rank=rank, world_size=world_size, seed=seed, fixed_shapes=fixed)
-    dataset = _dataset(cfg, tokenizer, stats, speaker_norms, train=train, seed=seed + rank)
+    sampler = make_sampler(
+        cuts, cfg, train=train, rank=rank, world_size=world_size, seed=seed, fixed_shapes=fixed, packer=packer
+    )
+    dataset = _dataset(cfg, tokenizer, stats, speaker_norms, train=train, seed=seed + rank, packer=packer)
     return AsrLoader(
         dataset, sampler, num_workers=cfg.num_workers, seed=seed + rank, pin_memory=pin_memory, endless=endless
     )
@@ -293,6 +302,7 @@ def _dataset(
     *,
     train: bool,
     seed: int,
+    packer: RowPacker | None = None,
 ) -> AsrDataset:
     """Cuts -> ``Batch``: features, normalization, and in training the augmentation ``cfg`` asks for."""
     return AsrDataset(
@@ -308,6 +318,7 @@ def _dataset(
         pad_to_frames=cfg.pad_to_frames,
         utterance_mean_norm=cfg.utterance_mean_norm,
         speaker_norms=speaker_norms,
+        packer=packer,
         seed=seed,
     )
 
@@ -336,6 +347,26 @@ def split_loader(
         require_text=True,
     )
     return make_loader(cuts, cfg, tokenizer=tokenizer, stats=stats, train=False), report
+
+
+def _packer(cfg: DataConfig, align: int | None) -> RowPacker | None:
+    """The training batches' rows with ``cfg.pack_to_frames``, else None."""
+    if not cfg.pack_to_frames:
+        return None
+    if not align:
+        raise ValueError("data.pack_to_frames needs pack_align (the encoder's subsampling factor) to place utterances")
+    rows = packed_rows(cfg.max_duration, cfg.features.frame_shift_ms / 1000.0, cfg.pack_to_frames)
+    log.info("training batches: utterances packed into %d rows of %d frames", rows, cfg.pack_to_frames)
+    return RowPacker(rows, cfg.pack_to_frames, align)
+
+
+def _drop_unpackable(cuts: CutSet, packer: RowPacker, frame_shift: float) -> CutSet:
+    """Leave out the cuts longer than a packed row (``max_cut_duration`` keeps them within a frame or two of it)."""
+    long = sum(1 for c in cuts if not packer.fits(cut_frames(c, frame_shift)))
+    if long == 0:
+        return cuts
+    log.warning("training leaves out %d cuts longer than a packed row (%d frames)", long, packer.frames)
+    return CutSet.from_cuts(c for c in cuts if packer.fits(cut_frames(c, frame_shift)))
 
 
 def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:

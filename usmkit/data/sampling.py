@@ -9,7 +9,7 @@ import hashlib
 import logging
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any
 
@@ -21,6 +21,7 @@ from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 from lhotse.utils import compute_num_frames
 
 from usmkit.data.config import DataConfig
+from usmkit.data.packing import PackedBatchSampler, RowPacker
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ def make_sampler(
     world_size: int = 1,
     seed: int = 0,
     fixed_shapes: bool = False,
-) -> DynamicBucketingSampler:
+    packer: RowPacker | None = None,
+) -> DynamicBucketingSampler | PackedBatchSampler:
     """lhotse ``DynamicBucketingSampler`` over ``cuts``: batches of at most ``cfg.max_duration`` s
     of similar-length cuts.
 
@@ -191,16 +193,23 @@ def make_sampler(
     ``rank``-th, so ranks see disjoint batches (lhotse pads the very last step with duplicates, ids
     marked ``_dup``, so that no rank waits). Evaluation (``train=False``): no shuffling and, with one
     rank, every cut exactly once. ``fixed_shapes`` (training with ``cfg.fixed_batch_shapes``): batches
-    of one size per padded length instead (``FixedShapeSampler``, ``fixed_shape_args``).
+    of one size per padded length instead (``FixedShapeSampler``, ``fixed_shape_args``). ``packer`` (training
+    with ``cfg.pack_to_frames``): batches that fill its rows (``PackedBatchSampler``), packed from this
+    function's bucketed batches of one row's seconds each.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
     head = list(islice(cuts, NUM_CUTS_FOR_BINS))
     if not head:
         raise ValueError("make_sampler got an empty CutSet: nothing to load")
+    if (fixed_shapes or packer is not None) and not train:
+        raise ValueError("fixed batch shapes and packed rows are for training: evaluation must see every cut")
+    if packer is not None:
+        shift = cfg.features.frame_shift_ms / 1000.0
+        rows = replace(cfg, max_duration=packer.frames * shift)
+        inner = make_sampler(cuts, rows, train=True, rank=rank, world_size=world_size, seed=seed)
+        return PackedBatchSampler(inner, packer, shift)
     if fixed_shapes:
-        if not train:
-            raise ValueError("fixed batch shapes are for training: evaluation must see every cut")
         sampler_cls, kwargs = FixedShapeSampler, fixed_shape_args(head, cfg, world_size)
     else:
         # lhotse's estimator needs 2 <= num_buckets <= number of cuts. With fewer cuts, one edge above the

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from usmkit.data.batch import Batch
+from usmkit.data.packing import Packing
 from usmkit.decoding import (
     Hypothesis,
     attention_rescore_batch,
@@ -112,14 +113,28 @@ class AsrModel(nn.Module):
         return self.encoder(features, lengths)
 
     def losses(
-        self, features: torch.Tensor, feature_lens: torch.Tensor, tokens: torch.Tensor, token_lens: torch.Tensor
+        self,
+        features: torch.Tensor,
+        feature_lens: torch.Tensor,
+        tokens: torch.Tensor,
+        token_lens: torch.Tensor,
+        packing: Packing | None = None,
     ) -> dict[str, torch.Tensor]:
         """The training losses as tensors only (no ``.item()``, no data-dependent branches: compilable).
 
         Keys: ``loss`` (to backpropagate), ``loss_ctc`` (if CTC), ``loss_inter_ctc`` (if intermediate
-        CTC), ``loss_att`` and ``acc_att`` (if LAS).
+        CTC), ``loss_att`` and ``acc_att`` (if LAS). ``packing``: features are packed rows (R, N, F) of the
+        (B,) utterances of ``feature_lens``; the encoder returns them one per row, so every head and loss
+        sees each utterance alone, as in an unpacked batch.
         """
-        if self.inter_layers:
+        if packing is not None:
+            if not hasattr(self.encoder, "forward_packed"):
+                raise ValueError(
+                    f"packed batches need an encoder with forward_packed; {type(self.encoder).__name__} has none"
+                )
+            enc, enc_lens, kept = self.encoder.forward_packed(features, feature_lens, packing, self.inter_layers)
+            inter = kept[0] if kept else None
+        elif self.inter_layers:
             enc, enc_lens, (inter,) = self.encoder.forward_with_intermediate(features, feature_lens, self.inter_layers)
         else:
             enc, enc_lens = self.encode(features, feature_lens)
@@ -141,7 +156,7 @@ class AsrModel(nn.Module):
         return out
 
     def forward(self, batch: Batch) -> StepOutput:
-        losses = self.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens)
+        losses = self.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens, batch.packing)
         metrics = {name: value.detach() for name, value in losses.items()}
         return StepOutput(loss=losses["loss"], metrics=metrics)
 

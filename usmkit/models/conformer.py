@@ -10,6 +10,12 @@ Attention sees only what the chunk mask allows (``usmkit.kernels.masks``); convo
 edges. Padded frames never influence valid ones: attention masks padded keys, the convolution
 zeroes them first, the rest works frame by frame. The forward has no data-dependent Python control
 flow (no ``.item()``), so ``torch.compile(fullgraph=True)`` can trace it.
+
+Packed rows (several utterances per row, ``forward_packed``): the blocks take the encoder frames'
+``Segments`` in place of lengths; attention stays inside each utterance with chunks and rotary positions
+counted from its start, the depthwise convolution's taps stop at its edges, and the rest is per frame, so
+every utterance gets the output it gets alone (``usmkit.models.packing`` says why the front end may run on
+the packed rows as they are).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from typing import Literal
 import torch
 from torch import nn
 
-from usmkit.kernels.masks import check_chunk_args, lengths_to_padding_mask
+from usmkit.data.packing import Packing
+from usmkit.kernels.masks import Frames, Segments, check_chunk_args, lengths_to_padding_mask
 from usmkit.models.attention import MultiHeadSelfAttention
 from usmkit.models.config import ConformerConfig
 from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
+from usmkit.models.packing import encoder_segments, unpack
 from usmkit.models.rotary import RotaryTable
 from usmkit.models.subsampling import Conv2dSubsampling
 
@@ -61,30 +69,38 @@ class ConformerBlock(nn.Module):
         return x, q, k, v
 
     def after_attention(
-        self, x: torch.Tensor, attn: torch.Tensor, valid: torch.Tensor, conv_context: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        attn: torch.Tensor,
+        valid: torch.Tensor,
+        conv_context: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T', D) from ``before_attention``, attn (B, H, T', Dh), valid (B, T') bool, conv_context
-        (B, Kc - 1, D) or None (zero padding) -> the block's output (B, T', D) and the depthwise
-        convolution's input (B, T', D), whose last frames are the next chunk's ``conv_context``."""
+        (B, Kc - 1, D) or None (zero padding), segment_ids (B, T') of packed rows or None -> the block's
+        output (B, T', D) and the depthwise convolution's input (B, T', D), whose last frames are the next
+        chunk's ``conv_context``."""
         x = x + self.mhsa.project_out(attn)
         conv_in = self.conv.pointwise_in(x, valid)
-        x = x + self.conv.pointwise_out(self.conv.depthwise(conv_in, conv_context))
+        x = x + self.conv.pointwise_out(self.conv.depthwise(conv_in, conv_context, segment_ids))
         x = x + 0.5 * self.ff2(x)
         return self.norm(x), conv_in
 
     def forward(
         self,
         x: torch.Tensor,
-        lengths: torch.Tensor,
+        lengths: Frames,
         valid: torch.Tensor,
         positions: torch.Tensor | RotaryTable,
         chunk_size: int | None,
         left_chunks: int,
     ) -> torch.Tensor:
-        """x (B, T', D), lengths (B,), valid (B, T') bool, positions (T',) or their ``RotaryTable`` -> (B, T', D)."""
+        """x (B, T', D), lengths (B,) or packed rows' ``Segments``, valid (B, T') bool, positions (T',) or
+        (B, T') or their ``RotaryTable`` -> (B, T', D)."""
         x, q, k, v = self.before_attention(x, positions)
         attn = self.mhsa.attend(q, k, v, lengths, chunk_size, left_chunks)  # (B, H, T', Dh)
-        return self.after_attention(x, attn, valid)[0]
+        segment_ids = lengths.ids if isinstance(lengths, Segments) else None
+        return self.after_attention(x, attn, valid, segment_ids=segment_ids)[0]
 
 
 class ConformerEncoder(nn.Module):
@@ -165,6 +181,43 @@ class ConformerEncoder(nn.Module):
         x, kept = self.run_blocks(x, lengths, 0, len(self.blocks), layers, chunk_size, left_chunks)
         return x, lengths, kept
 
+    def forward_packed(
+        self, features: torch.Tensor, lengths: torch.Tensor, packing: Packing, layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``forward_with_intermediate`` of a packed batch, one utterance per row again at the end.
+
+        features (R, N, F) packed rows, lengths (U,) valid feature frames per utterance -> (U, T', D) with
+        utterance u's frames first in row u and zeros after them, (U,) valid encoder frames, and the blocks
+        numbered ``layers`` likewise. Equal to ``forward_with_intermediate`` on the same utterances one per
+        row, up to the padding length (tests/models/test_packing.py).
+        """
+        x, segments, kept = self.encode_packed(features, lengths, packing, layers)
+        enc_lens = self.output_lengths(lengths)  # (U,)
+        factor = self.subsampling_factor
+        return unpack(x, packing, enc_lens, factor), enc_lens, [unpack(k, packing, enc_lens, factor) for k in kept]
+
+    def encode_packed(
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        packing: Packing,
+        layers: tuple[int, ...] = (),
+        chunk_size: int | None | Literal["config"] = "config",
+        left_chunks: int | None = None,
+    ) -> tuple[torch.Tensor, Segments, list[torch.Tensor]]:
+        """Packed rows in, packed rows out: features (R, N, F), lengths (U,) -> (R, T', D) with padding set to
+        0, the encoder frames' ``Segments`` (R, T'), and the outputs of the blocks numbered ``layers``."""
+        if packing.align % self.subsampling_factor:
+            raise ValueError(
+                f"packed utterances start at multiples of {packing.align} feature frames, which the encoder's "
+                f"{self.subsampling_factor}x subsampling does not stride to: pack with pack_align="
+                f"{self.subsampling_factor}"
+            )
+        x, _ = self.front_end(features, lengths)  # (R, T', D)
+        segments = encoder_segments(packing, lengths, self.subsampling_factor, x.shape[1])  # (R, T')
+        x, kept = self.run_blocks(x, segments, 0, len(self.blocks), layers, chunk_size, left_chunks)
+        return x, segments, kept
+
     # The encoder in two parts, for a second modality that enters at block k (MOST's text injection,
     # usmkit/ssl/most.py): front_end + run_blocks(0, k) for speech, run_blocks(k, num_layers) for both.
     # ``forward_with_intermediate`` is front_end + run_blocks(0, num_layers).
@@ -182,14 +235,15 @@ class ConformerEncoder(nn.Module):
     def run_blocks(
         self,
         x: torch.Tensor,
-        lengths: torch.Tensor,
+        lengths: Frames,
         start: int,
         stop: int,
         layers: tuple[int, ...] = (),
         chunk_size: int | None | Literal["config"] = "config",
         left_chunks: int | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Blocks ``start .. stop - 1`` (0-based) on x (B, T', D) with (B,) valid frames.
+        """Blocks ``start .. stop - 1`` (0-based) on x (B, T', D) with (B,) valid frames (or, packed rows, the
+        frames' ``Segments``).
 
         Returns their output (B, T', D) with padded frames set to 0, and the outputs of the blocks
         numbered ``layers`` (1 = the first block's output) among them, likewise. Padded input frames
@@ -205,8 +259,11 @@ class ConformerEncoder(nn.Module):
         if not 0 <= start <= stop <= len(self.blocks):
             raise ValueError(f"blocks {start}..{stop} must satisfy 0 <= start <= stop <= {len(self.blocks)}")
         T = x.shape[1]
-        valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
-        positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
+        if isinstance(lengths, Segments):  # packed rows: rotary positions restart at every utterance
+            valid, positions = lengths.valid, lengths.positions  # (B, T'), (B, T')
+        else:
+            valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
+            positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
         rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
         padded = ~valid[:, :, None]  # (B, T', 1)
         kept = []

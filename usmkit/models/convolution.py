@@ -8,6 +8,10 @@ channels, not BatchNorm: it is per frame, so batch composition, padding and stre
 a frame's output. Pointwise convolutions are ``nn.Linear`` on (B, T, D) (the same operation as a
 kernel-1 Conv1d, without the transposes).
 
+Packed rows (several utterances per row): ``depthwise(y, segment_ids=ids)`` drops every tap that reads
+a frame of another utterance, so each utterance is convolved as if it were alone in its row with zero
+padding around it.
+
 Streaming: the three stages are separate methods. ``depthwise(y, context)`` takes the last K - 1
 frames of the previous chunk's ``pointwise_in`` output as ``context`` (for ``causal=True``); the full
 forward passes no context, which is zero padding.
@@ -46,11 +50,14 @@ class ConvolutionModule(nn.Module):
         y = F.glu(self.pointwise1(self.norm_in(x)), dim=-1)  # (B, T, D)
         return y.masked_fill(~valid[:, :, None], 0.0)
 
-    def depthwise(self, y: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    def depthwise(
+        self, y: torch.Tensor, context: torch.Tensor | None = None, segment_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Depthwise conv over time, (B, T, D) -> (B, T, D).
 
         ``context`` (B, left_context, D) replaces the zero left padding (streaming); right padding
-        (non-causal only) is always zeros, i.e. what follows the last valid frame.
+        (non-causal only) is always zeros, i.e. what follows the last valid frame. ``segment_ids`` (B, T)
+        (packed rows, ``usmkit.kernels.masks.Segments.ids``): taps across an utterance boundary read zero.
 
         Three ways to the same result, each where it is fastest (our own code, not ``nn.Conv1d``,
         in two of them):
@@ -64,6 +71,10 @@ class ConvolutionModule(nn.Module):
         """
         left = self.left_context
         right = self.kernel_size - 1 - left
+        if segment_ids is not None:
+            if context is not None:
+                raise ValueError("a streaming chunk (context) holds one utterance: it takes no segment_ids")
+            return self._depthwise_segments(y, segment_ids, left, right)
         if torch.compiler.is_compiling():
             seq = torch.cat([context, y], dim=1) if context is not None else F.pad(y, (0, 0, left, 0))
             seq = F.pad(seq, (0, 0, 0, right))  # (B, T + K - 1, D)
@@ -81,10 +92,23 @@ class ConvolutionModule(nn.Module):
         y = F.pad(y.transpose(1, 2), (left, right))  # (B, D, left + T + right)
         return self.depthwise_conv(y).transpose(1, 2)  # (B, T, D)
 
+    def _depthwise_segments(self, y: torch.Tensor, ids: torch.Tensor, left: int, right: int) -> torch.Tensor:
+        """K shifted multiply-adds (as the compiled path), each tap zeroed where it reads another utterance:
+        y (B, T, D), ids (B, T) -> (B, T, D). Padded frames of y are zero already (``pointwise_in``)."""
+        T, w = y.shape[1], self.depthwise_conv.weight[:, 0, :]  # (D, K)
+        seq = F.pad(y, (0, 0, left, right))  # (B, T + K - 1, D)
+        seq_ids = F.pad(ids, (left, right), value=-1)  # (B, T + K - 1)
+        out = None
+        for k in range(self.kernel_size):
+            same = (seq_ids[:, k : k + T] == ids).to(y.dtype)[:, :, None]  # (B, T, 1): tap k stays inside
+            term = seq[:, k : k + T] * same * w[:, k]
+            out = term if out is None else out + term
+        return out + self.depthwise_conv.bias  # (B, T, D); the bias last, as in the compiled path
+
     def pointwise_out(self, y: torch.Tensor) -> torch.Tensor:
         """(B, T, D) -> (B, T, D): norm, Swish, pointwise, dropout."""
         return self.dropout(self.pointwise2(F.silu(self.norm_mid(y))))
 
-    def forward(self, x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """x (B, T, D), valid (B, T) bool -> residual branch (B, T, D)."""
-        return self.pointwise_out(self.depthwise(self.pointwise_in(x, valid)))
+    def forward(self, x: torch.Tensor, valid: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, D), valid (B, T) bool, segment_ids (B, T) of packed rows or None -> residual branch (B, T, D)."""
+        return self.pointwise_out(self.depthwise(self.pointwise_in(x, valid), segment_ids=segment_ids))

@@ -14,6 +14,11 @@ One step (``BestRQModel.forward``):
 4. N softmax heads (one ``Linear(D, N * K)``) predict the codes at the masked frames only; the loss is
    the cross-entropy averaged over masked frames and codebooks.
 
+Packed batches (``Batch.packing``): the encoder runs on the packed rows (``ConformerEncoder.encode_packed``);
+targets stack S feature frames of one utterance (utterances start at multiples of S), spans are drawn and
+clipped per utterance (``mask_packed_spans``), and a frame counts where it is valid for its own utterance,
+so each utterance adds what it adds alone in a row.
+
 The quantizer is stored as persistent buffers (``quantizer.*`` in the state dict) and the heads as
 ``heads.*``; only ``encoder.*`` is meant to be carried to later stages (``init_from`` loads that
 prefix), so neither leaks into fine-tuning.
@@ -28,9 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from usmkit.data.batch import Batch
+from usmkit.data.packing import Packing
+from usmkit.kernels.masks import Segments
 from usmkit.models.output import StepOutput
+from usmkit.models.packing import feature_segments
 from usmkit.ssl.bestrq_config import BestRQConfig, check_stack_frames
-from usmkit.ssl.masking import mask_spans, valid_mask
+from usmkit.ssl.masking import mask_packed_spans, mask_spans, valid_mask
 from usmkit.ssl.quantizer import RandomProjectionQuantizer
 
 __all__ = ["BestRQConfig", "BestRQModel", "RandomProjectionQuantizer", "mask_spans", "code_perplexity"]
@@ -111,13 +119,24 @@ class BestRQModel(nn.Module):
         return self._eval_generator
 
     def mask_features(
-        self, features: torch.Tensor, lengths: torch.Tensor, generator: torch.Generator | None = None
+        self,
+        features: torch.Tensor,
+        lengths: torch.Tensor,
+        generator: torch.Generator | None = None,
+        packing: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """features (B, T, F), lengths (B,) -> (masked features (B, T, F), mask (B, T) bool).
+        """features (B, T, F), lengths (B,) -> (masked features (B, T, F), mask (B, T) bool); packed rows
+        (``packing``): features (R, N, F), lengths (U,) per utterance.
 
         Masked valid frames are replaced by N(0, noise_std) noise; padding stays as it was.
         """
-        mask = mask_spans(lengths, features.shape[1], self.cfg, generator)  # (B, T)
+        if packing is None:
+            mask = mask_spans(lengths, features.shape[1], self.cfg, generator)  # (B, T)
+        else:
+            seg = feature_segments(packing)  # (R, N)
+            mask = mask_packed_spans(
+                seg.ids, seg.positions, packing.rows, packing.offsets, lengths, self.cfg, generator
+            )  # (R, N)
         noise = torch.randn(features.shape, generator=generator, device=features.device, dtype=features.dtype)
         return torch.where(mask.unsqueeze(-1), noise * self.cfg.noise_std, features), mask
 
@@ -141,28 +160,57 @@ class BestRQModel(nn.Module):
         return None
 
     def forward(self, batch: Batch) -> StepOutput:
-        return self.masked_prediction(batch.features, batch.feature_lens, self.encoder)
+        packing = batch.packing
+        if packing is None:
+            return self.masked_prediction(batch.features, batch.feature_lens, self.encoder)
+
+        def encode_rows(features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, Segments]:
+            x, segments, _ = self.encoder.encode_packed(features, lengths, packing)
+            return x, segments
+
+        return self.masked_prediction(batch.features, batch.feature_lens, encode_rows, packing)
 
     def masked_prediction(
         self,
         features: torch.Tensor,
         lengths: torch.Tensor,
-        encoder: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        encoder: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | Segments]],
+        packing: Packing | None = None,
     ) -> StepOutput:
-        """The BEST-RQ loss and metrics of ``encoder`` on features (B, T, F) with (B,) valid frames."""
+        """The BEST-RQ loss and metrics of ``encoder`` on features (B, T, F) with (B,) valid frames.
+
+        ``packing``: features are packed rows (R, N, F), lengths (U,) per utterance, and ``encoder`` returns
+        the packed encoder frames (R, T', D) with their ``Segments`` instead of (B,) valid lengths.
+        """
+        generator = self._mask_generator(features.device)
+        masked_features, mask = self.mask_features(features, lengths, generator, packing)  # (B, T, F), (B, T)
+        return self.predict_masked(features, masked_features, mask, lengths, encoder, packing)
+
+    def predict_masked(
+        self,
+        features: torch.Tensor,
+        masked_features: torch.Tensor,
+        mask: torch.Tensor,
+        lengths: torch.Tensor,
+        encoder: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | Segments]],
+        packing: Packing | None = None,
+    ) -> StepOutput:
+        """``masked_prediction`` from a drawn ``mask`` (B, T) and the ``masked_features`` it gave."""
         cfg = self.cfg
         N, K, S = cfg.num_codebooks, cfg.codebook_size, cfg.stack_frames
         B, T, _ = features.shape
 
-        codes, target_lens = self.quantizer.targets(features, lengths)  # (B, T2, N), (B,)
-        generator = self._mask_generator(features.device)
-        masked_features, mask = self.mask_features(features, lengths, generator)  # (B, T, F), (B, T)
-        enc, enc_lens = encoder(masked_features, lengths)  # (B, T', D), (B,)
+        codes, target_lens = self.quantizer.targets(features, lengths)  # (B, T2, N), (B,) or (U,)
+        enc, frames = encoder(masked_features, lengths)  # (B, T', D); (B,) valid frames, or Segments (B, T')
 
         T2 = T // S
         Tc = min(enc.shape[1], T2)  # common prefix of encoder and target frames (static ints)
         frame_masked = mask[:, : T2 * S].reshape(B, T2, S).any(dim=-1)[:, :Tc]  # (B, Tc)
-        frame_valid = valid_mask(torch.minimum(enc_lens, target_lens), Tc)  # (B, Tc)
+        if isinstance(frames, Segments):  # encoder frame p of an utterance predicts its target p
+            ids = frames.ids[:, :Tc]  # (B, Tc)
+            frame_valid = (ids >= 0) & (frames.positions[:, :Tc] < target_lens[ids.clamp(min=0)])
+        else:
+            frame_valid = valid_mask(torch.minimum(frames, target_lens), Tc)  # (B, Tc)
         selected = frame_masked & frame_valid  # (B, Tc)
         codes = codes[:, :Tc]  # (B, Tc, N)
 
@@ -178,8 +226,8 @@ class BestRQModel(nn.Module):
             acc = (predictions == targets).to(torch.float32).sum(dim=0) / num_masked  # (N,)
             target_ppl = code_perplexity(codes, frame_valid, K)  # (N,)
             pred_ppl = code_perplexity(predictions, torch.ones(predictions.shape[0], device=features.device), K)
-            input_valid = valid_mask(lengths, T)  # (B, T)
-            mask_frac = mask.sum().to(torch.float32) / input_valid.sum().clamp(min=1).to(torch.float32)
+            input_frames = lengths.sum() if packing is not None else valid_mask(lengths, T).sum()
+            mask_frac = mask.sum().to(torch.float32) / input_frames.clamp(min=1).to(torch.float32)
         metrics = {"loss": loss.detach(), "acc_mean": acc.mean(), "perplexity_mean": target_ppl.mean()}
         metrics |= {f"acc_cb{i}": acc[i] for i in range(N)}
         metrics |= {f"perplexity_cb{i}": target_ppl[i] for i in range(N)}

@@ -165,6 +165,7 @@ class TrainingRecipe:
                 seed=cfg.trainer.seed,
                 pin_memory=pin,
                 endless=True,  # the workers prefetch across epoch boundaries
+                pack_align=self.encoder_cfg.subsampling_factor,  # packed utterances start where it strides
             )
         self.dev_eval = None
         if cfg.trainer.eval_every and data.dev_split:
@@ -346,10 +347,12 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
         raise ConfigError(str(e)) from e
     if cfg.trainer.compile:
         compiled_lengths(cfg)  # refuses unpadded batches
-        if cfg.trainer.compile_mode == "reduce-overhead" and not cfg.data.fixed_batch_shapes:
+        fixed = cfg.data.fixed_batch_shapes or cfg.data.pack_to_frames > 0
+        if cfg.trainer.compile_mode == "reduce-overhead" and not fixed:
             log.warning(
                 "trainer.compile_mode=reduce-overhead records a CUDA graph for every batch shape, and bucketed "
-                "batches vary in size: set data.fixed_batch_shapes=true for a few shapes"
+                "batches vary in size: set data.fixed_batch_shapes=true for a few shapes, or data.pack_to_frames "
+                "for one"
             )
     if cfg.init_from:
         resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
@@ -367,12 +370,15 @@ def compiled_lengths(cfg: TrainConfig) -> int:
 
     The compiled step is static in time, so each length compiles a graph of its own, and
     ``torch._dynamo`` runs uncompiled whatever comes after its recompile limit (8 graphs per function).
-    Unpadded batches (``data.pad_to_frames=0``) would take every length: refused.
+    Unpadded batches (``data.pad_to_frames=0``) would take every length: refused. Packed rows
+    (``data.pack_to_frames``) have one length.
     """
     data = cfg.data
+    if data.pack_to_frames:
+        return 1
     if data.pad_to_frames == 0:
         raise UsageError(
-            "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256): unpadded batches "
+            "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256) or data.pack_to_frames: unpadded batches "
             "compile a new graph for every length, and past torch's recompile limit they run uncompiled"
         )
     if cfg.task.kind == "most" and cfg.task.most.pad_text_to == 0:

@@ -69,10 +69,14 @@ def encoder_param_groups(module: torch.nn.Module, optim: OptimConfig) -> tuple[P
 
 def batch_dynamic_axes(batch: Batch) -> list[tuple[torch.Tensor, int]]:
     """The axes the bucketing sampler varies: every tensor's batch axis and the token axis. The feature
-    time axis comes in a few padded lengths (``data.pad_to_frames``) and stays static. A MOST step
-    (``MostBatch``): those of its audio batches."""
+    time axis comes in a few padded lengths (``data.pad_to_frames``) and stays static. A packed batch
+    (``data.pack_to_frames``): its rows are always the same, only the utterance and token axes vary. A MOST
+    step (``MostBatch``): those of its audio batches."""
     if not isinstance(batch, Batch):
         return [
             axis for part in (batch.unlabeled, batch.paired) if part is not None for axis in batch_dynamic_axes(part)
         ]
-    return [(batch.features, 0), (batch.feature_lens, 0), (batch.tokens, 0), (batch.token_lens, 0), (batch.tokens, 1)]
+    utterances = [(batch.feature_lens, 0), (batch.tokens, 0), (batch.token_lens, 0), (batch.tokens, 1)]
+    if batch.packing is not None:
+        return [*utterances, (batch.packing.rows, 0), (batch.packing.offsets, 0)]
+    return [(batch.features, 0), *utterances]

@@ -1,7 +1,9 @@
 """Public entry point for chunk-wise attention: one signature, several implementations.
 
-Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.kernels.masks``. Every implementation is tested against ``reference``.
+Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int, or the
+``Segments`` of packed rows (several utterances per row). Mask semantics: ``usmkit.kernels.masks``. Every
+implementation is tested against ``reference``. The Triton kernels take lengths only: packed rows go to
+``reference``, ``sdpa`` or ``flex``.
 
 The Triton path is two ``torch.library`` custom ops, ``usmkit::chunk_attention_fwd`` (-> out, lse) and
 ``usmkit::chunk_attention_bwd`` (-> dq, dk, dv), with fake implementations and autograd registered here, so
@@ -20,10 +22,15 @@ from typing import Literal
 
 import torch
 
-from usmkit.kernels.masks import check_chunk_args
+from usmkit.kernels.masks import Frames, Segments, check_chunk_args
 
 Impl = Literal["reference", "sdpa", "flex", "triton"]
 IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex", "triton")
+PACKED_IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex")  # those that take packed rows (Segments)
+PACKED_TRITON = (
+    "attention_impl='triton' takes one utterance per row, not packed rows (data.pack_to_frames): use "
+    "attention_impl='sdpa' or 'flex' with packing"
+)
 
 
 def _kernels():
@@ -118,7 +125,7 @@ def chunk_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    lengths: torch.Tensor,
+    lengths: Frames,
     chunk_size: int | None,
     left_chunks: int,
     impl: Impl = "sdpa",
@@ -140,5 +147,7 @@ def chunk_attention(
 
         return chunk_attention_flex(q, k, v, lengths, chunk_size, left_chunks)
     if impl == "triton":
+        if isinstance(lengths, Segments):
+            raise ValueError(PACKED_TRITON)
         return triton_chunk_attention(q, k, v, lengths, chunk_size, left_chunks)
     raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")

@@ -1,6 +1,7 @@
 """Chunk-wise attention through FlexAttention (``torch.nn.attention.flex_attention``).
 
-Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int;
+Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int (or packed rows'
+``Segments``);
 nq = nk = ceil(T / BLOCK_SIZE) blocks of queries and keys.
 Mask semantics: ``usmkit.kernels.masks`` (the same as ``reference.py``, which this is tested against):
 the ``mask_mod`` below is the chunk rule written with chunk index arithmetic plus the lengths.
@@ -12,6 +13,11 @@ than a cache would (a cache keyed by lengths needs their values on the host, i.e
 per call). Blocks whose every pair is allowed are "full" (``mask_mod`` skipped); blocks that are
 partly allowed are "partial"; the rest are skipped.
 
+Packed rows (``Segments``): the tiles follow from each block's range of utterance ids (ids never decrease
+along a row, so two blocks share an utterance only where their ranges meet) and, for two blocks inside one
+utterance, from their chunk ranges; ``segment_block_layout``. The layout may call a tile partial that
+holds no allowed pair (``mask_mod`` then masks it all), never the other way round.
+
 Padded query rows see no key; FlexAttention returns 0 for such rows and we zero them once more,
 so they pass no gradient. Devices: on CUDA the fused kernel is used (``torch.compile``-d here unless
 the caller is already being compiled). On CPU torch 2.11 has no FlexAttention backward; the forward
@@ -21,9 +27,10 @@ runs the eager (unfused, dense) implementation, meant for tests and small infere
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from usmkit.kernels.masks import check_chunk_args, lengths_to_padding_mask
+from usmkit.kernels.masks import Frames, Segments, check_chunk_args, frames_padding
 
 BLOCK_SIZE = 128  # FlexAttention's default sparse block size (queries and keys)
 
@@ -73,6 +80,46 @@ def chunk_block_layout(
     return some & ~every, every
 
 
+def segment_block_layout(
+    segments: Segments, chunk_size: int | None, left_chunks: int, block_size: int = BLOCK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunk_block_layout`` of packed rows: (partial, full), each (B, nq, nk) bool.
+
+    ``full`` tiles are exact (both blocks inside one utterance, every pair allowed); ``partial`` holds every
+    other tile that may hold an allowed pair: the blocks' utterance-id ranges meet and, where both blocks lie
+    inside one utterance, their chunk ranges allow it.
+    """
+    check_chunk_args(chunk_size, left_chunks)
+    B, T = segments.ids.shape
+    n = (T + block_size - 1) // block_size
+    pad = n * block_size - T
+    ids = F.pad(segments.ids, (0, pad), value=-1).view(B, n, block_size)  # (B, n, bs)
+    valid = ids >= 0
+    inside = (torch.arange(n * block_size, device=ids.device) < T).view(n, block_size)  # (n, bs) frames < T
+    big = torch.iinfo(ids.dtype).max
+    lo = torch.where(valid, ids, big).amin(-1)  # (B, n) smallest utterance id in the block
+    hi = torch.where(valid, ids, -1).amax(-1)  # (B, n) largest
+    touches = valid.any(-1)  # (B, n) block holds a valid frame
+    whole = (valid | ~inside).all(-1)  # (B, n) every frame of the block (below T) is valid
+    single = touches & (lo == hi)  # (B, n) inside one utterance
+    meet = torch.maximum(lo[:, :, None], lo[:, None, :]) <= torch.minimum(hi[:, :, None], hi[:, None, :])
+    some = touches[:, :, None] & touches[:, None, :] & meet  # (B, nq, nk)
+    same = single[:, :, None] & single[:, None, :] & (lo[:, :, None] == lo[:, None, :])  # (B, nq, nk)
+    every = same & whole[:, :, None] & whole[:, None, :]
+    if chunk_size is not None:
+        chunk = F.pad(segments.positions, (0, pad)).view(B, n, block_size) // chunk_size  # (B, n, bs)
+        c_lo = torch.where(valid, chunk, big).amin(-1)  # (B, n)
+        c_hi = torch.where(valid, chunk, -1).amax(-1)
+        d_max = c_hi[:, :, None] - c_lo[:, None, :]  # (B, nq, nk): query chunk - key chunk, largest
+        d_min = c_lo[:, :, None] - c_hi[:, None, :]  # smallest
+        reach, all_reach = d_max >= 0, d_min >= 0
+        if left_chunks >= 0:
+            reach, all_reach = reach & (d_min <= left_chunks), all_reach & (d_max <= left_chunks)
+        some = some & (~same | reach)  # chunk ranges decide only inside one utterance
+        every = every & all_reach
+    return some & ~every, every
+
+
 def _ordered(layout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense (B, nq, nk) tile layout -> BlockMask's (num_blocks (B, 1, nq), indices (B, 1, nq, nk)) int32."""
     num = layout.sum(dim=-1, dtype=torch.int32)  # (B, nq)
@@ -82,9 +129,11 @@ def _ordered(layout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def chunk_block_mask(
-    lengths: torch.Tensor, T: int, chunk_size: int | None, left_chunks: int, block_size: int = BLOCK_SIZE
+    lengths: Frames, T: int, chunk_size: int | None, left_chunks: int, block_size: int = BLOCK_SIZE
 ) -> BlockMask:
     """The FlexAttention BlockMask of the chunk rule for this batch (broadcast over heads)."""
+    if isinstance(lengths, Segments):
+        return _segment_block_mask(lengths, T, chunk_size, left_chunks, block_size)
 
     def mask_mod(b, h, q_idx, kv_idx):
         allowed = (q_idx < lengths[b]) & (kv_idx < lengths[b])
@@ -103,11 +152,34 @@ def chunk_block_mask(
     )
 
 
+def _segment_block_mask(
+    segments: Segments, T: int, chunk_size: int | None, left_chunks: int, block_size: int
+) -> BlockMask:
+    ids, positions = segments.ids, segments.positions
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        query = ids[b, q_idx]
+        allowed = (query == ids[b, kv_idx]) & (query >= 0)
+        if chunk_size is not None:
+            diff = positions[b, q_idx] // chunk_size - positions[b, kv_idx] // chunk_size
+            allowed = allowed & (diff >= 0)
+            if left_chunks >= 0:
+                allowed = allowed & (diff <= left_chunks)
+        return allowed
+
+    partial, full = segment_block_layout(segments, chunk_size, left_chunks, block_size)
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(T, T)
+    )
+
+
 def chunk_attention_flex(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    lengths: torch.Tensor,
+    lengths: Frames,
     chunk_size: int | None,
     left_chunks: int,
     scale: float | None = None,
@@ -121,5 +193,5 @@ def chunk_attention_flex(
         )
     block_mask = chunk_block_mask(lengths, T, chunk_size, left_chunks)
     out = _flex_fn(q.device.type)(q, k, v, block_mask=block_mask, scale=scale)  # (B, H, T, D)
-    padded = lengths_to_padding_mask(lengths, T)  # (B, T)
+    padded = frames_padding(lengths, T)  # (B, T)
     return out.masked_fill(padded[:, None, :, None], 0.0)  # (B, H, T, D)

@@ -1,7 +1,7 @@
 """Eager chunk-wise attention: the oracle every fast implementation is tested against.
 
-Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.kernels.masks``.
+Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int, or the
+``Segments`` of packed rows. Mask semantics: ``usmkit.kernels.masks``.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import math
 
 import torch
 
-from usmkit.kernels.masks import padded_chunk_mask
+from usmkit.kernels.masks import Frames, frames_mask
 
 
 def chunk_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    lengths: torch.Tensor,
+    lengths: Frames,
     chunk_size: int | None,
     left_chunks: int,
     scale: float | None = None,
@@ -25,7 +25,7 @@ def chunk_attention_reference(
     """Plain matmul + softmax under the chunk mask; rows of padded queries are 0. Returns (B, H, T, D)."""
     B, H, T, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    mask = padded_chunk_mask(lengths, T, chunk_size, left_chunks)[:, None]  # (B, 1, T, T)
+    mask = frames_mask(lengths, T, chunk_size, left_chunks)[:, None]  # (B, 1, T, T)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, T)
     scores = scores.masked_fill(~mask, float("-inf"))
     any_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T, 1)

@@ -1,7 +1,7 @@
 """Chunk-wise attention through ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask.
 
-Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int.
-Mask semantics: ``usmkit.kernels.masks`` (the same as ``reference.py``, which this is tested against).
+Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int, or the
+``Segments`` of packed rows. Mask semantics: ``usmkit.kernels.masks`` (the same as ``reference.py``, which this is tested against).
 
 SDPA returns NaN for a query row whose mask is all False (padded queries). So each padded query row
 is allowed to see key 0, which keeps every softmax finite, and its output is set to 0 afterwards;
@@ -14,22 +14,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from usmkit.kernels.masks import lengths_to_padding_mask, padded_chunk_mask
+from usmkit.kernels.masks import Frames, frames_mask, frames_padding
 
 
 def chunk_attention_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    lengths: torch.Tensor,
+    lengths: Frames,
     chunk_size: int | None,
     left_chunks: int,
     scale: float | None = None,
 ) -> torch.Tensor:
     """SDPA under the chunk mask; rows of padded queries are 0. Returns (B, H, T, D)."""
     B, H, T, D = q.shape
-    mask = padded_chunk_mask(lengths, T, chunk_size, left_chunks)  # (B, T, T)
-    padded = lengths_to_padding_mask(lengths, T)  # (B, T), True at padded frames
+    mask = frames_mask(lengths, T, chunk_size, left_chunks)  # (B, T, T)
+    padded = frames_padding(lengths, T)  # (B, T), True at padded frames
     first_key = torch.arange(T, device=q.device) == 0  # (T,)
     mask = mask | (padded[:, :, None] & first_key[None, None, :])  # (B, T, T): padded rows see key 0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=scale)  # (B, H, T, D)
