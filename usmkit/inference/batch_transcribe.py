@@ -48,13 +48,13 @@ from usmkit.errors import UsageError
 from usmkit.inference.batch_audio import AudioBatch, BatchAudioDataset, FailedItem, FbankFrontEnd, LongPiece
 from usmkit.inference.batch_inputs import AudioItem, BatchUnit, LongUnit, find_inputs, output_name, plan_units
 from usmkit.inference.batch_runner import DeviceRunner, compile_encoder
-from usmkit.inference.evaluate import lexicon_texts
 from usmkit.inference.lexicon_pool import LexiconPool
 from usmkit.inference.ranks import Ranks
 from usmkit.inference.subtitles import ctm_lines, srt
 from usmkit.inference.transcript_journal import JournalWriter, done_ids, merge, part_path, read_records
 from usmkit.inference.word_alignment import Transcript
 from usmkit.metrics import TextNormConfig
+from usmkit.runs import lexicon_texts
 from usmkit.streaming.pipeline import FULL_ATTENTION_BYTES, LoadedModel, ModelError, load_model
 
 log = logging.getLogger(__name__)

@@ -18,16 +18,16 @@ import torch
 
 from usmkit.config import DataConfig, TrainConfig
 from usmkit.data.loader import split_loader
-from usmkit.data.manifests import available_splits, load_cuts, manifest_path
+from usmkit.data.manifests import available_splits, manifest_path
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
 from usmkit.inference.batches import transcribe_batches
-from usmkit.metrics import TextNormConfig, normalize_text, score
+from usmkit.metrics import TextNormConfig, score
 from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
-from usmkit.runs import load_trained
+from usmkit.runs import lexicon_texts, load_trained
 from usmkit.streaming.features import checkpoint_feature_stats
 
 log = logging.getLogger(__name__)
@@ -212,9 +212,3 @@ def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] |
         cfg.lexicon.order,
     )
     return decoder
-
-
-def lexicon_texts(train_cfg, norm: TextNormConfig) -> list[str]:
-    """The normalized transcripts of the split the checkpoint was trained on: the lexicon's words, the LM's text."""
-    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
-    return [normalize_text(s.text, norm) for c in cuts for s in c.supervisions if s.text]
