@@ -34,6 +34,7 @@ WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word
 
 UNK_WORD = "<unk>"
 BOS_WORD, EOS_WORD = "<s>", "</s>"
+TOKENS_FILE, LEXICON_FILE, LM_FILE = "tokens.txt", "lexicon.txt", "lm.arpa"  # what ``LexiconDecoder.build`` writes
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ class LexiconConfig:
             raise ValueError(f"LexiconConfig.order must be 0 (no LM), 1 or 2, got {self.order}")
         if self.beam_size < 1:
             raise ValueError(f"LexiconConfig.beam_size must be >= 1, got {self.beam_size}")
+
+
+# What ``--lexicon`` of usmkit-transcribe and usmkit-serve, and an export's bundled lexicon, decode with
+# unless told otherwise: the unigram LM of the training transcripts at half weight (the demo's setting).
+STREAMING_LEXICON = LexiconConfig(order=1, lm_weight=0.5, word_score=0.0)
 
 
 def write_arpa(sentences: Iterable[Sequence[str]], path: str | Path, order: int = 1, discount: float = 0.75) -> int:
@@ -147,7 +153,7 @@ class LexiconDecoder:
         directory = Path(directory)
         self._blank_id, self._sil_id = tokenizer.blank_id, tokenizer.unk_id
         self._piece, self._encode = tokenizer.id_to_piece, tokenizer.encode
-        lm = cfg.lm_path or (str(directory / "lm.arpa") if cfg.order > 0 else None)
+        lm = cfg.lm_path or (str(directory / LM_FILE) if cfg.order > 0 else None)
         if cfg.lm_path and not Path(cfg.lm_path).is_file():
             raise UsageError(f"lexicon.lm_path={cfg.lm_path}: no such file; pass an ARPA or KenLM binary LM")
         self.cfg = cfg
@@ -165,8 +171,8 @@ class LexiconDecoder:
     @staticmethod
     def _build(ctc_decoder, directory: Path, lm: str | None, tokenizer, cfg: LexiconConfig):
         return ctc_decoder(
-            lexicon=str(directory / "lexicon.txt"),
-            tokens=str(directory / "tokens.txt"),
+            lexicon=str(directory / LEXICON_FILE),
+            tokens=str(directory / TOKENS_FILE),
             lm=lm,
             nbest=cfg.nbest,
             beam_size=cfg.beam_size,
@@ -190,10 +196,10 @@ class LexiconDecoder:
         sentences = [t.split() for t in texts if t.strip()]
         if not sentences:
             raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
-        write_tokens(tokenizer, directory / "tokens.txt")
-        write_lexicon((w for s in sentences for w in s), tokenizer, directory / "lexicon.txt")
+        write_tokens(tokenizer, directory / TOKENS_FILE)
+        write_lexicon((w for s in sentences for w in s), tokenizer, directory / LEXICON_FILE)
         if cfg.order > 0 and cfg.lm_path is None:
-            write_arpa(sentences, directory / "lm.arpa", order=cfg.order)
+            write_arpa(sentences, directory / LM_FILE, order=cfg.order)
         return cls(tokenizer, directory, cfg)
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
