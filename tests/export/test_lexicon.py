@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 
+import onnxruntime as ort
 import pytest
+import soundfile as sf
 import torch
 
 from usmkit.cli.transcribe import main as transcribe_main
@@ -21,6 +24,9 @@ from usmkit.decoding.ctc_lexicon import STREAMING_LEXICON, LexiconConfig, Lexico
 from usmkit.export import ExportError, load_export, read_manifest
 from usmkit.export.build import export_checkpoint
 from usmkit.export.manifest import MANIFEST_FILE, file_digests
+from usmkit.inference.batch_audio import FbankFrontEnd
+from usmkit.inference.batch_transcribe import BatchConfig, transcribe_batch
+from usmkit.inference.lexicon_pool import lexicon_transcript
 from usmkit.runs import lexicon_texts
 from usmkit.streaming.pipeline import load_model
 
@@ -143,3 +149,39 @@ def test_lexicon_json_records_the_settings(lexicon_onnx, speech_wav, capsys, tmp
     record = json.loads((tmp_path / "out.json").read_text())
     assert record["lexicon"]["lm_weight"] == 0.25 and record["lexicon"]["order"] == 1
     assert any(s["rescored"] for s in record["segments"])  # finals chosen by the lexicon search
+
+
+def test_batch_lexicon_transcript_is_the_exports_bundled_lexicon_on_its_offline_graph(
+    lexicon_ckpt, lexicon_onnx, speech_wav, tmp_path
+):
+    """``python -m usmkit.cli.transcribe_batch decode=ctc_lexicon`` (the checkpoint's training transcripts, read
+    at run time) gives the transcript that the export alone gives: its offline ONNX graph's log-probs
+    searched with its bundled lexicon and LM."""
+    lexicon = replace(STREAMING_LEXICON, word_score=3.0)
+    out = tmp_path / "out.jsonl"
+    transcribe_batch(BatchConfig(checkpoint=str(lexicon_ckpt), inputs=str(speech_wav), out=str(out), device="cpu",
+                                 num_workers=0, progress=False, decode="ctc_lexicon", lexicon=lexicon,
+                                 lexicon_workers=0))  # fmt: skip
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    loaded = load_export(lexicon_onnx)
+    samples, rate = sf.read(speech_wav, dtype="float32")
+    assert rate == loaded.features.sample_rate
+    feats, lens = FbankFrontEnd(loaded.features, loaded.stats)(
+        torch.from_numpy(samples)[None], torch.tensor([len(samples)])
+    )
+    session = ort.InferenceSession(str(lexicon_onnx / loaded.manifest.offline.file), providers=["CPUExecutionProvider"])
+    log_probs, out_lens = session.run(["log_probs", "out_lens"], {"features": feats.numpy(), "lengths": lens.numpy()})
+    words = loaded.word_decoder(word_score=3.0)
+    expected = lexicon_transcript(words, loaded.tokenizer, torch.from_numpy(log_probs[0, : out_lens[0]]), 0.04)
+    vocabulary = {w for t in lexicon_texts(load_model(lexicon_ckpt).cfg) for w in t.split()}
+    assert record["text"] == expected.text and expected.text and set(expected.text.split()) <= vocabulary
+    assert [w["word"] for w in record["words"]] == [w.word for w in expected.words]
+
+
+@pytest.mark.slow  # inductor compiles both graphs (about a minute on 2 cores)
+def test_aoti_lexicon_finals_equal_eager(lexicon_ckpt, speech_wav, capsys, tmp_path):
+    out, manifest = export_checkpoint(lexicon_ckpt, "aoti", out=tmp_path / "aoti")
+    assert manifest.lexicon is not None and (out / manifest.lexicon.lexicon).is_file()
+    eager = finals(capsys, speech_wav, "--checkpoint", lexicon_ckpt, "--step", "eager", "--lexicon", *WORD_SCORE)
+    aoti = finals(capsys, speech_wav, "--engine", "aoti", "--model", out, "--lexicon", *WORD_SCORE)
+    assert aoti == eager and len(eager) == 2
