@@ -185,3 +185,34 @@ def test_aoti_lexicon_finals_equal_eager(lexicon_ckpt, speech_wav, capsys, tmp_p
     eager = finals(capsys, speech_wav, "--checkpoint", lexicon_ckpt, "--step", "eager", "--lexicon", *WORD_SCORE)
     aoti = finals(capsys, speech_wav, "--engine", "aoti", "--model", out, "--lexicon", *WORD_SCORE)
     assert aoti == eager and len(eager) == 2
+
+
+def test_bias_phrases_from_every_front_end(lexicon_ckpt, lexicon_onnx, speech_wav, capsys, tmp_path):
+    """``--bias-phrases`` (usmkit.decoding.biasing): the held-out name "tom" (not in the training transcripts)
+    appears in the lexicon finals only with the phrase list, the same from the checkpoint and the export,
+    and from the batch command's lexicon workers."""
+    phrases = tmp_path / "phrases.tsv"
+    phrases.write_text("# a name the training transcripts never had\ntom\t4\n")
+    plain = finals(capsys, speech_wav, "--engine", "onnx", "--model", lexicon_onnx, "--lexicon", *WORD_SCORE)
+    biased = [
+        finals(capsys, speech_wav, *model, "--lexicon", *WORD_SCORE, "--bias-phrases", phrases)
+        for model in (("--checkpoint", lexicon_ckpt, "--step", "eager"), ("--engine", "onnx", "--model", lexicon_onnx))
+    ]
+    assert "tom" not in words_of(plain) and "tom" in words_of(biased[0]) and biased[0] == biased[1]
+    out = tmp_path / "out.jsonl"
+    transcribe_batch(BatchConfig(checkpoint=str(lexicon_ckpt), inputs=str(speech_wav), out=str(out), device="cpu",
+                                 num_workers=0, progress=False, decode="ctc_lexicon", lexicon_workers=1,
+                                 lexicon=replace(STREAMING_LEXICON, word_score=3.0),
+                                 bias_phrases=str(phrases)))  # fmt: skip
+    assert "tom" in json.loads(out.read_text())["text"].split()
+    # Bad use: one line each, exit 2.
+    (tmp_path / "bad.tsv").write_text("tom\tloud\n")
+    for argv, message in (
+        (["--bias-phrases", phrases], "boosts phrases in the lexicon search: add --lexicon"),
+        (["--lexicon", "--bias-phrases", tmp_path / "bad.tsv"], "bad.tsv, line 1: 'tom\\tloud' is not"),
+        (["--lexicon", "--bias-phrases", tmp_path / "none.tsv"], "cannot read the bias phrases"),
+        (["--lexicon", "--lm-weight", "0", "--bias-phrases", phrases], "use --lm-weight > 0"),
+    ):
+        code = transcribe_main([str(speech_wav), "--engine", "onnx", "--model", str(lexicon_onnx), *map(str, argv)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, (argv, err)

@@ -79,6 +79,12 @@ def test_serve_model_options_are_checked(lexicon_model, audio_ckpt):
     for argv, message in cases:
         with pytest.raises(UsageError, match=message):
             recognizer_for_args(argv)
+    phrases = onnx.parent / "phrases.tsv"
+    phrases.write_text("tom\t4\n")
+    biased = recognizer_for_args(
+        ["--engine", "onnx", "--model", str(onnx), "--lexicon", "--bias-phrases", str(phrases)]
+    )
+    assert biased.words.bias_words == ["tom"]  # every stream's finals search with the phrase
 
 
 def recognizer_for_args(argv: list[str]):

@@ -14,6 +14,7 @@ instead of argparse's own ``sys.exit(2)`` with the usage, so ``main()`` stays in
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
@@ -127,6 +128,12 @@ def add_lexicon_options(p: argparse.ArgumentParser) -> None:
         type=float,
         help=f"with --lexicon: score added per word (default {STREAMING_LEXICON.word_score}, or the export's)",
     )
+    p.add_argument(
+        "--bias-phrases",
+        type=Path,
+        help="with --lexicon: a file of phrases to favour, one a line, optionally a tab and its boost per word "
+        "(default 5); their words join the lexicon (contextual biasing: names, numbers, jargon)",
+    )
 
 
 def load_exported(args: argparse.Namespace, device: torch.device):
@@ -181,22 +188,33 @@ def lexicon_decoder(args: argparse.Namespace, loaded):
     them) or a checkpoint (``usmkit.streaming.pipeline.LoadedModel``: built from its training manifests as
     ``usmkit.cli.evaluate decode=ctc_lexicon`` builds it, with ``STREAMING_LEXICON``'s settings)."""
     if not args.lexicon:
+        if args.bias_phrases:
+            raise UsageError(f"--bias-phrases {args.bias_phrases} boosts phrases in the lexicon search: add --lexicon")
         return None
     if args.rescore:
         raise UsageError("--lexicon and --rescore both choose the finals: pass one of them")
     changes = {"lm_weight": args.lm_weight, "word_score": args.word_score}
+    bias = ()
+    if args.bias_phrases:
+        from usmkit.decoding.biasing import read_bias_phrases
+
+        bias = read_bias_phrases(args.bias_phrases)
     from usmkit.export.engine import LoadedExport
 
     if isinstance(loaded, LoadedExport):
-        return loaded.word_decoder(**changes)
+        if bias and loaded.lexicon_config(**changes).lm_weight <= 0:
+            raise UsageError("--bias-phrases adds to the word LM's score: use --lm-weight > 0")
+        return loaded.word_decoder(bias, **changes)
     from dataclasses import replace
 
     from usmkit.inference.evaluate import EvalConfig, build_word_decoder
 
     lexicon = replace(STREAMING_LEXICON, **{k: v for k, v in changes.items() if v is not None})
+    if bias and lexicon.lm_weight <= 0:
+        raise UsageError("--bias-phrases adds to the word LM's score: use --lm-weight > 0")
     cfg = EvalConfig(checkpoint=str(loaded.checkpoint), decode="ctc_lexicon", lexicon=lexicon)
     try:
-        return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer)
+        return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer, bias=bias)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(
             f"--lexicon builds its words from the training transcripts of {loaded.checkpoint}, which could not be "

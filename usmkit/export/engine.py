@@ -155,10 +155,11 @@ class LoadedExport:
         except (TypeError, ValueError) as e:
             raise ExportError(f"lexicon settings {changes}: {e}") from e
 
-    def word_decoder(self, **changes) -> LexiconDecoder:
+    def word_decoder(self, bias=(), **changes) -> LexiconDecoder:
         """The bundled lexicon and word LM as a ``LexiconDecoder`` (lexicon finals), with the settings of
-        ``lexicon_config(**changes)``, e.g. ``lm_weight=0.8``."""
-        return LexiconDecoder(self.tokenizer, self.path / LEXICON_DIR, self.lexicon_config(**changes))
+        ``lexicon_config(**changes)``, e.g. ``lm_weight=0.8``, and the ``bias`` phrases if any
+        (``usmkit.decoding.biasing``)."""
+        return LexiconDecoder(self.tokenizer, self.path / LEXICON_DIR, self.lexicon_config(**changes), bias)
 
 
 def load_export(directory: str | Path, threads: int | None = None) -> LoadedExport:

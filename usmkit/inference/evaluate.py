@@ -198,12 +198,15 @@ def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, m
         )
 
 
-def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] | None = None) -> LexiconDecoder:
+def build_word_decoder(
+    cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] | None = None, bias=()
+) -> LexiconDecoder:
     """Lexicon and word LM from the transcripts of the split the checkpoint was trained on (``texts``:
-    those transcripts, ``lexicon_texts``, when already loaded)."""
+    those transcripts, ``lexicon_texts``, when already loaded); ``bias``: phrases to boost
+    (``usmkit.decoding.biasing``)."""
     texts = lexicon_texts(train_cfg, cfg.norm) if texts is None else texts
     with tempfile.TemporaryDirectory(prefix="usmkit-lexicon-") as tmp:  # flashlight reads the files once
-        decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon)
+        decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon, bias)
     log.info(
         "lexicon decoding: %d words from %d %s transcripts, LM order %d",
         len({w for t in texts for w in t.split()}),
