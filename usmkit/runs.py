@@ -25,9 +25,11 @@ from usmkit.checkpointing.checkpoint import (
     verify_checkpoint,
 )
 from usmkit.config import ConfigError, TrainConfig, from_dict, tokenizer_path
+from usmkit.data.manifests import load_cuts
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.errors import UsageError
+from usmkit.metrics import TextNormConfig, normalize_text
 from usmkit.tasks import build_task
 
 
@@ -147,3 +149,11 @@ def load_aligner(align_from: str, device: torch.device) -> torch.nn.Module:
     for p in module.parameters():
         p.requires_grad_(False)
     return module
+
+
+def lexicon_texts(train_cfg: TrainConfig, norm: TextNormConfig | None = None) -> list[str]:
+    """The normalized transcripts of the split the run was trained on: the words of its lexicon and the text
+    of its word LM (``usmkit.decoding.ctc_lexicon``). ``FileNotFoundError`` where the split's manifest is gone."""
+    norm = norm or TextNormConfig()
+    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
+    return [normalize_text(s.text, norm) for c in cuts for s in c.supervisions if s.text]

@@ -4,6 +4,10 @@ The checkpoint is untrained (random weights, like ``tests/streaming/test_transcr
 tokenizer texts and speech-like audio it reuses) with two layers of the ``tiny`` preset, so an ONNX
 export takes seconds. Its CTC head is random too, so every frame's log-probs (and the greedy
 transcript) depend on the encoder output: equal transcripts mean equal encoder frames.
+
+``export_ckpt`` names no training manifest (its exports have no lexicon); ``lexicon_ckpt`` is the same
+model with a training split whose transcripts are the tokenizer's texts, so that exports bundle their
+lexicon and word LM and ``--lexicon`` works from the checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import yaml
 from usmkit.checkpointing.checkpoint import save_checkpoint
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict
 from usmkit.data.features import fbank_extractor
+from usmkit.data.manifests import manifest_path, write_manifest
 from usmkit.data.normalize import STATS_FILE, FeatureStats
 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 from usmkit.tasks import build_task
@@ -31,9 +36,31 @@ _spec.loader.exec_module(streaming_cli)
 CHUNK, LEFT = 4, 2
 
 
-def make_export_checkpoint(root: Path, *, causal: bool = True, chunk: int | None = CHUNK) -> Path:
-    """Experiment dir ``root``: a 2-layer tiny streaming CTC model, its tokenizer and feature stats."""
+def write_training_split(manifest_dir: Path, texts: list[str]) -> None:
+    """A ``synth`` train split of one cut per text (all on one short recording): what a lexicon is built from."""
+    import soundfile as sf
+    from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
+
+    manifest_dir.mkdir(parents=True, exist_ok=True)
+    wav = manifest_dir / "speech.wav"
+    sf.write(wav, streaming_cli.speechlike(1.0), streaming_cli.SR, subtype="PCM_16")
+    rec = Recording.from_file(wav)
+    cuts = [
+        MonoCut(f"t{i}", 0.0, rec.duration, 0, recording=rec,
+                supervisions=[SupervisionSegment(f"t{i}", rec.id, 0.0, rec.duration, text=text)])
+        for i, text in enumerate(texts)
+    ]  # fmt: skip
+    write_manifest(CutSet.from_cuts(cuts), manifest_path(manifest_dir, "synth", "cuts", "train"))
+
+
+def make_export_checkpoint(
+    root: Path, *, causal: bool = True, chunk: int | None = CHUNK, transcripts: bool = False
+) -> Path:
+    """Experiment dir ``root``: a 2-layer tiny streaming CTC model, its tokenizer and feature stats;
+    ``transcripts``: and a training split (``write_training_split``) named by its config."""
     texts = streaming_cli.TEXTS
+    if transcripts:
+        write_training_split(root / "manifests", texts)
     tokenizer = Tokenizer.train(texts, root / "tokenizer", vocab_size=minimum_vocab_size(texts) + 8)
     cfg = TrainConfig(
         task=TaskConfig(kind="ctc"),
@@ -45,7 +72,7 @@ def make_export_checkpoint(root: Path, *, causal: bool = True, chunk: int | None
             dropout=0.0,
             overrides={"num_layers": 2, "zero_init_residual": False},  # every path contributes
         ),  # fmt: skip
-        data=DataConfig(manifest_dir=str(root / "no-manifests")),
+        data=DataConfig(manifest_dir=str(root / ("manifests" if transcripts else "no-manifests"))),
         trainer=TrainerConfig(exp_dir=str(root)),
         tokenizer=str(tokenizer.path),
     )
@@ -105,6 +132,24 @@ def onnx_export(onnx_cli_export) -> Path:
 def int8_export(export_ckpt, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("exports") / "onnx_int8"
     return _export_cli(f"checkpoint={export_ckpt}", "format=onnx", "quantize=int8", f"out={out}")[0]
+
+
+@pytest.fixture(scope="session")
+def lexicon_ckpt(tmp_path_factory) -> Path:
+    return make_export_checkpoint(tmp_path_factory.mktemp("lexicon_ckpt"), transcripts=True)
+
+
+@pytest.fixture(scope="session")
+def lexicon_onnx(lexicon_ckpt, tmp_path_factory) -> Path:
+    """``lexicon_ckpt`` exported to ONNX, with its lexicon bundled (the default settings)."""
+    out = tmp_path_factory.mktemp("exports") / "lexicon_onnx"
+    return _export_cli(f"checkpoint={lexicon_ckpt}", "format=onnx", f"out={out}")[0]
+
+
+@pytest.fixture(scope="session")
+def lexicon_int8(lexicon_ckpt, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("exports") / "lexicon_int8"
+    return _export_cli(f"checkpoint={lexicon_ckpt}", "format=onnx", "quantize=int8", f"out={out}")[0]
 
 
 @pytest.fixture(scope="session")

@@ -128,5 +128,12 @@ def test_damaged_onnx_file_exits_2_naming_it(onnx_export, speech_wav, capsys, tm
     data = (broken / "stream_step.onnx").read_bytes()
     (broken / "stream_step.onnx").write_bytes(data[: len(data) // 2])
     code, _, err, _ = transcribe(capsys, speech_wav, "--engine", "onnx", "--model", broken)
+    assert code == 2 and "broken/stream_step.onnx is damaged: its SHA-256 does not match" in err
+    assert "Traceback" not in err
+    # A manifest without SHA-256 (version 1): onnxruntime's refusal, naming the file.
+    record = json.loads((broken / "export.json").read_text())
+    del record["sha256"], record["lexicon"]
+    (broken / "export.json").write_text(json.dumps({**record, "version": 1}))
+    code, _, err, _ = transcribe(capsys, speech_wav, "--engine", "onnx", "--model", broken)
     assert code == 2 and "onnxruntime cannot load" in err and "broken/stream_step.onnx" in err
     assert "Traceback" not in err

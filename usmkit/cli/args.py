@@ -2,6 +2,10 @@
 
 ``add_stream_options`` defines the options of a streaming recognizer, and ``decoder_config`` and
 ``device_arg`` read them, the same way for every command: chunking, decoding, endpointing, device.
+``add_model_options`` / ``load_exported`` and ``add_lexicon_options`` / ``lexicon_decoder`` do the same
+for what runs the model (a checkpoint in PyTorch, or an export under onnxruntime / AOTInductor) and for
+lexicon finals (the training transcripts' words and word LM, from the checkpoint's manifests or
+bundled in the export).
 
 A bad argument raises ``UsageError`` (one line, exit code 2, through ``usmkit.errors.user_errors``)
 instead of argparse's own ``sys.exit(2)`` with the usage, so ``main()`` stays in charge.
@@ -10,9 +14,11 @@ instead of argparse's own ``sys.exit(2)`` with the usage, so ``main()`` stays in
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
+from usmkit.decoding.ctc_lexicon import STREAMING_LEXICON
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
 from usmkit.streaming.decoder import DecoderConfig, EndpointConfig
@@ -89,3 +95,128 @@ def decoder_config(args: argparse.Namespace) -> DecoderConfig:
         )
     except ValueError as e:
         raise UsageError(str(e)) from e
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint`` or ``--engine onnx|aoti --model EXPORT_DIR``: what runs the encoder step."""
+    p.add_argument("--checkpoint", help="checkpoint dir, or an experiment dir (its best/latest checkpoint)")
+    p.add_argument(
+        "--engine",
+        choices=("torch", "onnx", "aoti"),
+        default="torch",
+        help="what runs the encoder step: torch = the --checkpoint in PyTorch (default); onnx / aoti = an "
+        "exported model (--model DIR, made by python -m usmkit.cli.export) under onnxruntime / AOTInductor",
+    )
+    p.add_argument("--model", help="export directory for --engine onnx|aoti (holds export.json)")
+
+
+def add_lexicon_options(p: argparse.ArgumentParser) -> None:
+    """``--lexicon`` and its weights: finals that spell only words of the training transcripts."""
+    p.add_argument(
+        "--lexicon",
+        action="store_true",
+        help="finals spell only words of the model's training transcripts, scored with their word LM (built from "
+        "the checkpoint's training manifests, or bundled in an export)",
+    )
+    p.add_argument(
+        "--lm-weight",
+        type=float,
+        help=f"with --lexicon: weight of the word LM (default {STREAMING_LEXICON.lm_weight}, or the export's)",
+    )
+    p.add_argument(
+        "--word-score",
+        type=float,
+        help=f"with --lexicon: score added per word (default {STREAMING_LEXICON.word_score}, or the export's)",
+    )
+    p.add_argument(
+        "--bias-phrases",
+        type=Path,
+        help="with --lexicon: a file of phrases to favour, one a line, optionally a tab and its boost per word "
+        "(default 5); their words join the lexicon (contextual biasing: names, numbers, jargon)",
+    )
+
+
+def load_exported(args: argparse.Namespace, device: torch.device):
+    """``--engine onnx|aoti --model DIR``: the export (``usmkit.export.engine.LoadedExport``), refusing the
+    options that do not go with it with a line saying why."""
+    from usmkit.export.engine import load_export
+
+    flag = f"--engine {args.engine}"
+    if not args.model:
+        raise UsageError(
+            f"{flag} needs --model EXPORT_DIR (made by python -m usmkit.cli.export checkpoint=... out=...)"
+        )
+    refused = {
+        "--checkpoint": args.checkpoint and "the export directory replaces it: pass it as --model",
+        "--quantize int8": args.quantize != "none" and "export with quantize=int8 instead",
+        "--rescore": args.rescore and "an export has no LAS decoder; rescore with --checkpoint",
+        "--no-streaming": getattr(args, "no_streaming", False)
+        and "an engine runs the streaming step; use --checkpoint",
+        f"--device {args.device}": device.type != "cpu" and "exported engines run on the CPU",
+    }
+    for option, why in refused.items():
+        if why:
+            raise UsageError(f"{option} does not go with {flag}: {why}")
+    loaded = load_export(args.model)
+    if loaded.manifest.format != args.engine:
+        raise UsageError(f"--model {args.model} holds an export of format {loaded.manifest.format}; pass --engine "
+                         f"{loaded.manifest.format}")  # fmt: skip
+    for option, value, exported in (
+        ("--chunk-size", args.chunk_size, loaded.manifest.chunk_size),
+        ("--left-chunks", args.left_chunks, loaded.manifest.left_chunks),
+    ):
+        if value is not None and value != exported:
+            raise UsageError(
+                f"{option} {value}: the export was made for {exported}; export the model again to change it"
+            )
+    return loaded
+
+
+def check_model_choice(args: argparse.Namespace) -> None:
+    """``--engine torch`` (the default) needs ``--checkpoint`` and takes no ``--model``."""
+    if args.engine != "torch":
+        return
+    if not args.checkpoint:
+        raise UsageError("no model: pass --checkpoint DIR (or --engine onnx|aoti --model EXPORT_DIR)")
+    if args.model:
+        raise UsageError(f"--model {args.model} is for --engine onnx|aoti; with PyTorch pass --checkpoint")
+
+
+def lexicon_decoder(args: argparse.Namespace, loaded):
+    """With ``--lexicon``: the ``LexiconDecoder`` of the model's training transcripts (None without it).
+    ``loaded``: an export (its bundled lexicon and settings, ``--lm-weight`` / ``--word-score`` replacing
+    them) or a checkpoint (``usmkit.streaming.pipeline.LoadedModel``: built from its training manifests as
+    ``usmkit.cli.evaluate decode=ctc_lexicon`` builds it, with ``STREAMING_LEXICON``'s settings)."""
+    if not args.lexicon:
+        if args.bias_phrases:
+            raise UsageError(f"--bias-phrases {args.bias_phrases} boosts phrases in the lexicon search: add --lexicon")
+        return None
+    if args.rescore:
+        raise UsageError("--lexicon and --rescore both choose the finals: pass one of them")
+    changes = {"lm_weight": args.lm_weight, "word_score": args.word_score}
+    bias = ()
+    if args.bias_phrases:
+        from usmkit.decoding.biasing import read_bias_phrases
+
+        bias = read_bias_phrases(args.bias_phrases)
+    from usmkit.export.engine import LoadedExport
+
+    if isinstance(loaded, LoadedExport):
+        if bias and loaded.lexicon_config(**changes).lm_weight <= 0:
+            raise UsageError("--bias-phrases adds to the word LM's score: use --lm-weight > 0")
+        return loaded.word_decoder(bias, **changes)
+    from dataclasses import replace
+
+    from usmkit.inference.evaluate import EvalConfig, build_word_decoder
+
+    lexicon = replace(STREAMING_LEXICON, **{k: v for k, v in changes.items() if v is not None})
+    if bias and lexicon.lm_weight <= 0:
+        raise UsageError("--bias-phrases adds to the word LM's score: use --lm-weight > 0")
+    cfg = EvalConfig(checkpoint=str(loaded.checkpoint), decode="ctc_lexicon", lexicon=lexicon)
+    try:
+        return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer, bias=bias)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(
+            f"--lexicon builds its words from the training transcripts of {loaded.checkpoint}, which could not be "
+            f"read: {e}"
+        ) from e

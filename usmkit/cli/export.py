@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from usmkit.cli.compose import compose_dataclass
+from usmkit.decoding.ctc_lexicon import STREAMING_LEXICON, LexiconConfig
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 
 USAGE = """\
@@ -21,8 +22,12 @@ usage: python -m usmkit.cli.export checkpoint=EXP format=onnx|aoti [quantize=int
   out=DIR             output directory (default <exp_dir>/export_<format>[_int8]); an earlier export there
                       is replaced
   threads=N           torch threads while exporting (default: torch's choice)
+  lexicon.order=1     the bundled lexicon decoding (the checkpoint's training transcripts' words and word
+  lexicon.lm_weight=0.5   LM, as usmkit-transcribe --lexicon builds them): LM order (0 = none, 1, 2), LM
+  lexicon.word_score=0.0  weight, score per word, lexicon.beam_size=200, lexicon.lm_path=FILE (your own
+                      ARPA/KenLM LM, copied in): what --lexicon decodes with unless told otherwise
 
-Run it with usmkit-transcribe FILE --engine onnx|aoti --model DIR. Layout of the files: docs/export.md.
+Run it with usmkit-transcribe FILE --engine onnx|aoti --model DIR [--lexicon]. Layout of the files: docs/export.md.
 """
 
 
@@ -33,6 +38,7 @@ class ExportArgs:
     quantize: str = "none"
     out: str = ""
     threads: int = 0
+    lexicon: LexiconConfig = field(default_factory=lambda: STREAMING_LEXICON)
 
 
 def _size(path: Path) -> str:
@@ -52,13 +58,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         start = time.perf_counter()
-        out, manifest = export_checkpoint(args.checkpoint, args.format, args.quantize, args.out or None)  # type: ignore[arg-type]
+        out, manifest = export_checkpoint(
+            args.checkpoint,
+            args.format,  # type: ignore[arg-type]
+            args.quantize,  # type: ignore[arg-type]
+            args.out or None,
+            lexicon=args.lexicon,
+        )
         took = time.perf_counter() - start
     print(f"exported {manifest.source_checkpoint} ({manifest.format}, quantize={manifest.quantize}) in {took:.0f} s:")
     for name in (manifest.stream_step.file, manifest.offline.file):
         print(f"  {out / name}  {_size(out / name)}")
     print(f"  {out / 'export.json'}  (inputs, outputs, chunking, features; tokenizer and feature stats beside it)")
-    print(f"run it: usmkit-transcribe AUDIO --engine {manifest.format} --model {out}")
+    lexicon = manifest.lexicon
+    if lexicon is not None:
+        print(f"  {out / 'lexicon'}/  ({lexicon.words} words of {lexicon.transcripts} training transcripts, "
+              f"{'word LM' if lexicon.lm else 'no LM'}: --lexicon)")  # fmt: skip
+    else:
+        print("  no lexicon: the checkpoint's training transcripts could not be read (see the warning above)")
+    print(f"run it: usmkit-transcribe AUDIO --engine {manifest.format} --model {out}{' --lexicon' if lexicon else ''}")
     return 0
 
 

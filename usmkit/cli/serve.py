@@ -1,8 +1,12 @@
 """``usmkit-serve``: the command line of the WebSocket server (``usmkit.serve.server``).
 
-usmkit-serve --checkpoint exp/demo_ctc [--host 127.0.0.1 --port 10086] [--quantize int8]
+usmkit-serve --checkpoint exp/demo_ctc [--host 127.0.0.1 --port 10086] [--quantize int8] [--lexicon]
+usmkit-serve --engine onnx --model exp/demo_ctc/export_onnx --lexicon     # python -m usmkit.cli.export
 usmkit-serve --checkpoint exp/demo_ctc --token "$SECRET" --max-connections 32
 usmkit-serve --checkpoint exp/demo_ctc --allowed-origins https://app.example --idle-timeout 60
+
+The model options (``--checkpoint`` or ``--engine onnx|aoti --model DIR``) and ``--lexicon`` are
+``usmkit-transcribe``'s (``usmkit.cli.args``): the same finals from both commands.
 """
 
 from __future__ import annotations
@@ -15,11 +19,22 @@ import math
 import os
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
-from usmkit.cli.args import UsageParser, add_stream_options, decoder_config, device_arg, positive_float, positive_int
+from usmkit.cli.args import (
+    UsageParser,
+    add_lexicon_options,
+    add_model_options,
+    add_stream_options,
+    check_model_choice,
+    decoder_config,
+    device_arg,
+    lexicon_decoder,
+    load_exported,
+    positive_float,
+    positive_int,
+)
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
 from usmkit.serve.server import ServeConfig, serve_until_stopped
 from usmkit.serve.session import Recognizer
@@ -50,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="usmkit-serve",
         description="Streaming speech recognition over WebSocket (WeNet's protocol), with a browser page at /.",
     )
-    p.add_argument("--checkpoint", required=True, help="checkpoint dir, or an experiment dir (its best/latest)")
+    add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=10086, help="TCP port (0: any free port; the log says which)")
     p.add_argument("--max-connections", type=positive_int, default=64, help="clients served at once")
@@ -97,8 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM / Ctrl-C: the longest wait for open streams to get their results (s)",
     )
     add_stream_options(p)
+    add_lexicon_options(p)
     p.add_argument(
-        "--step", choices=("jit", "eager"), default="jit", help="encoder step: traced graph or plain PyTorch"
+        "--step",
+        choices=("jit", "eager"),
+        default="jit",
+        help="encoder step of a --checkpoint: traced graph or plain PyTorch (an export runs its engine)",
     )
     p.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8 linear weights (CPU only)")
     return p
@@ -110,6 +129,13 @@ def build_recognizer(args) -> Recognizer:
     if args.threads:
         torch.set_num_threads(args.threads)
     decoder_cfg = decoder_config(args)
+    check_model_choice(args)
+    if args.engine != "torch":
+        exported = load_exported(args, device)
+        words = lexicon_decoder(args, exported)
+        C, K = exported.manifest.chunk_size, exported.manifest.left_chunks
+        return Recognizer(exported.model, exported.tokenizer, exported.features, exported.stats, decoder_cfg, C, K,
+                          silence_db=args.silence_db, step=exported.step, words=words)  # fmt: skip
     try:
         loaded = load_model(args.checkpoint, device, rescore=args.rescore)
         C, K, warning = streaming_mask(loaded.model, args.chunk_size, args.left_chunks, args.checkpoint)
@@ -117,11 +143,14 @@ def build_recognizer(args) -> Recognizer:
         raise UsageError(str(e)) from e
     if warning:
         log.warning("%s", warning)
+    words = lexicon_decoder(args, loaded)
+    model = loaded.model
     if args.quantize == "int8":
         if device.type != "cpu":
             raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
-        loaded = replace(loaded, model=quantize_linear_int8(loaded.model))
-    return Recognizer(loaded, decoder_cfg, C, K, silence_db=args.silence_db, step=args.step)
+        model = quantize_linear_int8(model)
+    return Recognizer(model, loaded.tokenizer, loaded.cfg.data.features, loaded.stats, decoder_cfg, C, K,
+                      silence_db=args.silence_db, step=args.step, words=words)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         recognizer = build_recognizer(args)
         recognizer.warm_up()
+        finals = " + rescoring" if recognizer.decoder_cfg.rescore else " + lexicon finals" if args.lexicon else ""
         log.info(
             "model %s: chunk %g ms, %d left chunks, %s, %s step%s, ready in %.1f s",
-            args.checkpoint,
+            args.checkpoint or args.model,
             recognizer.chunk_size * recognizer.model.encoder.subsampling_factor * recognizer.features.frame_shift_ms,
             recognizer.left_chunks,
-            recognizer.decoder_cfg.mode + (" + rescoring" if recognizer.decoder_cfg.rescore else ""),
-            args.step,
+            recognizer.decoder_cfg.mode + finals,
+            args.step if args.engine == "torch" else args.engine,
             ", int8 weights" if args.quantize == "int8" else "",
             time.perf_counter() - start,
         )

@@ -4,6 +4,7 @@
     arecord -f S16_LE -r 16000 -c 1 -t raw | usmkit-transcribe - --checkpoint exp/stage3_ctc
     usmkit-transcribe --mic --checkpoint exp/stage3_ctc
     usmkit-transcribe talk.flac --engine onnx --model exp/stage3_ctc/export_onnx   # python -m usmkit.cli.export
+    usmkit-transcribe talk.flac --engine onnx --model exp/stage3_ctc/export_onnx --lexicon  # its bundled lexicon
 
 Audio goes through the same path a live stream takes, block by block (``usmkit.streaming.pipeline``):
 incremental log-mel features -> one encoder ``stream_step`` per chunk -> CTC log-probs -> the
@@ -27,7 +28,7 @@ import json
 import shutil
 import sys
 import traceback
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -35,7 +36,18 @@ import torch
 
 from usmkit.checkpointing.atomic import write_result_file
 from usmkit.checkpointing.output_dir import check_output_file
-from usmkit.cli.args import UsageParser, add_stream_options, decoder_config, device_arg, positive_int
+from usmkit.cli.args import (
+    UsageParser,
+    add_lexicon_options,
+    add_model_options,
+    add_stream_options,
+    check_model_choice,
+    decoder_config,
+    device_arg,
+    lexicon_decoder,
+    load_exported,
+    positive_int,
+)
 from usmkit.errors import UsageError, debug_enabled  # UsageError: bad command line, checkpoint or input (exit 2)
 from usmkit.streaming.audio import AudioError, AudioSource, FileSource, LevelMeter, MicrophoneSource, RawPcmSource
 from usmkit.streaming.decoder import Segment
@@ -107,15 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mic", action="store_true", help="record from the default microphone (needs usmkit[mic]); Ctrl-C stops"
     )
-    p.add_argument("--checkpoint", help="checkpoint dir, or an experiment dir (its best/latest checkpoint)")
+    add_model_options(p)
     add_stream_options(p)
-    p.add_argument(
-        "--lexicon",
-        action="store_true",
-        help="finals spell only words of the model's training transcripts, scored with their unigram LM",
-    )
-    p.add_argument("--lm-weight", type=float, default=0.5, help="with --lexicon: weight of the word LM")
-    p.add_argument("--word-score", type=float, default=0.0, help="with --lexicon: score added per word")
+    add_lexicon_options(p)
     p.add_argument("--json", type=Path, help="write the segments with word timings to this JSON file")
     p.add_argument("--sample-rate", type=positive_int, default=16000, help="sample rate of raw PCM on stdin")
     p.add_argument("--no-streaming", action="store_true", help="encode the whole input at once (any checkpoint)")
@@ -134,15 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="int8: int8 weights for every linear layer (CPU only; faster, slightly less exact)",
     )
-    # -- exported models (usmkit.export) ----------------------------------------------------------------
-    p.add_argument(
-        "--engine",
-        choices=("torch", "onnx", "aoti"),
-        default="torch",
-        help="what runs the encoder step: torch = the --checkpoint in PyTorch (default); onnx / aoti = an "
-        "exported model (--model DIR, made by python -m usmkit.cli.export) under onnxruntime / AOTInductor",
-    )
-    p.add_argument("--model", help="export directory for --engine onnx|aoti (holds export.json)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -162,71 +159,17 @@ def _open_source(args, sample_rate: int, block_seconds: float) -> AudioSource:
 def _load(args, device: torch.device):
     """(model, feature config, tokenizer, checkpoint path, feature stats, step, lexicon decoder or None), or
     UsageError saying what is wrong."""
+    check_model_choice(args)
     if args.engine != "torch":
-        return _load_export(args, device)
-    if not args.checkpoint:
-        raise UsageError("no model: pass --checkpoint DIR (or --engine onnx|aoti --model EXPORT_DIR)")
-    if args.model:
-        raise UsageError(f"--model {args.model} is for --engine onnx|aoti; with PyTorch pass --checkpoint")
+        loaded = load_exported(args, device)
+        words = lexicon_decoder(args, loaded)
+        return loaded.model, loaded.features, loaded.tokenizer, loaded.path, loaded.stats, loaded.step, words
     try:
         loaded = load_model(args.checkpoint, device, rescore=args.rescore)
     except ModelError as e:
         raise UsageError(str(e)) from e
-    words = _word_decoder(args, loaded) if args.lexicon else None
+    words = lexicon_decoder(args, loaded)
     return loaded.model, loaded.cfg.data.features, loaded.tokenizer, loaded.checkpoint, loaded.stats, args.step, words
-
-
-def _word_decoder(args, loaded):
-    """--lexicon: the lexicon and unigram LM of the checkpoint's training transcripts (as ``usmkit.cli.evaluate
-    decode=ctc_lexicon`` builds them)."""
-    from usmkit.decoding.ctc_lexicon import LexiconConfig
-    from usmkit.inference.evaluate import EvalConfig, build_word_decoder
-
-    if args.rescore:
-        raise UsageError("--lexicon and --rescore both choose the finals: pass one of them")
-    lexicon = LexiconConfig(order=1, lm_weight=args.lm_weight, word_score=args.word_score)
-    cfg = EvalConfig(checkpoint=str(loaded.checkpoint), decode="ctc_lexicon", lexicon=lexicon)
-    try:
-        return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer)
-    except (FileNotFoundError, ValueError) as e:
-        raise UsageError(
-            f"--lexicon builds its words from the training transcripts of {loaded.checkpoint}, which could not be read: {e}"
-        ) from e
-
-
-def _load_export(args, device: torch.device):
-    """``_load`` for --engine onnx|aoti: an export directory, the engine as the encoder step."""
-    from usmkit.export.engine import load_export
-
-    flag = f"--engine {args.engine}"
-    if not args.model:
-        raise UsageError(
-            f"{flag} needs --model EXPORT_DIR (made by python -m usmkit.cli.export checkpoint=... out=...)"
-        )
-    refused = {
-        "--checkpoint": args.checkpoint and "the export directory replaces it: pass it as --model",
-        "--quantize int8": args.quantize != "none" and "export with quantize=int8 instead",
-        "--rescore": args.rescore and "an export has no LAS decoder; rescore with --checkpoint",
-        "--lexicon": args.lexicon and "lexicon finals need the training transcripts; use --checkpoint",
-        "--no-streaming": args.no_streaming and "an engine runs the streaming step; use --checkpoint",
-        f"--device {args.device}": device.type != "cpu" and "exported engines run on the CPU",
-    }
-    for option, why in refused.items():
-        if why:
-            raise UsageError(f"{option} does not go with {flag}: {why}")
-    loaded = load_export(args.model)
-    if loaded.manifest.format != args.engine:
-        raise UsageError(f"--model {args.model} holds an export of format {loaded.manifest.format}; pass --engine "
-                         f"{loaded.manifest.format}")  # fmt: skip
-    for option, value, exported in (
-        ("--chunk-size", args.chunk_size, loaded.manifest.chunk_size),
-        ("--left-chunks", args.left_chunks, loaded.manifest.left_chunks),
-    ):
-        if value is not None and value != exported:
-            raise UsageError(
-                f"{option} {value}: the export was made for {exported}; export the model again to change it"
-            )
-    return loaded.model, loaded.features, loaded.tokenizer, loaded.path, loaded.stats, loaded.step, None
 
 
 def _streaming_mask(args, model, ckpt: Path, warn: TextIO) -> tuple[int, int]:
@@ -348,7 +291,8 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
         summary = f"RTF {run_stats.rtf:.3f} (whole input at once, no streaming), {run_stats.audio_s:.2f} s of audio"
     print(summary, file=err)
     if args.json is not None:
-        _write_json(args.json, source, ckpt, decoder_cfg, C, K, streaming, run_stats, segments, failure)
+        lexicon = asdict(words.cfg) if words is not None else None
+        _write_json(args.json, source, ckpt, decoder_cfg, C, K, streaming, run_stats, segments, failure, lexicon)
     if failure is not None:
         print(f"the transcript above covers the audio before the failure ({run_stats.audio_s:.2f} s)", file=err)
         raise failure
@@ -359,7 +303,7 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
 
 
 def _write_json(
-    path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s: RunStats, segments, failure=None
+    path: Path, source, ckpt, decoder_cfg, C, K, streaming: bool, s: RunStats, segments, failure=None, lexicon=None
 ) -> None:
     record = {
         "input": source.describe,
@@ -369,6 +313,7 @@ def _write_json(
         "left_chunks": K,
         "decode": decoder_cfg.mode,
         "rescore": decoder_cfg.rescore,
+        "lexicon": lexicon,  # the lexicon finals' settings (LexiconConfig), or None
         "audio_seconds": round(s.audio_s, 3),
         "rtf": round(s.rtf, 5),
         "setup_seconds": round(s.setup_s, 3),

@@ -29,6 +29,8 @@ usage: python -m usmkit.cli.transcribe_batch checkpoint=EXP inputs=DIR|LIST|MANI
   ctm=FILE               also one CTM file of every word (written at the end)
   decode=ctc_greedy      or ctc_lexicon: words of the training transcripts and their word LM (lexicon.*),
                          searched by lexicon_workers=2 CPU processes beside the GPU
+  bias_phrases=FILE      with ctc_lexicon: phrases to favour, one a line, optionally a tab and a boost per word
+                         (default 5); their words join the lexicon (names, numbers, jargon)
   device=auto            auto, cpu, cuda, cuda:N
   precision=auto         auto (bf16 on CUDA, fp32 on CPU), bf16 or fp32
   compile=false          true: torch.compile the encoder's blocks (minutes to compile; for long runs)

@@ -20,6 +20,7 @@ near-miss spellings of a CTC model into the closest word of the lexicon; words o
 from __future__ import annotations
 
 import math
+import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word
 
 UNK_WORD = "<unk>"
 BOS_WORD, EOS_WORD = "<s>", "</s>"
+TOKENS_FILE, LEXICON_FILE, LM_FILE = "tokens.txt", "lexicon.txt", "lm.arpa"  # what ``LexiconDecoder.build`` writes
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class LexiconConfig:
             raise ValueError(f"LexiconConfig.order must be 0 (no LM), 1 or 2, got {self.order}")
         if self.beam_size < 1:
             raise ValueError(f"LexiconConfig.beam_size must be >= 1, got {self.beam_size}")
+
+
+# What ``--lexicon`` of usmkit-transcribe and usmkit-serve, and an export's bundled lexicon, decode with
+# unless told otherwise: the unigram LM of the training transcripts at half weight (the demo's setting).
+STREAMING_LEXICON = LexiconConfig(order=1, lm_weight=0.5, word_score=0.0)
 
 
 def write_arpa(sentences: Iterable[Sequence[str]], path: str | Path, order: int = 1, discount: float = 0.75) -> int:
@@ -135,9 +142,13 @@ def write_lexicon(words: Iterable[str], tokenizer, path: str | Path) -> int:
 
 
 class LexiconDecoder:
-    """Words of the best lexicon-constrained beam per utterance: ``decoder(log_probs, lengths) -> [str]``."""
+    """Words of the best lexicon-constrained beam per utterance: ``decoder(log_probs, lengths) -> [str]``.
 
-    def __init__(self, tokenizer, directory: str | Path, cfg: LexiconConfig) -> None:
+    ``directory`` holds the files ``build`` writes. ``bias``: phrases whose words are added to the lexicon
+    and boosted in the search (``usmkit.decoding.biasing``).
+    """
+
+    def __init__(self, tokenizer, directory: str | Path, cfg: LexiconConfig, bias: Sequence = ()) -> None:
         try:
             from torchaudio.models.decoder import ctc_decoder
         except (ImportError, RuntimeError) as err:  # torchaudio raises RuntimeError without flashlight-text
@@ -147,12 +158,17 @@ class LexiconDecoder:
         directory = Path(directory)
         self._blank_id, self._sil_id = tokenizer.blank_id, tokenizer.unk_id
         self._piece, self._encode = tokenizer.id_to_piece, tokenizer.encode
-        lm = cfg.lm_path or (str(directory / "lm.arpa") if cfg.order > 0 else None)
+        lm = cfg.lm_path or (str(directory / LM_FILE) if cfg.order > 0 else None)
         if cfg.lm_path and not Path(cfg.lm_path).is_file():
             raise UsageError(f"lexicon.lm_path={cfg.lm_path}: no such file; pass an ARPA or KenLM binary LM")
         self.cfg = cfg
+        self.bias = tuple(bias)
+        self.bias_words: list[str] = []  # the bias phrases' words the lexicon did not have
         try:
-            self._decoder = self._build(ctc_decoder, directory, lm, tokenizer, cfg)
+            if self.bias:
+                self._decoder = self._build_biased(ctc_decoder, directory, lm, tokenizer, cfg)
+            else:
+                self._decoder = self._build(ctc_decoder, directory / LEXICON_FILE, directory, lm, tokenizer, cfg)
         except RuntimeError as e:  # KenLM's reader: a file that is not an LM
             if not cfg.lm_path:
                 raise
@@ -162,11 +178,21 @@ class LexiconDecoder:
                 "pass one (e.g. made by KenLM's lmplz) or leave lexicon.lm_path out to use the built one"
             ) from e
 
+    def _build_biased(self, ctc_decoder, directory: Path, lm: str | None, tokenizer, cfg: LexiconConfig):
+        """The search over the lexicon plus the bias phrases' words, with the phrase-boosting LM."""
+        from usmkit.decoding.biasing import biased_lm, extend_lexicon
+
+        with tempfile.TemporaryDirectory(prefix="usmkit-bias-") as tmp:  # flashlight reads the lexicon once
+            lexicon = Path(tmp) / LEXICON_FILE
+            self.bias_words = extend_lexicon(directory / LEXICON_FILE, self.bias, tokenizer, lexicon)
+            self._lm = biased_lm(lm, lexicon, self.bias, cfg.lm_weight)  # held: the search calls into it
+            return self._build(ctc_decoder, lexicon, directory, self._lm, tokenizer, cfg)
+
     @staticmethod
-    def _build(ctc_decoder, directory: Path, lm: str | None, tokenizer, cfg: LexiconConfig):
+    def _build(ctc_decoder, lexicon: Path, directory: Path, lm, tokenizer, cfg: LexiconConfig):
         return ctc_decoder(
-            lexicon=str(directory / "lexicon.txt"),
-            tokens=str(directory / "tokens.txt"),
+            lexicon=str(lexicon),
+            tokens=str(directory / TOKENS_FILE),
             lm=lm,
             nbest=cfg.nbest,
             beam_size=cfg.beam_size,
@@ -183,18 +209,21 @@ class LexiconDecoder:
         )
 
     @classmethod
-    def build(cls, texts: Iterable[str], tokenizer, directory: str | Path, cfg: LexiconConfig) -> LexiconDecoder:
-        """Write tokens, lexicon and LM for ``texts`` (normalized transcripts) into ``directory``, then load."""
+    def build(
+        cls, texts: Iterable[str], tokenizer, directory: str | Path, cfg: LexiconConfig, bias: Sequence = ()
+    ) -> LexiconDecoder:
+        """Write tokens, lexicon and LM for ``texts`` (normalized transcripts) into ``directory``, then load
+        (with the ``bias`` phrases, if any)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         sentences = [t.split() for t in texts if t.strip()]
         if not sentences:
             raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
-        write_tokens(tokenizer, directory / "tokens.txt")
-        write_lexicon((w for s in sentences for w in s), tokenizer, directory / "lexicon.txt")
+        write_tokens(tokenizer, directory / TOKENS_FILE)
+        write_lexicon((w for s in sentences for w in s), tokenizer, directory / LEXICON_FILE)
         if cfg.order > 0 and cfg.lm_path is None:
-            write_arpa(sentences, directory / "lm.arpa", order=cfg.order)
-        return cls(tokenizer, directory, cfg)
+            write_arpa(sentences, directory / LM_FILE, order=cfg.order)
+        return cls(tokenizer, directory, cfg, bias)
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:
         """log_probs (B, T, V) CTC log-probabilities; lengths (B,) valid frames. Returns B transcripts."""

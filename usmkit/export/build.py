@@ -1,12 +1,18 @@
-"""Export a trained streaming CTC checkpoint: its two graphs, tokenizer, feature stats and manifest.
+"""Export a trained streaming CTC checkpoint: its two graphs, tokenizer, feature stats, lexicon and manifest.
 
 ``export_checkpoint`` loads the checkpoint as ``usmkit-transcribe`` does (``load_model``: a CTC head,
 feature statistics, global normalization), writes everything into a temporary directory beside
 ``out`` and renames it into place, so an interrupted export leaves no half-written directory.
+
+The lexicon and word LM are the ones ``usmkit-transcribe --checkpoint ... --lexicon`` builds from the
+checkpoint's training transcripts (``usmkit.runs.lexicon_texts`` -> ``LexiconDecoder.build``), written
+into the export's ``lexicon/`` folder once, so that an engine decodes with them without the corpus. A
+checkpoint whose training transcripts cannot be read is exported without them, with a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +25,14 @@ from usmkit.checkpointing.checkpoint import run_dir
 from usmkit.checkpointing.output_dir import check_output_dir
 from usmkit.data.normalize import STATS_FILE
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
+from usmkit.decoding.ctc_lexicon import (
+    LEXICON_FILE,
+    LM_FILE,
+    STREAMING_LEXICON,
+    TOKENS_FILE,
+    LexiconConfig,
+    LexiconDecoder,
+)
 from usmkit.export.graphs import (
     OFFLINE_INPUTS,
     OFFLINE_OUTPUTS,
@@ -28,23 +42,28 @@ from usmkit.export.graphs import (
     StreamStepGraph,
 )
 from usmkit.export.manifest import (
+    LEXICON_DIR,
     MANIFEST_FILE,
     ExportError,
     ExportManifest,
     Format,
     GraphSpec,
+    LexiconFiles,
     Quantize,
     TensorSpec,
+    file_digests,
     write_manifest,
 )
 from usmkit.models.ctc import BLANK_ID
 from usmkit.models.subsampling import feature_context
-from usmkit.runs import load_trained
+from usmkit.runs import lexicon_texts, load_trained
 from usmkit.streaming.pipeline import ModelError, load_model
 from usmkit.streaming.step import NotStreamableError, check_streamable
 
 CTC_HEAD_FILE = "ctc_head.safetensors"
 EXPORTABLE_ATTENTION = ("sdpa", "reference")  # flex and triton are training kernels; both graphs run SDPA
+
+log = logging.getLogger(__name__)
 
 
 def default_out(checkpoint: Path, fmt: Format, quantize: Quantize) -> Path:
@@ -96,10 +115,55 @@ def _prepare_out(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
 
+def _training_texts(loaded) -> list[str] | None:
+    """The checkpoint's training transcripts for its lexicon, or None (with a warning) where they cannot be read."""
+    try:
+        return lexicon_texts(loaded.cfg)
+    except (FileNotFoundError, ValueError) as e:
+        log.warning(
+            "exporting %s without a lexicon: its training transcripts could not be read (%s); the export decodes "
+            "without --lexicon. Export it where the training manifests are to bundle them",
+            loaded.checkpoint,
+            e,
+        )
+        return None
+
+
+def _is_arpa(path: Path) -> bool:
+    """An ARPA LM starts with a ``\\data\\`` line (after blank lines); anything else is left to KenLM as binary."""
+    with open(path, "rb") as f:
+        return f.read(4096).lstrip().startswith(b"\\data\\")
+
+
+def _bundle_lexicon(directory: Path, texts: list[str], tokenizer, cfg: LexiconConfig) -> LexiconFiles:
+    """Write the lexicon, its tokens and word LM of ``texts`` into ``directory/lexicon`` (an ``lm_path`` LM is
+    copied there) and check that they load; returns their manifest entry."""
+    folder = directory / LEXICON_DIR
+    LexiconDecoder.build(texts, tokenizer, folder, cfg)  # writes tokens, lexicon and LM, then loads them
+    lm = LM_FILE if cfg.order > 0 else None
+    if cfg.lm_path:
+        lm = LM_FILE if _is_arpa(Path(cfg.lm_path)) else "lm.bin"
+        shutil.copyfile(cfg.lm_path, folder / lm)
+    words = sum(1 for line in (folder / LEXICON_FILE).read_text(encoding="utf-8").splitlines() if line)
+    return LexiconFiles(
+        tokens=f"{LEXICON_DIR}/{TOKENS_FILE}",
+        lexicon=f"{LEXICON_DIR}/{LEXICON_FILE}",
+        lm=f"{LEXICON_DIR}/{lm}" if lm else None,
+        config=replace(cfg, lm_path=None),
+        words=words,
+        transcripts=len(texts),
+    )
+
+
 def export_checkpoint(
-    checkpoint: str | Path, fmt: Format, quantize: Quantize = "none", out: str | Path | None = None
+    checkpoint: str | Path,
+    fmt: Format,
+    quantize: Quantize = "none",
+    out: str | Path | None = None,
+    lexicon: LexiconConfig = STREAMING_LEXICON,
 ) -> tuple[Path, ExportManifest]:
     """Export ``checkpoint`` (a checkpoint dir or an experiment dir) as ``fmt``; returns (directory, manifest).
+    ``lexicon``: the settings the bundled lexicon decodes with unless a front end is told otherwise.
 
     Raises ``ExportError`` (a ``UsageError``) for a checkpoint that cannot stream or be loaded.
     """
@@ -127,6 +191,7 @@ def export_checkpoint(
         enc_cfg = replace(enc_cfg, attention_impl="sdpa")
     out = Path(out) if out else default_out(loaded.checkpoint, fmt, quantize)
     _prepare_out(out)
+    texts = _training_texts(loaded)
 
     step = StreamStepGraph(model.encoder, model.ctc, C, K).eval()
     offline = OfflineGraph(model.encoder, model.ctc).eval()
@@ -134,6 +199,8 @@ def export_checkpoint(
     files = (f"stream_step{suffix}", f"offline{suffix}")
     step_spec, offline_spec = _graph_specs(step, offline, files)
     with replaced_dir_atomically(out) as tmp:
+        # The lexicon first: a lexicon.lm_path that cannot be read stops the export before the graphs are made.
+        bundle = _bundle_lexicon(tmp, texts, loaded.tokenizer, lexicon) if texts is not None else None
         for graph, name, inputs, outputs in (
             (step, files[0], STEP_INPUTS, STEP_OUTPUTS),
             (offline, files[1], OFFLINE_INPUTS, OFFLINE_OUTPUTS),
@@ -143,6 +210,7 @@ def export_checkpoint(
         features = loaded.cfg.data.features
         loaded.stats.save(tmp / STATS_FILE, features)
         save_file({k: v.contiguous() for k, v in model.ctc.state_dict().items()}, str(tmp / CTC_HEAD_FILE))
+        every_file = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         manifest = ExportManifest(
             format=fmt,
             quantize=quantize,
@@ -161,6 +229,8 @@ def export_checkpoint(
             encoder=enc_cfg,
             source_checkpoint=str(loaded.checkpoint),
             torch_version=torch.__version__,
+            lexicon=bundle,
+            sha256=file_digests(tmp, every_file),
         )
         write_manifest(manifest, tmp)
     return out, manifest

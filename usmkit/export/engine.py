@@ -10,12 +10,14 @@ endpointing and decoding stay those of ``usmkit.streaming.pipeline``.
 
 ``load_export`` rebuilds what the pipeline needs from an export directory alone: an
 ``ExportedModel`` (the encoder's config, with no weights, and the CTC head, read from the export's
-``ctc_head.safetensors``), the tokenizer, the feature config and statistics, and the engine.
+``ctc_head.safetensors``), the tokenizer, the feature config and statistics, and the engine, after
+checking every file against the SHA-256 in the manifest; ``LoadedExport.word_decoder`` loads the
+bundled lexicon and word LM for lexicon finals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,8 +27,9 @@ from torch import nn
 from usmkit.data.config import FeatureConfig
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
+from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.export.graphs import STEP_INPUTS, STEP_OUTPUTS
-from usmkit.export.manifest import ExportError, ExportManifest, read_manifest
+from usmkit.export.manifest import LEXICON_DIR, ExportError, ExportManifest, read_manifest, verify_files
 from usmkit.models.config import ConformerConfig
 from usmkit.models.ctc import CTCHead
 from usmkit.models.subsampling import output_lengths
@@ -137,11 +140,34 @@ class LoadedExport:
     manifest: ExportManifest
     path: Path
 
+    def lexicon_config(self, **changes) -> LexiconConfig:
+        """The bundled lexicon's settings with ``changes`` (None values keep the bundled one), its LM the bundled
+        file; ``ExportError`` for an export made without a lexicon."""
+        bundle = self.manifest.lexicon
+        if bundle is None:
+            raise ExportError(
+                f"{self.path} holds no lexicon (the training transcripts of {self.manifest.source_checkpoint} could "
+                "not be read when it was exported); export it again where its training manifests are"
+            )
+        changes = {k: v for k, v in changes.items() if v is not None}
+        try:
+            return replace(bundle.config, lm_path=str(self.path / bundle.lm) if bundle.lm else None, **changes)
+        except (TypeError, ValueError) as e:
+            raise ExportError(f"lexicon settings {changes}: {e}") from e
+
+    def word_decoder(self, bias=(), **changes) -> LexiconDecoder:
+        """The bundled lexicon and word LM as a ``LexiconDecoder`` (lexicon finals), with the settings of
+        ``lexicon_config(**changes)``, e.g. ``lm_weight=0.8``, and the ``bias`` phrases if any
+        (``usmkit.decoding.biasing``)."""
+        return LexiconDecoder(self.tokenizer, self.path / LEXICON_DIR, self.lexicon_config(**changes), bias)
+
 
 def load_export(directory: str | Path, threads: int | None = None) -> LoadedExport:
-    """Load the export in ``directory`` (its format from the manifest); raises ``ExportError``."""
+    """Load the export in ``directory`` (its format from the manifest), every file checked against its
+    SHA-256; raises ``ExportError``."""
     directory = Path(directory)
     manifest = read_manifest(directory)
+    verify_files(directory, manifest)
     weights = load_file(str(directory / manifest.ctc_head))  # proj.weight (V, D), proj.bias (V,)
     ctc = CTCHead(manifest.encoder.d_model, manifest.vocab_size)
     try:

@@ -5,24 +5,32 @@ The manifest is plain JSON (no pickle), read back into the typed ``ExportManifes
 files beside it (the two graphs, the tokenizer, the feature statistics, the CTC head's weights),
 the inputs and outputs of each graph in call order with their shapes ("batch" and "frames" are the
 dynamic axes) and dtypes, the chunking the streaming step was exported with, and the feature and
-encoder configs.
+encoder configs. ``lexicon`` names the bundled lexicon decoding (``LexiconFiles``: the lexicon and word
+LM of the checkpoint's training transcripts, and the settings they decode with), and ``sha256`` holds
+the SHA-256 of every file of the export, checked when it is loaded (``verify_files``).
+
+Version 1 manifests (no lexicon, no SHA-256) are still read.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from usmkit.checkpointing.checkpoint import file_record
 from usmkit.config import ConfigError, from_dict, to_dict
 from usmkit.data.config import FeatureConfig
+from usmkit.decoding.ctc_lexicon import LexiconConfig
 from usmkit.errors import UsageError
 from usmkit.models.config import ConformerConfig
 
 MANIFEST_FILE = "export.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READABLE_VERSIONS = (1, MANIFEST_VERSION)  # 1: no lexicon, no SHA-256
+LEXICON_DIR = "lexicon"  # the bundled lexicon's folder in an export
 
 Format = Literal["onnx", "aoti"]
 Quantize = Literal["none", "int8"]
@@ -51,6 +59,21 @@ class GraphSpec:
 
 
 @dataclass(frozen=True)
+class LexiconFiles:
+    """The bundled lexicon decoding (``usmkit.decoding.ctc_lexicon.LexiconDecoder``), files beside the
+    manifest: ``tokens`` (the tokenizer's pieces), ``lexicon`` (each word spelled in pieces), ``lm`` (the
+    word LM, ARPA or KenLM binary; None with ``config.order`` 0), and the settings they decode with
+    unless told otherwise (``config``; its ``lm_path`` is None: the LM is ``lm``)."""
+
+    tokens: str
+    lexicon: str
+    lm: str | None
+    config: LexiconConfig
+    words: int  # lines of ``lexicon``
+    transcripts: int  # training transcripts it was built from
+
+
+@dataclass(frozen=True)
 class ExportManifest:
     format: Format
     quantize: Quantize
@@ -70,6 +93,15 @@ class ExportManifest:
     source_checkpoint: str
     torch_version: str
     version: int = MANIFEST_VERSION
+    lexicon: LexiconFiles | None = None  # None: exported without its training transcripts (no lexicon decoding)
+    sha256: dict[str, str] = field(default_factory=dict)  # every file above, by name
+
+    def files(self) -> tuple[str, ...]:
+        """The files the manifest names, beside it."""
+        names = [self.stream_step.file, self.offline.file, self.tokenizer, self.feature_stats, self.ctc_head]
+        if self.lexicon is not None:
+            names += [self.lexicon.tokens, self.lexicon.lexicon, *([self.lexicon.lm] if self.lexicon.lm else [])]
+        return tuple(names)
 
 
 def write_manifest(manifest: ExportManifest, directory: Path) -> Path:
@@ -95,18 +127,36 @@ def read_manifest(directory: str | Path) -> ExportManifest:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ExportError(f"cannot read {path}: {e}") from e
-    if not isinstance(data, dict) or data.get("version") != MANIFEST_VERSION:
+    if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
         version = data.get("version") if isinstance(data, dict) else None
         raise ExportError(
-            f"{path} has manifest version {version!r}, this usmkit reads version {MANIFEST_VERSION}: export the "
+            f"{path} has manifest version {version!r}, this usmkit reads versions {READABLE_VERSIONS}: export the "
             "checkpoint again with this usmkit"
         )
     try:
         manifest = from_dict(ExportManifest, data)
     except ConfigError as e:
         raise ExportError(f"{path} is not a usmkit export manifest: {e}") from e
-    for name in (manifest.stream_step.file, manifest.offline.file, manifest.tokenizer, manifest.feature_stats,
-                 manifest.ctc_head):  # fmt: skip
+    for name in manifest.files():
         if not (directory / name).is_file():
             raise ExportError(f"{directory / name} is missing (named by {path}); export the checkpoint again")
     return manifest
+
+
+def file_digests(directory: Path, names) -> dict[str, str]:
+    """SHA-256 of the files ``names`` in ``directory``, by name (what ``ExportManifest.sha256`` holds)."""
+    return file_record(Path(directory), names)["sha256"]
+
+
+def verify_files(directory: str | Path, manifest: ExportManifest) -> None:
+    """Check every file the manifest names against its recorded SHA-256 (none recorded: version 1, nothing
+    to check); ``ExportError`` naming the first that differs."""
+    directory = Path(directory)
+    for name, digest in manifest.sha256.items():
+        if not (directory / name).is_file():
+            raise ExportError(f"{directory / name} is missing (listed in {directory / MANIFEST_FILE})")
+        if file_digests(directory, [name])[name] != digest:
+            raise ExportError(
+                f"{directory / name} is damaged: its SHA-256 does not match the one in {MANIFEST_FILE} (changed "
+                "since it was exported); copy the export again or export the checkpoint again"
+            )

@@ -48,13 +48,13 @@ from usmkit.errors import UsageError
 from usmkit.inference.batch_audio import AudioBatch, BatchAudioDataset, FailedItem, FbankFrontEnd, LongPiece
 from usmkit.inference.batch_inputs import AudioItem, BatchUnit, LongUnit, find_inputs, output_name, plan_units
 from usmkit.inference.batch_runner import DeviceRunner, compile_encoder
-from usmkit.inference.evaluate import lexicon_texts
 from usmkit.inference.lexicon_pool import LexiconPool
 from usmkit.inference.ranks import Ranks
 from usmkit.inference.subtitles import ctm_lines, srt
 from usmkit.inference.transcript_journal import JournalWriter, done_ids, merge, part_path, read_records
 from usmkit.inference.word_alignment import Transcript
 from usmkit.metrics import TextNormConfig
+from usmkit.runs import lexicon_texts
 from usmkit.streaming.pipeline import FULL_ATTENTION_BYTES, LoadedModel, ModelError, load_model
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,8 @@ class BatchConfig:
     - ``chunk_size`` / ``left_chunks``: ``default`` = the checkpoint's mask; another one (``null`` = full
       attention) decodes the same weights under it (an approximation).
     - ``lexicon_workers``: CPU processes for ``decode=ctc_lexicon`` (0: in the main process).
+    - ``bias_phrases``: with ``decode=ctc_lexicon``, a file of phrases to favour, ``phrase[<TAB>boost]`` a
+      line (contextual biasing, ``usmkit.decoding.biasing``).
     - ``wait_timeout_s``: several processes: how long rank 0 waits for the slowest rank at the end.
     """
 
@@ -87,6 +89,7 @@ class BatchConfig:
     ctm: str | None = None
     decode: str = "ctc_greedy"
     lexicon: LexiconConfig = field(default_factory=LexiconConfig)
+    bias_phrases: str | None = None
     lexicon_workers: int = 2
     device: str = "auto"
     precision: str = "auto"
@@ -124,6 +127,10 @@ class BatchConfig:
             raise ConfigError(f"chunk_size={self.chunk_size}: an int, null (full attention) or default")
         if isinstance(self.left_chunks, str) and self.left_chunks != "default":
             raise ConfigError(f"left_chunks={self.left_chunks}: an int (-1 = all history) or default")
+        if self.bias_phrases and self.decode != "ctc_lexicon":
+            raise ConfigError(
+                f"bias_phrases={self.bias_phrases} boosts phrases in the lexicon search: add decode=ctc_lexicon"
+            )
         if Path(self.out).is_dir():
             raise ConfigError(
                 f"out={self.out} is a folder; pass the JSONL file to write, e.g. out={self.out}/out.jsonl"
@@ -216,6 +223,7 @@ def _plan(cfg: BatchConfig, max_seconds: float | None) -> _Plan:
 
 def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
     setup_start = time.perf_counter()  # loading, planning, compiling: before the first batch
+    bias = _bias_phrases(cfg)
     device = ranks.device(cfg.device)
     loaded, C, K = load_checkpoint(cfg, device)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -243,7 +251,7 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
     sink = _Sink(writer, cfg.srt_dir, sum(_seconds(u) for u in units), cfg.progress and ranks.rank == 0)
     pool = None
     try:
-        pool = _lexicon_pool(cfg, loaded, frame_s) if cfg.decode == "ctc_lexicon" else None
+        pool = _lexicon_pool(cfg, loaded, frame_s, bias) if cfg.decode == "ctc_lexicon" else None
         runner = DeviceRunner(
             model,
             tokenizer,
@@ -334,7 +342,7 @@ def _seconds(unit: BatchUnit | LongUnit) -> float:
     return unit.item.duration if isinstance(unit, LongUnit) else sum(i.duration for i in unit.items)
 
 
-def _lexicon_pool(cfg: BatchConfig, loaded: LoadedModel, frame_s: float) -> LexiconPool:
+def _lexicon_pool(cfg: BatchConfig, loaded: LoadedModel, frame_s: float, bias=()) -> LexiconPool:
     """The lexicon and word LM of the checkpoint's training transcripts, as ``usmkit.cli.evaluate decode=ctc_lexicon``
     builds them, decoded by ``cfg.lexicon_workers`` processes."""
     try:
@@ -344,7 +352,18 @@ def _lexicon_pool(cfg: BatchConfig, loaded: LoadedModel, frame_s: float) -> Lexi
             f"decode=ctc_lexicon builds its words from the training transcripts of {loaded.checkpoint}, which could "
             f"not be read: {e}"
         ) from e
-    return LexiconPool(loaded.tokenizer, texts, cfg.lexicon, frame_s, cfg.lexicon_workers)
+    return LexiconPool(loaded.tokenizer, texts, cfg.lexicon, frame_s, cfg.lexicon_workers, bias)
+
+
+def _bias_phrases(cfg: BatchConfig) -> tuple:
+    """The phrases of ``cfg.bias_phrases`` (read before anything else, so a bad file stops the run at once)."""
+    if not cfg.bias_phrases:
+        return ()
+    from usmkit.decoding.biasing import read_bias_phrases
+
+    if cfg.lexicon.lm_weight <= 0:
+        raise ConfigError("bias_phrases adds to the word LM's score: use lexicon.lm_weight > 0")
+    return read_bias_phrases(cfg.bias_phrases)
 
 
 class _Sink:

@@ -18,16 +18,16 @@ import torch
 
 from usmkit.config import DataConfig, TrainConfig
 from usmkit.data.loader import split_loader
-from usmkit.data.manifests import available_splits, load_cuts, manifest_path
+from usmkit.data.manifests import available_splits, manifest_path
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
 from usmkit.inference.batches import transcribe_batches
-from usmkit.metrics import TextNormConfig, normalize_text, score
+from usmkit.metrics import TextNormConfig, score
 from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
-from usmkit.runs import load_trained
+from usmkit.runs import lexicon_texts, load_trained
 from usmkit.streaming.features import checkpoint_feature_stats
 
 log = logging.getLogger(__name__)
@@ -198,12 +198,15 @@ def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, m
         )
 
 
-def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] | None = None) -> LexiconDecoder:
+def build_word_decoder(
+    cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] | None = None, bias=()
+) -> LexiconDecoder:
     """Lexicon and word LM from the transcripts of the split the checkpoint was trained on (``texts``:
-    those transcripts, ``lexicon_texts``, when already loaded)."""
+    those transcripts, ``lexicon_texts``, when already loaded); ``bias``: phrases to boost
+    (``usmkit.decoding.biasing``)."""
     texts = lexicon_texts(train_cfg, cfg.norm) if texts is None else texts
     with tempfile.TemporaryDirectory(prefix="usmkit-lexicon-") as tmp:  # flashlight reads the files once
-        decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon)
+        decoder = LexiconDecoder.build(texts, tokenizer, tmp, cfg.lexicon, bias)
     log.info(
         "lexicon decoding: %d words from %d %s transcripts, LM order %d",
         len({w for t in texts for w in t.split()}),
@@ -212,9 +215,3 @@ def build_word_decoder(cfg: EvalConfig, train_cfg, tokenizer, texts: list[str] |
         cfg.lexicon.order,
     )
     return decoder
-
-
-def lexicon_texts(train_cfg, norm: TextNormConfig) -> list[str]:
-    """The normalized transcripts of the split the checkpoint was trained on: the lexicon's words, the LM's text."""
-    cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
-    return [normalize_text(s.text, norm) for c in cuts for s in c.supervisions if s.text]

@@ -62,10 +62,10 @@ class LexiconJob:
 _WORKER: dict[str, Any] = {}  # the decoder, tokenizer and frame length of this worker process
 
 
-def _init_worker(directory: str, cfg: LexiconConfig, frame_s: float) -> None:
+def _init_worker(directory: str, cfg: LexiconConfig, frame_s: float, bias: tuple = ()) -> None:
     torch.set_num_threads(1)
     tokenizer = Tokenizer.load(Path(directory) / MODEL_FILE)
-    _WORKER.update(decoder=LexiconDecoder(tokenizer, directory, cfg), tokenizer=tokenizer, frame_s=frame_s)
+    _WORKER.update(decoder=LexiconDecoder(tokenizer, directory, cfg, bias), tokenizer=tokenizer, frame_s=frame_s)
 
 
 def _decode(job: LexiconJob) -> tuple[Any, list[Transcript]]:
@@ -77,15 +77,16 @@ def _decode(job: LexiconJob) -> tuple[Any, list[Transcript]]:
 
 
 class LexiconPool:
-    """Submit ``LexiconJob``s, collect ``(tag, transcripts)`` as they finish (``finished`` / ``drain``)."""
+    """Submit ``LexiconJob``s, collect ``(tag, transcripts)`` as they finish (``finished`` / ``drain``).
+    ``bias``: phrases to boost (``usmkit.decoding.biasing``), in every worker's search."""
 
     def __init__(
-        self, tokenizer: Tokenizer, texts: list[str], cfg: LexiconConfig, frame_s: float, workers: int
+        self, tokenizer: Tokenizer, texts: list[str], cfg: LexiconConfig, frame_s: float, workers: int, bias=()
     ) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="usmkit-lexicon-")
         directory = self._dir.name
         (Path(directory) / MODEL_FILE).write_bytes(tokenizer.model_proto)
-        decoder = LexiconDecoder.build(texts, tokenizer, directory, cfg)  # writes the files, checks they load
+        decoder = LexiconDecoder.build(texts, tokenizer, directory, cfg, bias)  # writes the files, checks they load
         self.workers = workers
         self._inline = None if workers else (decoder, tokenizer, frame_s)
         self._pool = None
@@ -94,7 +95,7 @@ class LexiconPool:
                 workers,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
-                initargs=(directory, cfg, frame_s),
+                initargs=(directory, cfg, frame_s, tuple(bias)),
             )
         self._pending: deque[Future] = deque()
         self._ready: list[tuple[Any, list[Transcript]]] = []

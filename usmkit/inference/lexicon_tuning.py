@@ -27,9 +27,10 @@ import torch
 from usmkit.data.loader import split_loader
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.inference.batches import transcribe_batches
-from usmkit.inference.evaluate import EvalConfig, LoadedModel, build_word_decoder, lexicon_texts, load_for_eval
+from usmkit.inference.evaluate import EvalConfig, LoadedModel, build_word_decoder, load_for_eval
 from usmkit.metrics import normalize_text, score
 from usmkit.models.ensemble import CtcEnsemble
+from usmkit.runs import lexicon_texts
 
 log = logging.getLogger(__name__)
 

@@ -10,22 +10,25 @@ rows back (``encoded``). ``push`` / ``end`` / ``collect`` run on the event loop,
 batcher's worker thread.
 
 ``Recognizer`` holds what all streams share: the model, its feature statistics, the chunking, the
-decoder settings, and the batched encoder step.
+decoder settings (and the lexicon decoder of lexicon finals), and the batched encoder step: PyTorch's
+(eager or traced) or an exported model's engine (``usmkit.export.engine``).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from usmkit.data.config import FeatureConfig
+from usmkit.data.normalize import FeatureStats
 from usmkit.models.subsampling import feature_context
 from usmkit.serve.protocol import PcmDecoder
 from usmkit.streaming.decoder import DecoderConfig, Segment
 from usmkit.streaming.features import StreamingFbank
-from usmkit.streaming.pipeline import LoadedModel, StreamingTranscriber
+from usmkit.streaming.pipeline import StreamingTranscriber
 from usmkit.streaming.step import (
     EncoderStreamState,
     init_state,
@@ -65,29 +68,39 @@ Event = Partial | Final | End
 class Recognizer:
     """The model and settings every stream of a server shares, and the encoder step for a batch of streams.
 
-    ``step``: ``"jit"`` (a traced graph that serves every batch size, ``TracedStreamStep(any_batch=True)``)
-    or ``"eager"`` (``stream_step``). ``chunk_size`` / ``left_chunks``: the mask streams run with.
+    ``model``: an ``AsrModel`` (a checkpoint's) or an ``ExportedModel`` (an export's: the encoder's config and
+    the CTC head), with its ``tokenizer``, feature config and statistics. ``step``: ``"jit"`` (a traced
+    graph that serves every batch size, ``TracedStreamStep(any_batch=True)``), ``"eager"``
+    (``stream_step``), or an exported model's engine, called like ``stream_step``. ``chunk_size`` /
+    ``left_chunks``: the mask streams run with. ``words``: a ``LexiconDecoder`` for lexicon finals (every
+    stream's finals go through it, in the batcher's worker thread), or None.
     """
 
     def __init__(
         self,
-        loaded: LoadedModel,
+        model,
+        tokenizer,
+        features: FeatureConfig,
+        stats: FeatureStats,
         decoder_cfg: DecoderConfig,
         chunk_size: int,
         left_chunks: int,
         silence_db: float = -50.0,
-        step: str = "jit",
+        step="jit",
+        words=None,
     ) -> None:
-        self.model = loaded.model
-        self.tokenizer = loaded.tokenizer
-        self.features = loaded.cfg.data.features
-        self.stats = loaded.stats
+        self.model = model
+        self.tokenizer = tokenizer
+        self.features = features
+        self.stats = stats
         self.decoder_cfg = decoder_cfg
+        self.words = words
         self.chunk_size, self.left_chunks = chunk_size, left_chunks
         self.silence_db = silence_db
         self.device = next(self.model.parameters()).device
         framing = StreamingFbank(self.features)  # its window and hop, in samples
         chunk_frames = self.model.encoder.subsampling_factor * chunk_size  # feature frames per chunk
+        self.one_position = False  # whether the step takes one position for all its rows (``_run_by_position``)
         # The most audio one round featurizes for a stream: two chunks (and the first window).
         self.round_samples = 2 * chunk_frames * framing.shift + framing.window
         if step == "jit":
@@ -96,8 +109,12 @@ class Recognizer:
             self.step = TracedStreamStep(self.model.encoder, any_batch=True)
         elif step == "eager":
             self.step = stream_step
+        elif callable(step):
+            self.step = step
+            # An exported step takes one position (cache fill, offset) for its whole batch (docs/export.md).
+            self.one_position = True
         else:
-            raise ValueError(f"step must be 'jit' or 'eager', got {step!r}")
+            raise ValueError(f"step must be 'jit', 'eager' or an engine, got {step!r}")
 
     @property
     def sample_rate(self) -> int:
@@ -106,21 +123,47 @@ class Recognizer:
     def warm_up(self) -> None:
         """One batched step on zeros, so that tracing happens before the first client, not in its first chunk."""
         encoder = self.model.encoder
-        param = next(encoder.parameters())
-        first = param.new_zeros(1, feature_context(encoder.subsampling_factor), encoder.cfg.input_dim)  # (1, s - 1, F)
-        state = stack_states([init_state(encoder, first, self.chunk_size, self.left_chunks)])
-        chunk = param.new_zeros(1, state.chunk_input_frames, encoder.cfg.input_dim)  # (1, s C, F)
-        with torch.no_grad():
-            self.step(encoder, chunk, state, torch.tensor([state.chunk_input_frames], device=param.device))
+        F = encoder.cfg.input_dim
+        first = torch.zeros(1, feature_context(encoder.subsampling_factor), F, device=self.device)  # (1, s - 1, F)
+        state = init_state(encoder, first, self.chunk_size, self.left_chunks)
+        chunk = torch.zeros(1, state.chunk_input_frames, F, device=self.device)  # (1, s C, F)
+        self.run([chunk], [torch.tensor([state.chunk_input_frames], device=self.device)], [state])
 
     def run(
         self, chunks: list[torch.Tensor], lengths: list[torch.Tensor], states: list[EncoderStreamState]
     ) -> tuple[torch.Tensor, list[int], list[EncoderStreamState]]:
         """One step over the streams' next chunks (1, 4C, F) each -> out (B, C, D), valid frames per row, new states."""
+        if self.one_position:
+            return self._run_by_position(chunks, lengths, states)
         state = stack_states(states)
         with torch.no_grad():
             out, out_lens, new = self.step(self.model.encoder, torch.cat(chunks), state, torch.cat(lengths))
         return out, out_lens.tolist(), split_state(new)
+
+    def _run_by_position(
+        self, chunks: list[torch.Tensor], lengths: list[torch.Tensor], states: list[EncoderStreamState]
+    ) -> tuple[torch.Tensor, list[int], list[EncoderStreamState]]:
+        """``run`` for an exported step, whose cache fill and offset are one scalar for the whole batch: one
+        call per group of streams at the same position (streams that started together share one call)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, s in enumerate(states):
+            groups.setdefault((int(s.cached.reshape(-1)[0]), int(s.offset.reshape(-1)[0])), []).append(i)
+        outs: list[torch.Tensor | None] = [None] * len(states)
+        frames: list[int] = [0] * len(states)
+        new_states: list[EncoderStreamState | None] = [None] * len(states)
+        for rows in groups.values():
+            state = stack_states([states[i] for i in rows])
+            state = replace(state, cached=state.cached[0], offset=state.offset[0])  # () each
+            with torch.no_grad():
+                out, out_lens, new = self.step(
+                    self.model.encoder,
+                    torch.cat([chunks[i] for i in rows]),
+                    state,
+                    torch.cat([lengths[i] for i in rows]),
+                )  # (b, C, D), (b,)
+            for j, (i, row_state) in enumerate(zip(rows, split_state(new), strict=True)):
+                outs[i], frames[i], new_states[i] = out[j : j + 1], int(out_lens[j]), row_state
+        return torch.cat(outs), frames, new_states
 
     def new_stream(self, nbest: int = 1, continuous: bool = False) -> ServerStream:
         return ServerStream(self, nbest, continuous)
@@ -165,6 +208,7 @@ class ServerStream:
             r.left_chunks,
             silence_db=r.silence_db,
             step=None,
+            words=r.words,
         )
         fbank = self.transcriber.fbank
         self.sample_rate = r.sample_rate
