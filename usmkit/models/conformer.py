@@ -189,7 +189,7 @@ class ConformerEncoder(nn.Module):
         features (R, N, F) packed rows, lengths (U,) valid feature frames per utterance -> (U, T', D) with
         utterance u's frames first in row u and zeros after them, (U,) valid encoder frames, and the blocks
         numbered ``layers`` likewise. Equal to ``forward_with_intermediate`` on the same utterances one per
-        row, up to the padding length (tests/models/test_packing.py).
+        row, up to the padding length (tests/models/test_packed_encoder.py).
         """
         x, segments, kept = self.encode_packed(features, lengths, packing, layers)
         enc_lens = self.output_lengths(lengths)  # (U,)
