@@ -29,7 +29,10 @@ Each runs in its own process group with an empty inductor cache, and is killed a
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
 ``--compare-padding`` ``large`` and ``large_p64``. ``--world-sizes 1,2,4`` runs every variant on that many
 GPUs of this machine (``torchrun --standalone --nproc-per-node N``; DDP, or FSDP2 for ``_fsdp``) and
-adds ``scaling_efficiency``: the per-GPU rate on N GPUs over the rate of the same variant on 1 GPU.
+adds ``scaling_efficiency``: the per-GPU rate on N GPUs over the rate of the same variant on 1 GPU. An
+``_fsdp`` variant whose plain twin is in the list (``large,large_fsdp``) skips its own 1-GPU launch and is
+compared with the twin's: one GPU working alone is the baseline of both strategies
+(``scaling_baseline`` names the row).
 
 Measured from the trainer's own ``metrics.jsonl`` (one row per ``trainer.log_every`` steps), in steady
 state: the windows of the second half of the run, when the padded lengths have been compiled.
@@ -309,6 +312,13 @@ def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler
     return result
 
 
+def scaling_baseline(name: str, variants: list[str]) -> str:
+    """The variant whose 1-GPU rate ``name``'s N-GPU rate is divided by: its plain twin for an ``_fsdp``
+    variant when the twin runs too, else itself."""
+    twin = "_".join(flag for flag in name.split("_") if flag != "fsdp")
+    return twin if twin != name and twin in variants else name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -358,12 +368,16 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(prefix="trainer_throughput_") as tmp:
             for name in variants:
+                baseline = scaling_baseline(name, variants)
                 for world in worlds:
+                    if world == 1 and baseline != name and len(worlds) > 1:
+                        continue  # compared with the plain twin's 1-GPU launch
                     key = name if worlds == [1] else f"{name}_x{world}"
                     r = run_variant(name, args, Path(tmp), peak, gpu, world) | {"world_size": world}
-                    base = result["variants"].get(f"{name}_x1", {}).get("audio_h_per_gpu_h")
+                    base = result["variants"].get(f"{baseline}_x1", {}).get("audio_h_per_gpu_h")
                     if world > 1 and base and r.get("audio_h_per_gpu_h"):
                         r["scaling_efficiency"] = round(r["audio_h_per_gpu_h"] / base, 3)
+                        r["scaling_baseline"] = f"{baseline}_x1"
                     result["variants"][key] = r
                     print(f"{key:14s} {json.dumps(r)}", flush=True)
                     write_result(json_path, result)
