@@ -366,7 +366,7 @@ def main() -> None:
     )
     gpu = None if args.dry_run else GpuSampler()
     try:
-        with tempfile.TemporaryDirectory(prefix="trainer_throughput_") as tmp:
+        with tempfile.TemporaryDirectory(prefix="trainer_throughput_", ignore_cleanup_errors=True) as tmp:
             for name in variants:
                 baseline = scaling_baseline(name, variants)
                 for world in worlds:
