@@ -1,0 +1,132 @@
+"""Faults found by a third probe: a training run stopped by a signal, resume against a changed config,
+and values no command can use.
+
+Each test failed on the code before its fix, unless its docstring says the case was already handled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fault_helpers import FAST_TRAIN, fast_train
+
+from usmkit.checkpointing import checkpoint as ck
+from usmkit.training.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _env(cwd: Path) -> dict[str, str]:
+    return {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(cwd)}
+
+
+def _run(*args: str, cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` as a user runs it, with this tree first on the path."""
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, env=_env(cwd), capture_output=True, timeout=300, input=stdin
+    )
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, *named: str, code: int = 2) -> str:
+    err = proc.stderr.decode(errors="replace") if isinstance(proc.stderr, bytes) else proc.stderr
+    assert proc.returncode == code, err[-3000:]
+    lines = [line for line in err.strip().splitlines() if "error" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    for word in named:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def _metrics(exp: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (exp / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+
+
+@pytest.fixture(scope="module")
+def corpus(synth_corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("probe3") / "corpus"
+    shutil.copytree(synth_corpus, out)  # training caches features and statistics next to the manifests
+    return out
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory) -> Path:
+    exp = tmp_path_factory.mktemp("probe3_runs") / "full"
+    fast_train(corpus, exp)
+    assert [s for s, _ in _metrics(exp)] == [1, 2, 3, 4, 5, 6]
+    return exp
+
+
+# ---- 1. SIGINT / SIGTERM during training -----------------------------------------------------------------
+def _signal_during_step(monkeypatch, step: int, signum: int) -> None:
+    """The process gets ``signum`` as it starts computing step ``step``."""
+    original = Trainer._forward_backward
+
+    def forward_backward(self, batch, sync):
+        if self.step == step - 1:
+            os.kill(os.getpid(), signum)
+        return original(self, batch, sync)
+
+    monkeypatch.setattr(Trainer, "_forward_backward", forward_backward)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_saves_the_step_it_came_in_and_resume_continues_exactly(
+    corpus, uninterrupted, tmp_path, monkeypatch, signum
+):
+    """SIGINT ended training in a KeyboardInterrupt traceback, SIGTERM killed it outright: the steps since
+    the last checkpoint were lost. Now the step in progress finishes, is saved, and the run ends with
+    ``TrainingInterrupted`` (exit 130 / 143) saying where it saved and how to resume; the handlers in place
+    before training are back."""
+    from usmkit.training.stop_signals import TrainingInterrupted
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    exp = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _signal_during_step(m, 3, signum)
+        with pytest.raises(TrainingInterrupted) as e:
+            fast_train(corpus, exp)
+    assert e.value.exit_code == 128 + signum
+    message = str(e.value)
+    assert f"stopped by {signal.Signals(signum).name} after step 3 of 6" in message, message
+    assert str(exp / "checkpoints" / "step-000003") in message and "resume=true" in message
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2, 3]
+    fast_train(corpus, exp, "resume=true")
+    assert _metrics(exp) == _metrics(uninterrupted), "the same losses, bit for bit, as the uninterrupted run"
+
+
+def test_ctrl_c_in_a_terminal_with_loader_workers_is_one_line_and_exit_130(corpus, uninterrupted, tmp_path):
+    """A Ctrl-C reaches every process of the terminal's foreground group, the loader's workers too: they
+    died with KeyboardInterrupt tracebacks and the trainer with its own. Now the workers ignore it, the
+    trainer saves and says so in one line; resume=true ends with the uninterrupted run's losses."""
+    exp = tmp_path / "run"
+    argv = ["usmkit.cli.train", *FAST_TRAIN, "data.num_workers=2", f"data.manifest_dir={corpus}"]
+    argv += [f"trainer.exp_dir={exp}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *argv], cwd=tmp_path, env=_env(tmp_path), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if (exp / "metrics.jsonl").is_file() and _metrics(exp):
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: the trainer and its workers
+            break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=240)
+    proc.stderr = err
+    line = _one_error_line(proc, "stopped by SIGINT after step", "resume=true", code=130)
+    assert "Traceback" not in err.decode() and "KeyboardInterrupt" not in err.decode(), err.decode()[-3000:]
+    saved = [c.step for c in ck.list_checkpoints(exp / "checkpoints")]
+    assert saved and f"step-{saved[-1]:06d}" in line
+    assert _run(*argv, "resume=true", cwd=tmp_path).returncode == 0
+    assert _metrics(exp) == _metrics(uninterrupted)
