@@ -130,3 +130,40 @@ def test_ctrl_c_in_a_terminal_with_loader_workers_is_one_line_and_exit_130(corpu
     assert saved and f"step-{saved[-1]:06d}" in line
     assert _run(*argv, "resume=true", cwd=tmp_path).returncode == 0
     assert _metrics(exp) == _metrics(uninterrupted)
+
+
+# ---- 5, 7. config values refused at config check ---------------------------------------------------------
+def test_keep_last_zero_or_negative_is_refused(tmp_path):
+    """``trainer.keep_last=0`` was accepted, and every save then deleted every checkpoint, the one just
+    written too (``prune_checkpoints`` keeps none)."""
+    from composed_config import train_config
+
+    from usmkit.config import ConfigError
+
+    for value in ("0", "-1"):
+        with pytest.raises(ConfigError, match=rf"trainer.keep_last must be >= 1, got {value}"):
+            train_config(*FAST_TRAIN, f"trainer.exp_dir={tmp_path / 'exp'}", f"trainer.keep_last={value}")
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["trainer.max_minutes=inf", "data.max_duration=nan", "task.ctc_weight=-inf", "model.dropout=nan", "optim.lr=nan"],
+)
+def test_non_finite_config_floats_are_refused_naming_the_key(tmp_path, override):
+    """NaN passes every range check (each comparison is false) and inf most upper bounds: ``data.max_duration=nan``,
+    ``model.dropout=nan``, ``task.ctc_weight=-inf``, ``trainer.max_minutes=inf`` were accepted (``optim.lr=nan`` was
+    already refused, by its own check)."""
+    from composed_config import train_config
+
+    from usmkit.config import ConfigError
+
+    key, value = override.split("=")
+    with pytest.raises(ConfigError, match=rf"^{key} must be a finite number, got {value}$"):
+        train_config(*FAST_TRAIN, f"trainer.exp_dir={tmp_path / 'exp'}", override)
+
+
+def test_non_finite_float_on_the_command_line_is_one_line(tmp_path):
+    proc = _run("usmkit.cli.train", *FAST_TRAIN, f"trainer.exp_dir={tmp_path / 'exp'}", "data.max_duration=nan",
+                cwd=tmp_path)  # fmt: skip
+    _one_error_line(proc, "data.max_duration must be a finite number, got nan")
+    assert not (tmp_path / "exp").exists()
