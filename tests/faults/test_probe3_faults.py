@@ -167,3 +167,48 @@ def test_non_finite_float_on_the_command_line_is_one_line(tmp_path):
                 cwd=tmp_path)  # fmt: skip
     _one_error_line(proc, "data.max_duration must be a finite number, got nan")
     assert not (tmp_path / "exp").exists()
+
+
+# ---- 2. resume=true against a changed model, task or vocabulary ------------------------------------------
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("model.overrides={d_model: 32, num_layers: 2, num_heads: 2}", "model.overrides.d_model was 64"),
+        ("task.kind=las", "task.kind was ctc"),
+        ("vocab_size=300", "vocab_size was 512"),
+        ("data.features.num_mel_bins=64", "data.features.num_mel_bins was 80"),
+    ],
+)
+def test_resume_with_a_changed_model_task_or_vocab_is_refused_before_anything_is_written(
+    uninterrupted, corpus, tmp_path, override, named
+):
+    """A changed model size or feature count failed with "does not fit this model" only after the data was
+    prepared, having overwritten the run's config.yaml and statistics with the new settings' ones; a changed
+    vocab_size was ignored (the run's tokenizer copy was used) and recorded in config.yaml as if it had
+    applied. Now one line names the key, its saved and its new value, and the folder is as it was."""
+    from usmkit.config import ConfigError
+
+    exp = tmp_path / "run"
+    shutil.copytree(uninterrupted, exp)
+    before = {p: p.read_bytes() for p in exp.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match="resume=true, but ") as e:
+        fast_train(corpus, exp, "resume=true", override)
+    assert named in str(e.value) and "start a new run in another trainer.exp_dir" in str(e.value), str(e.value)
+    assert {p: p.read_bytes() for p in exp.rglob("*") if p.is_file()} == before
+
+
+def test_resume_with_changed_harmless_keys_still_runs(uninterrupted, corpus, tmp_path):
+    """Already handled: more steps, a longer schedule, other workers and log intervals resume."""
+    exp = tmp_path / "run"
+    shutil.copytree(uninterrupted, exp)
+    extra = ["trainer.max_steps=7", "optim.warmup_steps=3", "data.num_workers=0", "trainer.log_every=2"]
+    assert fast_train(corpus, exp, "resume=true", *extra)["step"] == 7
+
+
+def test_resume_refusal_on_the_command_line_writes_nothing(uninterrupted, corpus, tmp_path):
+    exp = tmp_path / "run"
+    shutil.copytree(uninterrupted, exp)
+    before = sorted(p.relative_to(exp) for p in exp.rglob("*"))
+    argv = [*FAST_TRAIN, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "resume=true", "model=small"]
+    _one_error_line(_run("usmkit.cli.train", *argv, cwd=tmp_path), "model.preset was tiny", "and is small now")
+    assert sorted(p.relative_to(exp) for p in exp.rglob("*")) == before  # not even a train.log

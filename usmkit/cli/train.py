@@ -23,6 +23,7 @@ from usmkit.config import TrainConfig, from_dict
 from usmkit.errors import debug_enabled, strip_debug_flag, user_errors
 from usmkit.training.cpu_defaults import cpu_overrides
 from usmkit.training.recipe import run
+from usmkit.training.resume_config import check_resume_config
 
 COMMAND = "usmkit.cli.train"
 
@@ -38,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         container = compose_yaml("train", [*argv, *extra], command=COMMAND, schema=TrainConfig)
         cfg = from_dict(TrainConfig, container)  # every value checked here, before any data is read
         check_experiment_dir(Path(cfg.trainer.exp_dir))  # before the log file is opened in it
+        check_resume_config(cfg)
         setup_logging(Path(cfg.trainer.exp_dir) / "train.log")
         try:
             run(cfg, yaml.safe_dump(container, sort_keys=False))

@@ -52,6 +52,7 @@ from usmkit.training.distributed import launched_distributed, rank0_first, setup
 from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
 from usmkit.training.memory_check import check_memory
+from usmkit.training.resume_config import check_resume_config
 from usmkit.training.task_spec import train_spec
 from usmkit.training.trainer import Trainer, check_options
 
@@ -330,8 +331,10 @@ def shutdown_compile_workers() -> None:
 def check_config(cfg: TrainConfig) -> ConformerConfig:
     """The encoder's config, after checking the model's, the task's and the trainer's settings against
     each other and the machine, that ``init_from`` exists and that ``trainer.exp_dir`` is not other work
-    (``check_experiment_dir``); ``ConfigError`` names what does not fit."""
+    (``check_experiment_dir``) and, on resume, keeps the model and task it was trained with
+    (``check_resume_config``); ``ConfigError`` names what does not fit."""
     check_experiment_dir(Path(cfg.trainer.exp_dir))
+    check_resume_config(cfg)
     try:
         encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
     except (ValueError, TypeError) as e:
