@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import FAST_TRAIN, fast_train
+from fault_helpers import FAST_TRAIN, fast_config, fast_train
 
 from usmkit.checkpointing import checkpoint as ck
 from usmkit.training.trainer import Trainer
@@ -212,3 +212,23 @@ def test_resume_refusal_on_the_command_line_writes_nothing(uninterrupted, corpus
     argv = [*FAST_TRAIN, f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "resume=true", "model=small"]
     _one_error_line(_run("usmkit.cli.train", *argv, cwd=tmp_path), "model.preset was tiny", "and is small now")
     assert sorted(p.relative_to(exp) for p in exp.rglob("*")) == before  # not even a train.log
+
+
+# ---- 3. resume uses the run's own feature statistics -----------------------------------------------------
+def test_resume_normalizes_with_the_runs_own_statistics_not_the_corpus_file(uninterrupted, corpus, tmp_path):
+    """A resumed run read the corpus's ``feature_stats`` file, which another run (another sample of cuts, a
+    changed corpus) may have recomputed since, trained on with features normalized differently from the
+    steps before, and replaced the run's own copy with it. Now it keeps the copy it started with."""
+    from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path
+    from usmkit.training.recipe import TrainingRecipe
+
+    changed_corpus = Path(shutil.copytree(corpus, tmp_path / "corpus"))
+    exp = Path(shutil.copytree(uninterrupted, tmp_path / "run"))
+    own = (exp / STATS_FILE).read_bytes()
+    cfg, yaml_text = fast_config(changed_corpus, exp, "resume=true", "trainer.max_steps=7")
+    corpus_file = stats_path(cfg.data.manifest_dir, cfg.data.features.sample_rate)
+    recomputed = FeatureStats.load(corpus_file)
+    FeatureStats(mean=recomputed.mean + 1.0, std=recomputed.std * 2.0).save(corpus_file, cfg.data.features)
+
+    TrainingRecipe(cfg, yaml_text).run()
+    assert (exp / STATS_FILE).read_bytes() == own, "the run's copy was replaced by the corpus's new file"
