@@ -232,3 +232,69 @@ def test_resume_normalizes_with_the_runs_own_statistics_not_the_corpus_file(unin
 
     TrainingRecipe(cfg, yaml_text).run()
     assert (exp / STATS_FILE).read_bytes() == own, "the run's copy was replaced by the corpus's new file"
+
+
+# ---- 4. sample rates no recording has, or that cannot be resampled ---------------------------------------
+def _wav_declaring(path: Path, rate: int) -> Path:
+    """One second of speech-like 16 kHz samples in a WAV whose header says ``rate``."""
+    import struct
+
+    import soundfile as sf
+    from fault_helpers import SR, speechlike
+
+    sf.write(path, speechlike(1.0), SR, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    data[24:32] = struct.pack("<II", rate, (2 * rate) & 0xFFFFFFFF)  # sample rate, byte rate
+    path.write_bytes(bytes(data))
+    return path
+
+
+UNUSABLE_RATES = {1: "its sample rate, 1 Hz, is outside", 2_000_000_000: "2000000000 Hz, is outside",
+                  44101: "44101 Hz cannot be resampled to 16000 Hz"}  # fmt: skip
+
+
+def test_unusable_sample_rates_are_one_line_in_usmkit_transcribe(ctc_ckpt, tmp_path, capsys):
+    """A header saying 1 Hz transcribed for minutes (16000 s of "audio"), 2 GHz printed "no speech detected",
+    exit 0, and 44101 Hz ended in "RuntimeError: ... can't allocate memory" (a 44101 x 16000 resampling
+    filter, 2.8 GB), exit 1. Now one line naming the file, exit 2; the usual rates still transcribe."""
+    from usmkit.cli import transcribe
+
+    common = ["--checkpoint", str(ctc_ckpt), "--step", "eager", "--no-partials"]
+    for rate, words in UNUSABLE_RATES.items():
+        wav = _wav_declaring(tmp_path / f"r{rate}.wav", rate)
+        assert transcribe.main([str(wav), *common]) == 2
+        err = capsys.readouterr().err
+        assert f"error: {wav}: " in err and words in err and "ffmpeg" in err, err
+    for rate in (8000, 16000, 22050, 44100, 48000):
+        assert transcribe.main([str(_wav_declaring(tmp_path / f"ok{rate}.wav", rate)), *common]) == 0
+    capsys.readouterr()
+    assert transcribe.main(["-", "--sample-rate", "44101", *common]) == 2
+    assert "--sample-rate 44101: 44101 Hz cannot be resampled" in capsys.readouterr().err
+
+
+def test_unusable_sample_rates_are_named_by_batch_transcription_and_corpus_validation(ctc_ckpt, tmp_path):
+    """Batch transcription called the 2 GHz file "too short" and planned the 1 Hz one as 16000 s of audio;
+    corpus validation passed all three into training. Now each is named (the skipped files' summary; the
+    44101 Hz file's reason is logged as transcribe's), and validation names the file and its rate."""
+    from lhotse import CutSet, Recording
+
+    from usmkit.data.validate import BadInputError, validate_cuts
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for rate in (*UNUSABLE_RATES, 16000, 44100):
+        _wav_declaring(inputs / f"r{rate}.wav", rate)
+    out = tmp_path / "out.jsonl"
+    proc = _run("usmkit.cli.transcribe_batch", f"checkpoint={ctc_ckpt}", f"inputs={inputs}", f"out={out}",
+                "num_workers=0", cwd=tmp_path)  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert "2 unusable sample rate (r1.wav, r2000000000.wav), 1 unreadable audio (r44101.wav)" in err, err[-3000:]
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == ["r16000.wav", "r44100.wav"]
+
+    for rate, words in UNUSABLE_RATES.items():
+        cuts = CutSet.from_cuts([Recording.from_file(inputs / f"r{rate}.wav").to_cut()])
+        with pytest.raises(BadInputError, match=f"unusable sample rate.*r{rate}.wav.*{words}"):
+            validate_cuts(cuts, require_text=False)
+    good = CutSet.from_cuts([Recording.from_file(inputs / f"r{r}.wav").to_cut() for r in (16000, 44100)])
+    assert len(validate_cuts(good, require_text=False)[0]) == 2
