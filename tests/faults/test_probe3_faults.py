@@ -298,3 +298,47 @@ def test_unusable_sample_rates_are_named_by_batch_transcription_and_corpus_valid
             validate_cuts(cuts, require_text=False)
     good = CutSet.from_cuts([Recording.from_file(inputs / f"r{r}.wav").to_cut() for r in (16000, 44100)])
     assert len(validate_cuts(good, require_text=False)[0]) == 2
+
+
+# ---- 8, 9. numeric options of usmkit-transcribe and usmkit-serve -----------------------------------------
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--endpoint-blank", "nan"],
+        ["--endpoint-silence", "inf"],
+        ["--max-segment", "nan"],
+        ["--silence-db", "nan"],
+        ["--silence-db", "10"],
+        ["--lm-weight", "nan", "--lexicon"],
+        ["--lm-weight", "-1", "--lexicon"],
+        ["--word-score", "inf", "--lexicon"],
+        ["--rescore-ctc-weight", "nan", "--decode", "ctc_beam", "--rescore"],
+    ],
+)
+def test_meaningless_numbers_for_usmkit_transcribe_are_one_line(ctc_ckpt, tmp_path, capsys, option):
+    """``--endpoint-blank nan`` / ``--max-segment inf`` ended in "ValueError: cannot convert float NaN to
+    integer" (exit 1); ``--silence-db nan`` or ``10`` (above full scale) transcribed as if nothing was
+    wrong; a NaN/negative LM weight reached the lexicon decoder. Now argparse's check names the option."""
+    import soundfile as sf
+    from fault_helpers import SR, speechlike
+
+    from usmkit.cli import transcribe
+
+    audio = tmp_path / "talk.wav"
+    sf.write(audio, speechlike(1.0), SR)
+    assert transcribe.main([str(audio), "--checkpoint", str(ctc_ckpt), "--step", "eager", *option]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and f"argument {option[0]}: must be" in err, err
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_serve_port_out_of_range_is_one_line(ctc_ckpt, capsys, port):
+    """``--port 70000`` loaded the model and ended in "OverflowError: bind(): port must be 0-65535" with a
+    traceback. Now refused with the arguments."""
+    from usmkit.cli import serve
+
+    with pytest.raises(SystemExit) as e:  # (serve's main exits itself)
+        serve.main(["--checkpoint", str(ctc_ckpt), "--step", "eager", "--port", port])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --port: must be a TCP port, 0 to 65535" in err and "Traceback" not in err, err
