@@ -342,3 +342,49 @@ def test_serve_port_out_of_range_is_one_line(ctc_ckpt, capsys, port):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "argument --port: must be a TCP port, 0 to 65535" in err and "Traceback" not in err, err
+
+
+# ---- 11, 12. evaluate: meaningless numbers, an ensemble member of another vocabulary ----------------------
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("beam_size=-1", "beam_size must be >= 1, got -1"),
+        ("beam_size=0", "beam_size must be >= 1, got 0"),
+        ("max_duration=-5", "max_duration must be > 0 seconds"),
+        ("max_duration=nan", "max_duration must be a finite number, got nan"),
+        ("lexicon.lm_weight=nan", "lexicon.lm_weight must be a finite number, got nan"),
+    ],
+)
+def test_meaningless_evaluate_values_are_one_line(ctc_ckpt, synth_corpus, tmp_path, capsys, override, named):
+    """``beam_size=-1`` (with decode=ctc_beam) and ``max_duration=-5`` loaded the model and ended in a
+    ValueError traceback from the decoder or the data config; NaN weights reached the decoder. Now refused
+    with the config, before the model is loaded."""
+    from usmkit.cli import evaluate
+
+    argv = [f"checkpoint={ctc_ckpt}", f"manifest_dir={synth_corpus}", "test_sets=[dev]", "decode=ctc_beam", override]
+    with pytest.raises(SystemExit) as e:  # (evaluate's main exits itself on a user error)
+        evaluate.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and named in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ensemble_member_with_another_tokenizer_is_one_line_naming_it(ctc_ckpt, synth_corpus, tmp_path, capsys):
+    """The member check raised a plain ValueError: a traceback, not the one line it was written as."""
+    from fault_helpers import TEXTS
+
+    from usmkit.cli import evaluate
+    from usmkit.data.tokenizer import Tokenizer
+
+    member = Path(shutil.copytree(ctc_ckpt, tmp_path / "member"))
+    ours = Tokenizer.load(ctc_ckpt / "tokenizer" / "tokenizer.model")
+    other = Tokenizer.train([t[::-1] for t in TEXTS], tmp_path / "other_tok", vocab_size=ours.vocab_size)
+    assert other.vocab_size == ours.vocab_size and other.model_proto != ours.model_proto
+    shutil.copy(other.path, member / "tokenizer.model")  # the run's copy, which load_trained reads first
+    argv = [f"checkpoint={ctc_ckpt}", f"ensemble=[{member}]", f"manifest_dir={synth_corpus}", "test_sets=[dev]"]
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: ensemble member {member / 'checkpoints' / 'step-000001'} has another tokenizer" in err, err
+    assert "Traceback" not in err
