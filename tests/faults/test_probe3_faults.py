@@ -388,3 +388,39 @@ def test_ensemble_member_with_another_tokenizer_is_one_line_naming_it(ctc_ckpt, 
     err = capsys.readouterr().err
     assert f"error: ensemble member {member / 'checkpoints' / 'step-000001'} has another tokenizer" in err, err
     assert "Traceback" not in err
+
+
+# ---- 10. batch transcription's outputs ---------------------------------------------------------------------
+def test_batch_outputs_never_replace_a_file_that_is_not_theirs(ctc_ckpt, tmp_path):
+    """``out=notes.txt`` (a file without a newline) was truncated to nothing and filled with transcripts
+    (its "cut short last line" dropped); ``ctm=`` set to the input recording replaced the recording, and
+    ``ctm=`` equal to ``out=`` replaced the transcripts with the CTM. Each is now one line before any work."""
+    import soundfile as sf
+    from fault_helpers import SR, speechlike
+
+    audio = tmp_path / "talk.wav"
+    sf.write(audio, speechlike(1.0), SR)
+    recording = audio.read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes, no newline")
+    common = [f"checkpoint={ctc_ckpt}", f"inputs={audio}", "num_workers=0"]
+    _one_error_line(_run("usmkit.cli.transcribe_batch", *common, f"out={notes}", cwd=tmp_path),
+                    "not a transcript file", str(notes))  # fmt: skip
+    assert notes.read_text() == "my notes, no newline"
+
+    out = tmp_path / "out.jsonl"
+    _one_error_line(_run("usmkit.cli.transcribe_batch", *common, f"out={out}", f"ctm={audio}", cwd=tmp_path),
+                    f"ctm={audio} is also inputs=")  # fmt: skip
+    _one_error_line(_run("usmkit.cli.transcribe_batch", *common, f"out={out}", f"ctm={out}", cwd=tmp_path),
+                    f"ctm={out} is also out=")  # fmt: skip
+    listed = tmp_path / "list.txt"
+    listed.write_text("talk.wav\n")
+    proc = _run("usmkit.cli.transcribe_batch", *common[:1], f"inputs={listed}", f"out={out}", f"ctm={audio}",
+                "num_workers=0", cwd=tmp_path)  # fmt: skip
+    _one_error_line(proc, f"ctm={audio} is one of the input files")
+    assert audio.read_bytes() == recording and not out.exists()
+
+    proc = _run("usmkit.cli.transcribe_batch", *common, f"out={out}", f"ctm={tmp_path / 'words.ctm'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    proc = _run("usmkit.cli.transcribe_batch", *common, f"out={out}", cwd=tmp_path)  # a rerun: its own file
+    assert proc.returncode == 0 and len(out.read_text().splitlines()) == 1, proc.stderr.decode()[-3000:]
