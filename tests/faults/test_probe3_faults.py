@@ -424,3 +424,50 @@ def test_batch_outputs_never_replace_a_file_that_is_not_theirs(ctc_ckpt, tmp_pat
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     proc = _run("usmkit.cli.transcribe_batch", *common, f"out={out}", cwd=tmp_path)  # a rerun: its own file
     assert proc.returncode == 0 and len(out.read_text().splitlines()) == 1, proc.stderr.decode()[-3000:]
+
+
+# ---- 6. output paths under a file, or on a read-only location ----------------------------------------------
+def _writers(ctc_ckpt: Path, corpus: Path, where: Path, wav: Path) -> dict[str, list[str]]:
+    """Each command that writes a folder or a result file, with its output at ``where / <name>``."""
+    import soundfile as sf
+    from fault_helpers import SR, speechlike
+
+    sf.write(wav, speechlike(1.0), SR)
+    return {
+        "train": ["usmkit.cli.train", *FAST_TRAIN, f"data.manifest_dir={corpus}", f"trainer.exp_dir={where / 'exp'}"],
+        "evaluate": ["usmkit.cli.evaluate", f"checkpoint={ctc_ckpt}", f"manifest_dir={corpus}", "test_sets=[dev]",
+                     f"output={where / 'eval.json'}"],
+        "transcribe": ["usmkit.cli.transcribe", str(wav), "--checkpoint", str(ctc_ckpt), "--step", "eager",
+                       "--json", str(where / "talk.json")],
+        "average": ["usmkit.cli.average", str(ctc_ckpt), "--last", "1", "--out", str(where / "avg")],
+        "prepare": ["usmkit.cli.prepare", "synth", f"out={where / 'corpus'}", "size=tiny"],
+        "export": ["usmkit.cli.export", f"checkpoint={ctc_ckpt}", "format=onnx", f"out={where / 'export'}"],
+        "transcribe_batch": ["usmkit.cli.transcribe_batch", f"checkpoint={ctc_ckpt}", f"inputs={wav}",
+                             f"out={where / 'out.jsonl'}"],
+    }  # fmt: skip
+
+
+def test_outputs_under_a_file_are_one_line_before_any_work(ctc_ckpt, synth_corpus, tmp_path):
+    """Training and prepare ended in a NotADirectoryError traceback, batch transcription in FileExistsError;
+    evaluate and usmkit-transcribe said one line, but only after decoding everything. Now every command names
+    the file in the way before it starts."""
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    for name, argv in _writers(ctc_ckpt, synth_corpus, a_file, tmp_path / "talk.wav").items():
+        line = _one_error_line(_run(*argv, cwd=tmp_path), f"{a_file} is a file, so nothing can be written under it")
+        assert a_file.read_text() == "mine", (name, line)
+
+
+def test_outputs_on_a_read_only_location_are_one_line_before_any_work(ctc_ckpt, synth_corpus, tmp_path):
+    """A read-only mount (root only; skipped elsewhere)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)]).returncode != 0:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        for argv in _writers(ctc_ckpt, synth_corpus, ro, tmp_path / "talk.wav").values():
+            _one_error_line(_run(*argv, cwd=tmp_path), f"{ro} is read-only here")
+    finally:
+        subprocess.run(["umount", str(ro)])

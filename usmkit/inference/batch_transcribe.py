@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.checkpointing.output_dir import check_writable
 from usmkit.config import ConfigError
 from usmkit.data.validate import Problem, ValidationReport
 from usmkit.decoding.ctc_lexicon import LexiconConfig
@@ -143,6 +144,9 @@ class BatchConfig:
                 f"out={self.out} is a folder; pass the JSONL file to write, e.g. out={self.out}/out.jsonl"
             )
         check_journal(Path(self.out))  # a rerun appends to it: only to a transcript file of ours
+        for key in ("out", "ctm", "srt_dir"):
+            if getattr(self, key):
+                check_writable(Path(getattr(self, key)), f"{key}={getattr(self, key)}")
         taken = {Path(self.out).resolve(): "out=", Path(self.inputs).resolve(): "inputs="}
         for key in ("ctm", "srt_dir"):
             value = getattr(self, key)
