@@ -8,6 +8,7 @@ Each section's dataclass lives next to the code it configures; this module compo
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -164,10 +165,10 @@ class TrainerConfig:
         for name in ("dist_timeout_s", "rank0_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"trainer.{name} must be > 0 seconds, got {getattr(self, name)}")
-        for name in ("log_every", "max_bad_steps"):
+        for name in ("log_every", "max_bad_steps", "keep_last"):  # keep_last=0 would delete every checkpoint
             if getattr(self, name) < 1:
                 raise ValueError(f"trainer.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "eval_every", "save_every", "keep_last", "dev_max_batches"):
+        for name in ("max_steps", "eval_every", "save_every", "dev_max_batches"):
             if getattr(self, name) < 0:
                 raise ValueError(f"trainer.{name} must be >= 0 (0 = off / all), got {getattr(self, name)}")
         if not self.max_minutes >= 0:
@@ -284,6 +285,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         return value
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, float) and not math.isfinite(value):
+        # NaN passes every range check (all comparisons are false), inf most upper bounds.
+        raise ConfigError(f"{path} must be a finite number, got {value}")
     if tp in (int, float, str, bool):
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
             raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")

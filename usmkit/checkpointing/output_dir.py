@@ -22,6 +22,7 @@ UsageError: --out exp/run is an experiment directory (it has checkpoints/), not 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,19 @@ def folder_kind(folder: Path) -> tuple[str, str] | None:
     return None
 
 
+def check_writable(path: Path, shown: str) -> None:
+    """``UsageError`` where ``path`` (a folder or file to create or replace, given as ``shown``) cannot be
+    written: a folder above it is a file, or the folder it would be written in is read-only (permissions, a
+    read-only mount). Called before any work, so the slip costs nothing."""
+    path = Path(path).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if existing != path and not existing.is_dir():
+        raise UsageError(f"{shown}: {existing} is a file, so nothing can be written under it; pass another path")
+    folder = existing if existing.is_dir() else existing.parent  # (a file is replaced from its folder)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{shown}: {folder} is read-only here (cannot be written); pass a path that can be")
+
+
 def check_output_dir(
     out: Path, *, option: str, own_kind: str, own_words: str, own: Callable[[Path], bool], replaces: bool = True
 ) -> None:
@@ -87,10 +101,11 @@ def check_output_dir(
     Raises ``UsageError`` naming the folder, what it holds and what to do."""
     out = Path(out)
     shown = f"{option}{out}" if option.endswith("=") else f"{option} {out}"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{shown} exists and is not a folder; pass a new folder")
+    check_writable(out, shown)
     if not out.exists():
         return
-    if not out.is_dir():
-        raise UsageError(f"{shown} exists and is not a folder; pass a new folder")
     found = folder_kind(out)
     if found is None:
         if replaces and any(out.iterdir()):
@@ -112,10 +127,11 @@ def check_experiment_dir(exp_dir: Path) -> None:
     tokenizer, statistics, logs and checkpoints into it, over what is there. An experiment directory (a
     run to resume, or one whose earlier run the run itself refuses) and a new or foreign folder pass."""
     exp_dir = Path(exp_dir)
+    if exp_dir.exists() and not exp_dir.is_dir():
+        raise UsageError(f"trainer.exp_dir={exp_dir} exists and is not a folder; choose another trainer.exp_dir")
+    check_writable(exp_dir, f"trainer.exp_dir={exp_dir}")
     if not exp_dir.exists():
         return
-    if not exp_dir.is_dir():
-        raise UsageError(f"trainer.exp_dir={exp_dir} exists and is not a folder; choose another trainer.exp_dir")
     found = folder_kind(exp_dir)
     if found is None or found[0] == "experiment":
         return
@@ -134,6 +150,7 @@ def check_output_file(out: Path, *, option: str, own_words: str, own_keys: tuple
     shown = f"{option}{out}" if option.endswith("=") else f"{option} {out}"
     if out.is_dir():
         raise UsageError(f"{shown} is a folder; pass a file name, e.g. {out / 'result.json'}")
+    check_writable(out, shown)
     if not out.exists() or out.stat().st_size == 0 or _is_json_object_with(out, own_keys):
         return  # nothing there, nothing in it, or an earlier result of this command
     raise UsageError(

@@ -14,6 +14,7 @@ instead of argparse's own ``sys.exit(2)`` with the usage, so ``main()`` stays in
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import torch
@@ -50,6 +51,42 @@ def positive_float(text: str) -> float:
     return value
 
 
+def finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def finite_nonnegative(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def finite_positive(text: str) -> float:
+    value = finite_nonnegative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def decibels_fs(text: str) -> float:
+    """A level in dBFS: finite and at most 0 (full scale)."""
+    value = finite_float(text)
+    if value > 0:
+        raise argparse.ArgumentTypeError(f"must be a level in dBFS, at most 0, got {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535 (0: any free port), got {text}")
+    return value
+
+
 def add_stream_options(p: argparse.ArgumentParser) -> None:
     """Chunking, CTC decoding and rescoring, endpointing, device and threads of a streaming recognizer."""
     p.add_argument(
@@ -59,11 +96,15 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode", choices=("ctc_greedy", "ctc_beam"), help="default ctc_greedy (ctc_beam with --rescore)")
     p.add_argument("--beam-size", type=positive_int, default=8)
     p.add_argument("--rescore", action="store_true", help="rescore each segment's n-best with the LAS decoder")
-    p.add_argument("--rescore-ctc-weight", type=float, default=0.3)
-    p.add_argument("--endpoint-blank", type=float, default=0.8, help="seconds of trailing blank that end a segment")
-    p.add_argument("--endpoint-silence", type=float, default=0.5, help="seconds of trailing silence that end a segment")
-    p.add_argument("--max-segment", type=float, default=20.0, help="longest segment in seconds")
-    p.add_argument("--silence-db", type=float, default=-50.0, help="audio below this level (dBFS) is silence")
+    p.add_argument("--rescore-ctc-weight", type=finite_nonnegative, default=0.3)
+    p.add_argument(
+        "--endpoint-blank", type=finite_positive, default=0.8, help="seconds of trailing blank that end a segment"
+    )
+    p.add_argument(
+        "--endpoint-silence", type=finite_positive, default=0.5, help="seconds of trailing silence that end a segment"
+    )
+    p.add_argument("--max-segment", type=finite_positive, default=20.0, help="longest segment in seconds")
+    p.add_argument("--silence-db", type=decibels_fs, default=-50.0, help="audio below this level (dBFS) is silence")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto")
     p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's choice)")
 
@@ -120,12 +161,12 @@ def add_lexicon_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lm-weight",
-        type=float,
+        type=finite_nonnegative,
         help=f"with --lexicon: weight of the word LM (default {STREAMING_LEXICON.lm_weight}, or the export's)",
     )
     p.add_argument(
         "--word-score",
-        type=float,
+        type=finite_float,
         help=f"with --lexicon: score added per word (default {STREAMING_LEXICON.word_score}, or the export's)",
     )
     p.add_argument(

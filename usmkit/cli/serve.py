@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import sys
 import time
@@ -30,8 +29,11 @@ from usmkit.cli.args import (
     check_model_choice,
     decoder_config,
     device_arg,
+    finite_nonnegative,
+    finite_positive,
     lexicon_decoder,
     load_exported,
+    port_number,
     positive_float,
     positive_int,
 )
@@ -46,20 +48,6 @@ log = logging.getLogger("usmkit.serve")
 TOKEN_ENV = "USMKIT_SERVE_TOKEN"
 
 
-def finite_nonnegative(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
-
-
-def finite_positive(text: str) -> float:
-    value = finite_nonnegative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = UsageParser(
         prog="usmkit-serve",
@@ -67,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=10086, help="TCP port (0: any free port; the log says which)")
+    p.add_argument("--port", type=port_number, default=10086, help="TCP port (0: any free port; the log says which)")
     p.add_argument("--max-connections", type=positive_int, default=64, help="clients served at once")
     p.add_argument("--max-seconds", type=positive_float, default=3600.0, help="longest audio of one stream (s)")
     p.add_argument("--max-batch", type=positive_int, default=32, help="most streams in one encoder step")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import signal
 from collections import deque
 from collections.abc import Iterator
 from itertools import islice
@@ -167,6 +168,7 @@ class AsrLoader:
             # Its own generator: each iter() draws a worker base seed from it, never from the global RNG,
             # which the trainer restores on resume (the workers' draws are re-seeded per batch anyway).
             generator=torch.Generator().manual_seed(seed),
+            worker_init_fn=ignore_sigint,
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -211,6 +213,13 @@ class AsrLoader:
         self._tracker.resume_index = int(state.pop(BATCH_INDEX_KEY, 0))
         self._state = state | {BATCH_INDEX_KEY: self._tracker.resume_index}
         self.sampler.load_state_dict(state)  # lhotse consumes the dict it gets
+
+
+def ignore_sigint(worker_id: int) -> None:
+    """A worker process's start: a Ctrl-C in a terminal reaches the whole process group, and the training
+    process, which stops after its step on SIGINT (``usmkit.training.stop_signals``), still needs the
+    workers' batches; they end with it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def shutdown_workers(iterator: Any) -> None:
@@ -489,6 +498,7 @@ class SharLoader:
                 num_workers=self.cfg.num_workers,
                 pin_memory=self.pin_memory,
                 generator=torch.Generator().manual_seed(self.seed),  # not the global RNG (see AsrLoader)
+                worker_init_fn=ignore_sigint,
             )
         )
         # Worker w delivers stream w's batches in turn from worker 0 on; a pass that resumes with another

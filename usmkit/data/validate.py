@@ -27,7 +27,7 @@ from lhotse.audio.backend import info as audio_info
 from lhotse.augmentation import Resample
 from lhotse.cut import Cut
 
-from usmkit.data.audio_files import declared_frames
+from usmkit.data.audio_files import declared_frames, rate_problem
 from usmkit.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ def validate_cuts(
     split in messages.
     Audio: the file exists, is not empty, decodes at its start and at its end (a file cut short whose
     header still declares the whole length), is as long as the manifest says (truncation), is at the
-    sample rate the manifest declares, and the cut lasts at least ``min_duration`` seconds (one
+    sample rate the manifest declares, a rate of recorded audio that resamples to ``expected_sample_rate``
+    (``rate_problem``), and the cut lasts at least ``min_duration`` seconds (one
     feature frame: nothing shorter gives a feature). A recording source that is not a file (a lhotse
     ``command`` would run a shell command) raises ``BadInputError`` naming the cut, whatever
     ``on_bad`` says, before any audio is read. Files whose samples are floats are scanned for NaN/Inf,
@@ -146,8 +147,11 @@ def validate_cuts(
             first_source[cut.id] = _cut_source(cut)
         problem = problem or _text_problem(cut, require_text)
         if problem is None:
+            rate = cut.has_recording and rate_problem(_source_sample_rate(cut.recording), expected_sample_rate)
             if not cut.has_recording:
                 problem = Problem("missing recording", cut.id, "the cut has no recording in the manifest")
+            elif rate:  # (a header's rate no recording has also makes its duration meaningless)
+                problem = Problem("unusable sample rate", _rec_name(cut.recording), rate)
             elif cut.duration < min_duration:
                 problem = Problem(
                     "too short",

@@ -29,7 +29,7 @@ from pathlib import Path
 import soundfile as sf
 from lhotse.cut import Cut
 
-from usmkit.data.audio_files import declared_frames
+from usmkit.data.audio_files import declared_frames, rate_problem
 from usmkit.data.manifests import read_cuts
 from usmkit.data.validate import Problem, ValidationReport
 from usmkit.errors import UsageError
@@ -138,7 +138,10 @@ def _header_problem(file: Path) -> Problem | float:
         info = sf.info(str(file))
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         return Problem("corrupt audio", str(file), f"cannot decode it as audio ({e})")
-    seconds = declared_frames(info) / info.samplerate if info.samplerate else 0.0
+    rate = rate_problem(info.samplerate, None)  # (FileSource checks the resampling to the model's rate)
+    if rate:
+        return Problem("unusable sample rate", str(file), rate)
+    seconds = declared_frames(info) / info.samplerate
     if seconds < MIN_SECONDS:
         return Problem("too short", str(file), f"{seconds:.3f} s of audio, less than one 25 ms feature frame")
     return seconds

@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.checkpointing.output_dir import check_writable
 from usmkit.config import ConfigError
 from usmkit.data.validate import Problem, ValidationReport
 from usmkit.decoding.ctc_lexicon import LexiconConfig
@@ -51,7 +52,14 @@ from usmkit.inference.batch_runner import DeviceRunner, compile_encoder
 from usmkit.inference.lexicon_pool import LexiconPool
 from usmkit.inference.ranks import Ranks
 from usmkit.inference.subtitles import ctm_lines, srt
-from usmkit.inference.transcript_journal import JournalWriter, done_ids, merge, part_path, read_records
+from usmkit.inference.transcript_journal import (
+    JournalWriter,
+    check_journal,
+    done_ids,
+    merge,
+    part_path,
+    read_records,
+)
 from usmkit.inference.word_alignment import Transcript
 from usmkit.metrics import TextNormConfig
 from usmkit.runs import lexicon_texts
@@ -135,6 +143,17 @@ class BatchConfig:
             raise ConfigError(
                 f"out={self.out} is a folder; pass the JSONL file to write, e.g. out={self.out}/out.jsonl"
             )
+        check_journal(Path(self.out))  # a rerun appends to it: only to a transcript file of ours
+        for key in ("out", "ctm", "srt_dir"):
+            if getattr(self, key):
+                check_writable(Path(getattr(self, key)), f"{key}={getattr(self, key)}")
+        taken = {Path(self.out).resolve(): "out=", Path(self.inputs).resolve(): "inputs="}
+        for key in ("ctm", "srt_dir"):
+            value = getattr(self, key)
+            if value and Path(value).resolve() in taken:
+                raise ConfigError(
+                    f"{key}={value} is also {taken[Path(value).resolve()]}: it would be replaced; pass another path"
+                )
 
 
 @dataclass
@@ -199,6 +218,7 @@ class _Plan:
 def _plan(cfg: BatchConfig, max_seconds: float | None) -> _Plan:
     """The inputs not yet in ``cfg.out``; with ``max_seconds`` (full attention), longer ones are left out."""
     items, report = find_inputs(cfg.inputs)
+    check_outputs_apart(cfg, items)
     done = done_ids(Path(cfg.out))
     pending = [i for i in items if i.id not in done]
     already_done = len(items) - len(pending)
@@ -219,6 +239,15 @@ def _plan(cfg: BatchConfig, max_seconds: float | None) -> _Plan:
             )
         pending = fits
     return _Plan(pending, report, already_done)
+
+
+def check_outputs_apart(cfg: BatchConfig, items: list[AudioItem]) -> None:
+    """``UsageError`` where ``ctm=`` or ``srt_dir=`` is one of the input files (it would be replaced)."""
+    inputs = {Path(i.path).resolve(): i.path for i in items}
+    for key in ("ctm", "srt_dir"):
+        value = getattr(cfg, key)
+        if value and Path(value).resolve() in inputs:
+            raise UsageError(f"{key}={value} is one of the input files: it would be replaced; pass another path")
 
 
 def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from usmkit.config import DataConfig, TrainConfig
+from usmkit.config import ConfigError, DataConfig, TrainConfig
 from usmkit.data.loader import split_loader
 from usmkit.data.manifests import available_splits, manifest_path
 from usmkit.data.normalize import FeatureStats
@@ -55,6 +55,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+        if not self.max_duration > 0:
+            raise ValueError(f"max_duration must be > 0 seconds of audio per batch, got {self.max_duration}")
         if self.ensemble and self.decode not in (*ENSEMBLE_DECODE_MODES, "ctc_lexicon"):
             raise ValueError(
                 f"decode={self.decode!r} with an ensemble: ensembles decode with "
@@ -181,18 +185,19 @@ def first_encoder_chunk(module: torch.nn.Module) -> int | None:
 
 
 def check_ensemble_member(train_cfg, tokenizer, stats, member_cfg, member_tok, member_ckpt, ckpt) -> None:
-    """Refuse a member whose tokens, features or normalization differ from the first checkpoint's."""
+    """Refuse a member whose tokens, features or normalization differ from the first checkpoint's
+    (``ConfigError``, naming the member)."""
     if member_tok is None or member_tok.model_proto != tokenizer.model_proto:
-        raise ValueError(f"ensemble member {member_ckpt} has another tokenizer than {ckpt}; members must share it")
+        raise ConfigError(f"ensemble member {member_ckpt} has another tokenizer than {ckpt}; members must share it")
     for field_name in ("features", "utterance_mean_norm", "speaker_mean_norm", "speaker_var_norm"):
         if getattr(member_cfg.data, field_name) != getattr(train_cfg.data, field_name):
-            raise ValueError(
+            raise ConfigError(
                 f"ensemble member {member_ckpt} was trained with other data.{field_name} than {ckpt}: "
                 f"{getattr(member_cfg.data, field_name)} vs {getattr(train_cfg.data, field_name)}"
             )
     member_stats = checkpoint_feature_stats(member_ckpt, member_cfg.data)
     if not (torch.allclose(member_stats.mean, stats.mean) and torch.allclose(member_stats.std, stats.std)):
-        raise ValueError(
+        raise ConfigError(
             f"ensemble member {member_ckpt} normalizes features with other statistics than {ckpt} "
             "(trained on another training set?); members must share them"
         )

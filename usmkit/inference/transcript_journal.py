@@ -29,6 +29,7 @@ from usmkit.data.validate import BadInputError
 log = logging.getLogger(__name__)
 
 PART_SUFFIX = ".part"
+RECORD_START = b'{"id": '  # how every line begins: records are written with their id first
 
 
 def part_path(out: Path, rank: int) -> Path:
@@ -75,6 +76,23 @@ def repair(path: Path) -> int:
     log.warning("%s: dropped its last line, cut short (%d bytes) by a run that stopped; it is transcribed again",
                 path, size - keep)  # fmt: skip
     return size - keep
+
+
+def check_journal(path: Path) -> None:
+    """``BadInputError`` unless ``path`` is missing, empty, or begins as a transcript file of ours (a record,
+    or a first record cut short): a file named by a slip (notes, a config, audio) is refused before any work,
+    never truncated (``repair``), appended to or replaced (``merge``)."""
+    if not path.is_file():
+        return
+    with path.open("rb") as f:
+        head = f.read(len(RECORD_START))
+    if not RECORD_START.startswith(head):
+        raise BadInputError(
+            "not a transcript file",
+            str(path),
+            f"it does not begin with {RECORD_START.decode()}... as usmkit's transcript lines do",
+            hint="pass another out= or move the file away",
+        )
 
 
 def read_records(path: Path) -> Iterator[dict]:

@@ -23,7 +23,7 @@ import soundfile as sf
 import torch
 import torchaudio.functional as AF
 
-from usmkit.data.audio_files import declared_frames
+from usmkit.data.audio_files import declared_frames, rate_problem
 from usmkit.errors import UsageError
 
 CLIP_LEVEL = 0.999  # |sample| at or above this counts as clipped (full scale)
@@ -184,6 +184,9 @@ class FileSource(AudioSource):
             ) from e
         if info.frames == 0:
             raise AudioError(f"{self.path}: the file holds no audio samples (a header only); nothing to transcribe")
+        problem = rate_problem(info.samplerate, sample_rate)
+        if problem:
+            raise AudioError(f"{self.path}: {problem}")
         self.info = info
         self.declared_frames = declared_frames(info)
         self.block_frames = max(1, round(block_seconds * info.samplerate))
@@ -231,6 +234,9 @@ class RawPcmSource(AudioSource):
     ) -> None:
         if input_rate <= 0:
             raise AudioError(f"--sample-rate must be a positive number of Hz, got {input_rate}")
+        problem = rate_problem(input_rate, sample_rate)
+        if problem:
+            raise AudioError(f"--sample-rate {input_rate}: {problem}")
         self.stream = stream
         self.input_rate = input_rate
         self.sample_rate = sample_rate

@@ -37,7 +37,7 @@ from usmkit.config import ConfigError, TrainConfig, tokenizer_path
 from usmkit.data.config import DataConfig
 from usmkit.data.loader import make_loader, prepare_cuts, speaker_norms_for
 from usmkit.data.manifests import load_cuts
-from usmkit.data.normalize import STATS_FILE, load_or_compute_stats
+from usmkit.data.normalize import STATS_FILE, FeatureStats, load_or_compute_stats
 from usmkit.data.shar import shar_cuts, split_shards
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
@@ -52,6 +52,7 @@ from usmkit.training.distributed import launched_distributed, rank0_first, setup
 from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
 from usmkit.training.memory_check import check_memory
+from usmkit.training.resume_config import check_resume_config
 from usmkit.training.task_spec import train_spec
 from usmkit.training.trainer import Trainer, check_options
 
@@ -133,7 +134,7 @@ class TrainingRecipe:
             )
             check_frame_budget(budget, data.train_split, warn=rank == 0)
         stats_cuts = shar_train_cuts(data, audio=True) if data.shar_dir else train_cuts
-        stats = rank0_first(rank, lambda: load_or_compute_stats(stats_cuts, data), "the feature statistics")
+        stats = rank0_first(rank, lambda: load_stats(cfg, stats_cuts), "the feature statistics")
         if rank == 0:
             self._write_run_files(stats, tokenizer)
         pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
@@ -330,8 +331,10 @@ def shutdown_compile_workers() -> None:
 def check_config(cfg: TrainConfig) -> ConformerConfig:
     """The encoder's config, after checking the model's, the task's and the trainer's settings against
     each other and the machine, that ``init_from`` exists and that ``trainer.exp_dir`` is not other work
-    (``check_experiment_dir``); ``ConfigError`` names what does not fit."""
+    (``check_experiment_dir``) and, on resume, keeps the model and task it was trained with
+    (``check_resume_config``); ``ConfigError`` names what does not fit."""
     check_experiment_dir(Path(cfg.trainer.exp_dir))
+    check_resume_config(cfg)
     try:
         encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
     except (ValueError, TypeError) as e:
@@ -431,6 +434,29 @@ def load_tokenizer(cfg: TrainConfig, rank: int) -> Tokenizer:
     if not cfg.tokenizer:
         check_corpus_tokenizer(tokenizer, path, cfg.vocab_size, warn=rank == 0)
     return tokenizer
+
+
+def load_stats(cfg: TrainConfig, cuts: CutSet) -> FeatureStats:
+    """The run's feature statistics: on ``resume``, the copy in the experiment directory (the model was trained
+    on features normalized with it; the corpus's file may have been recomputed since); else the corpus's,
+    computed from ``cuts`` when missing."""
+    copy = Path(cfg.trainer.exp_dir) / STATS_FILE
+    if cfg.resume and copy.is_file():
+        try:
+            stats = FeatureStats.load(copy)
+        except Exception as e:  # safetensors' own error type for a damaged file
+            raise UsageError(
+                f"{copy} (the run's feature statistics) is damaged ({e}); restore it from a backup, or start a new "
+                "run in another trainer.exp_dir"
+            ) from e
+        if stats.num_bins == cfg.data.features.num_mel_bins and stats.finite:
+            return stats
+        raise UsageError(
+            f"{copy} (the run's feature statistics) has {stats.num_bins} bins or values that are not finite, for "
+            f"data.features.num_mel_bins={cfg.data.features.num_mel_bins}; restore it from a backup, or start a "
+            "new run in another trainer.exp_dir"
+        )
+    return load_or_compute_stats(cuts, cfg.data)
 
 
 def check_corpus_tokenizer(tokenizer: Tokenizer, path: Path, vocab_size: int, *, warn: bool) -> None:

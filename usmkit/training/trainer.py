@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -54,6 +55,7 @@ from usmkit.training.metric_log import MetricLog
 from usmkit.training.optim import keep_fused, make_optimizer, make_scheduler, param_groups
 from usmkit.training.spec import DevEval, ResumableLoader, TrainResult, TrainSpec
 from usmkit.training.step_record import StepRecord
+from usmkit.training.stop_signals import StopSignals, TrainingInterrupted
 
 log = logging.getLogger(__name__)
 
@@ -437,11 +439,18 @@ class Trainer:
         lines: dict[int, dict[str, float]] = {}  # log lines waiting for their step's device values, by step
         deadline = time.perf_counter() + 60.0 * cfg.max_minutes if cfg.max_minutes else None
         self.module.train()
+        start_step = self.step
+        stop = StopSignals()  # a SIGINT or SIGTERM ends the run after the step it comes in
+        signum = None
         try:
+            stop.install()
             while self.step < cfg.max_steps:
                 if deadline is not None and self._past(deadline):
                     log.info("trainer.max_minutes=%g reached at step %d of %d: stopping", cfg.max_minutes,
                              self.step, cfg.max_steps)  # fmt: skip
+                    break
+                signum = self._stop_signal(stop)
+                if signum is not None:
                     break
                 self.optimizer.zero_grad(set_to_none=True)
                 loss_sum = torch.zeros((), device=self.device)
@@ -495,16 +504,45 @@ class Trainer:
                 if save_now:
                     self._save_and_log(metric_log)
             self._write_lines(self._settle(pending, losses), lines, losses, metric_log, progress)
+            if signum is not None:
+                raise self._interrupted(signum, start_step, metric_log)
             if cfg.eval_every and self.step % cfg.eval_every != 0:
                 self._evaluate(metric_log)
             if not cfg.save_every or self.step % cfg.save_every != 0:
                 self._save_and_log(metric_log)
         finally:
+            stop.restore()
             if progress:
                 progress.close()
             if metric_log:
                 metric_log.close()
         return TrainResult(self.step, _last_loss(losses), self.best, self.bad_steps_total, losses)
+
+    def _stop_signal(self, stop: StopSignals) -> int | None:
+        """The signal that asks the run to stop before the next step, if any. With several processes every
+        one stops at the same step: they agree on it (the largest signal number any got) every ``log_every``
+        steps, as that is a device sync."""
+        if not self.distributed:
+            return stop.signum
+        if self.step % self.cfg.log_every:
+            return None
+        flag = torch.tensor(float(stop.signum or 0), device=self.device)
+        with collective(f"step {self.step}'s all-reduce of the stop signal (SIGINT/SIGTERM)"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            return int(flag.item()) or None
+
+    def _interrupted(self, signum: int, start_step: int, metric_log: MetricLog | None) -> TrainingInterrupted:
+        """Save the step the signal came in (none when no step was taken) and say how to go on."""
+        name = signal.Signals(signum).name
+        if self.step == start_step and self.saved is None:
+            where = f"before its first step ({start_step}): nothing to save; run the same command again"
+        else:
+            self._save_and_log(metric_log)
+            where = (
+                f"after step {self.step} of {self.cfg.max_steps}, checkpoint saved in "
+                f"{self.ckpt_root / f'step-{self.step:06d}'}; to continue, run the same command with resume=true"
+            )
+        return TrainingInterrupted(f"training stopped by {name} {where}", signum)
 
     def _save_and_log(self, metric_log: MetricLog | None) -> Path | None:
         """``save``, and log how long the loop waited for it (``train/checkpoint_s``, a line of its own)."""
