@@ -6,9 +6,15 @@ the audio does: what is transcribed, and what is lost, can be counted from the s
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 
@@ -90,3 +96,18 @@ def fast_train(corpus: Path, exp: Path, *extra: str) -> dict:
     from usmkit.training.recipe import run
 
     return run(*fast_config(corpus, exp, *extra))
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``path`` (created) with ``options`` ("size=64k", "ro,size=64k") for the test's
+    duration: real full or read-only file systems. Root only: the test is skipped elsewhere."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]).returncode != 0:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)])

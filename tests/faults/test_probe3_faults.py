@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fault_helpers import FAST_TRAIN, fast_config, fast_train
+from fault_helpers import FAST_TRAIN, fast_config, fast_train, mounted_tmpfs
 
 from usmkit.checkpointing import checkpoint as ck
 from usmkit.training.trainer import Trainer
@@ -460,14 +460,6 @@ def test_outputs_under_a_file_are_one_line_before_any_work(ctc_ckpt, synth_corpu
 
 def test_outputs_on_a_read_only_location_are_one_line_before_any_work(ctc_ckpt, synth_corpus, tmp_path):
     """A read-only mount (root only; skipped elsewhere)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)]).returncode != 0:
-        pytest.skip("mount -t tmpfs is not allowed here")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=64k") as ro:
         for argv in _writers(ctc_ckpt, synth_corpus, ro, tmp_path / "talk.wav").values():
             _one_error_line(_run(*argv, cwd=tmp_path), f"{ro} is read-only here")
-    finally:
-        subprocess.run(["umount", str(ro)])

@@ -126,20 +126,13 @@ def test_result_files_never_replace_what_is_not_an_earlier_result(ctc_ckpt, tmp_
 def test_a_full_disk_at_a_result_file_is_one_line_and_keeps_the_earlier_file(ctc_ckpt, tmp_path, capsys):
     """A full disk when writing ``--json`` left a 0-byte file (the earlier transcript gone) and said
     ``RuntimeError``; evaluate's and tune_lexicon's output, a traceback. A real full tmpfs (root only)."""
-    import os
 
     import soundfile as sf
-    from fault_helpers import SR, speechlike
+    from fault_helpers import SR, mounted_tmpfs, speechlike
 
     from usmkit.cli import transcribe
 
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)]).returncode != 0:
-        pytest.skip("mount -t tmpfs is not allowed here")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=64k") as mnt:
         _fill(mnt / "fill")
         audio = tmp_path / "talk.wav"
         sf.write(audio, speechlike(2.0), SR)
@@ -159,8 +152,6 @@ def test_a_full_disk_at_a_result_file_is_one_line_and_keeps_the_earlier_file(ctc
         with pytest.raises(WriteError, match=rf"could not write the evaluation result {earlier} \(the file system"):
             write_result_file(earlier, "{" + " " * 100_000 + "}", what="the evaluation result")
         assert earlier.read_text().startswith('{"checkpoint"')
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 # ---- a setting ignored without a word ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from composed_config import train_config
+from fault_helpers import mounted_tmpfs
 
 from usmkit.checkpointing import checkpoint as ck
 from usmkit.config import ConfigError, TrainConfig
@@ -224,24 +225,16 @@ def test_tmpfs_fills_up(tmp_path):
     """A real full file system: a tmpfs with room for one checkpoint (root only; skipped elsewhere)."""
     import torch
 
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
     module = torch.nn.Linear(256, 256)
     size = sum(f.stat().st_size for f in ck.save_checkpoint(tmp_path / "probe", 1, module, {}, "").iterdir())
-    mnt = tmp_path / "small"
-    mnt.mkdir()
     limit = (size * 3 // 2) // 4096 * 4096 + 8192
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={limit}", "tmpfs", str(mnt)]).returncode != 0:
-        pytest.skip("mount -t tmpfs is not allowed here")
-    try:
+    with mounted_tmpfs(tmp_path / "small", f"size={limit}") as mnt:
         first = ck.save_checkpoint(mnt / "checkpoints", 1, module, {}, "")
         with pytest.raises(ck.CheckpointWriteError, match=rf"the file system holding {mnt / 'checkpoints'} is full"):
             ck.save_checkpoint(mnt / "checkpoints", 2, module, {}, "")
         assert [c.step for c in ck.list_checkpoints(mnt / "checkpoints")] == [1]
         ck.load_weights(torch.nn.Linear(256, 256), first)
         assert not list((mnt / "checkpoints").glob(".tmp-*"))
-    finally:
-        subprocess.run(["umount", str(mnt)])
 
 
 def test_command_source_in_a_training_manifest_never_runs(corpus, tmp_path):
