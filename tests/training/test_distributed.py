@@ -255,3 +255,48 @@ def test_two_agents_of_a_c10d_rendezvous_train_as_one_launch(synth_corpus, tmp_p
                 os.killpg(agent.pid, signal.SIGKILL)  # the agent and its worker
     assert all(agent.returncode == 0 for agent in agents), [err[-3000:] for _, err in outputs]
     assert _losses(tmp_path / "nodes") == pytest.approx(_losses(tmp_path / "single"), rel=1e-6)
+
+
+@pytest.mark.slow  # ~60 s each
+@pytest.mark.parametrize(
+    "to, signum",
+    [("group", signal.SIGINT), ("agent", signal.SIGTERM)],
+    ids=["ctrl_c_in_a_terminal", "sigterm_to_torchrun"],
+)
+def test_a_signal_to_a_torchrun_launch_saves_the_step_on_every_rank_and_resume_goes_on(
+    synth_corpus, tmp_path, to, signum
+):
+    """Ctrl-C in a terminal reaches torchrun and both workers, and torchrun passes the signal on to them
+    again; a scheduler's SIGTERM reaches torchrun, which passes it on. Either way both ranks stop after the
+    same step, rank 0 saves it, the run says where, and ``resume=true`` trains on from there to the end."""
+    exp = tmp_path / "exp"
+    args = [f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}", "trainer.max_steps=400",
+            "trainer.save_every=0", "trainer.eval_every=0"]  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(HARNESS),
+           *FAST, *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not ((exp / "metrics.jsonl").is_file() and len(_losses(exp)) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 3"
+            time.sleep(0.2)
+        if to == "group":
+            os.killpg(proc.pid, signum)  # what a terminal does: torchrun and both workers
+        else:
+            proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    stopped = re.search(rf"training stopped by {signum.name} after step (\d+) of 400, checkpoint saved", err + out)
+    assert stopped, (err + out)[-6000:]
+    step = int(stopped.group(1))
+    assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [step]
+    ck.load_train_state(exp / "checkpoints" / f"step-{step:06d}")
+    assert "Traceback" not in err.split("training stopped by")[0], err[-6000:]
+    resumed = _torchrun(tmp_path, *args[:-3], "trainer.max_steps=" + str(step + 3), "trainer.eval_every=0",
+                        "resume=true")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    assert max(_losses(exp)) == step + 3

@@ -3,7 +3,9 @@
 While ``StopSignals`` is entered (``Trainer.fit``), either signal only records itself: the loop finishes
 the step it is in, saves a checkpoint and raises ``TrainingInterrupted``, whose exit code is the shell's
 for that signal (130 for SIGINT, 143 for SIGTERM). A second SIGINT stops at once (``KeyboardInterrupt``);
-the last checkpoint on disk stays intact. On exit the handlers found on entry are back in place.
+the last checkpoint on disk stays intact. Under torchrun a Ctrl-C reaches each worker twice, from the
+terminal and passed on by torchrun a moment later: a second SIGINT within ``FORWARDED_WITHIN_S`` of the first
+is that copy, not a second Ctrl-C. On exit the handlers found on entry are back in place.
 
 The loader's worker processes ignore SIGINT (``usmkit.data.loader``): a Ctrl-C in a terminal reaches every
 process of the foreground group, and the workers must outlive it to serve the last step.
@@ -17,8 +19,10 @@ process of the foreground group, and the workers must outlive it to serve the la
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -27,6 +31,12 @@ from usmkit.errors import UsageError
 log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+FORWARDED_WITHIN_S = 1.0  # torchrun passes a signal on to its workers at once
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a worker that torchrun (torch.distributed.elastic) started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 class TrainingInterrupted(UsageError):
@@ -44,6 +54,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self._first_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -66,9 +77,12 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None and signum == signal.SIGINT:
+            if under_torchrun() and time.monotonic() - self._first_at < FORWARDED_WITHIN_S:
+                return  # torchrun's copy of the Ctrl-C the terminal sent
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         if self.signum is None:
             self.signum = signum
+            self._first_at = time.monotonic()
             again = " (Ctrl-C again stops at once, without a checkpoint)" if signum == signal.SIGINT else ""
             log.warning(
                 "%s received: finishing this step and saving a checkpoint%s", signal.Signals(signum).name, again
