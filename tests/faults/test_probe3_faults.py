@@ -198,10 +198,12 @@ def test_resume_with_a_changed_model_task_or_vocab_is_refused_before_anything_is
 
 
 def test_resume_with_changed_harmless_keys_still_runs(uninterrupted, corpus, tmp_path):
-    """Already handled: more steps, a longer schedule, other workers and log intervals resume."""
+    """More steps, a longer schedule, other workers and log intervals, features computed on the fly instead
+    of stored: the run resumes."""
     exp = tmp_path / "run"
     shutil.copytree(uninterrupted, exp)
-    extra = ["trainer.max_steps=7", "optim.warmup_steps=3", "data.num_workers=0", "trainer.log_every=2"]
+    extra = ["trainer.max_steps=7", "optim.warmup_steps=3", "data.num_workers=0", "trainer.log_every=2",
+             "data.features.precomputed=false"]  # fmt: skip
     assert fast_train(corpus, exp, "resume=true", *extra)["step"] == 7
 
 

@@ -34,6 +34,8 @@ FIXED_KEYS = (
     "vocab_size",
     "tokenizer_type",
 )
+# Keys below FIXED_KEYS that change how, not what, is computed: stored or on-the-fly features are the same.
+FREE_KEYS = ("data.features.precomputed",)
 
 
 def saved_run_config(exp_dir: Path) -> tuple[dict[str, Any], Path] | None:
@@ -80,7 +82,7 @@ def check_resume_config(cfg: TrainConfig) -> None:
 
 
 def _fixed(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in FIXED_KEYS)
+    return key not in FREE_KEYS and any(key == k or key.startswith(k + ".") for k in FIXED_KEYS)
 
 
 def _known(key: str, leaves: dict[str, Any]) -> bool:
