@@ -116,8 +116,9 @@ def test_onnx_offline_equals_the_full_forward(export_ckpt, onnx_export):
 
 
 def test_int8_onnx_runs_close_to_fp32(export_ckpt, int8_export):
-    """int8 weights are not exact: the step runs, its log-probs stay near PyTorch fp32's and pick the same
-    token on most frames; the offline graph too."""
+    """int8 weights are not exact: the step runs, each frame's distribution stays near PyTorch fp32's
+    (total variation; log-probs of unlikely tokens may move more) and picks the same token on most
+    frames; the offline graph too."""
     manifest = read_manifest(int8_export)
     assert manifest.quantize == "int8" and manifest.stream_step.file.endswith(".int8.onnx")
     model = load_model(export_ckpt).model
@@ -126,7 +127,8 @@ def test_int8_onnx_runs_close_to_fp32(export_ckpt, int8_export):
     for expected, got in _stream_both(model, session, manifest, _features(1, 203, 80, seed=1)):
         want = expected["log_probs"][0].numpy()  # (C, V)
         n = int(expected["out_lens"][0])
-        assert np.abs(got["log_probs"][0, :n] - want[:n]).max() < 1.0
+        variation = 0.5 * np.abs(np.exp(got["log_probs"][0, :n]) - np.exp(want[:n])).sum(-1)  # (n,)
+        assert variation.max() < 0.1
         same += int((got["log_probs"][0, :n].argmax(-1) == want[:n].argmax(-1)).sum())
         total += n
     assert total == (203 - 3) // 4 and same >= 0.9 * total
