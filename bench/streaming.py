@@ -46,7 +46,7 @@ from usmkit.checkpointing.checkpoint import save_checkpoint  # noqa: E402
 from usmkit.cli.transcribe import main as transcribe  # noqa: E402
 from usmkit.config import DataConfig, ModelSection, TaskConfig, TrainConfig, TrainerConfig, to_dict  # noqa: E402
 from usmkit.data.manifests import load_cuts  # noqa: E402
-from usmkit.data.normalize import FeatureStats, stats_path  # noqa: E402
+from usmkit.data.normalize import load_or_compute_stats  # noqa: E402
 from usmkit.data.tokenizer import Tokenizer  # noqa: E402
 from usmkit.export import export_checkpoint  # noqa: E402
 from usmkit.tasks import build_task  # noqa: E402
@@ -75,7 +75,7 @@ def make_checkpoint(root: Path, data: Path, size: str, chunk: int, left: int) ->
     torch.manual_seed(0)
     module = build_task(cfg.task, cfg.model.build_config(input_dim=80), tok.vocab_size)
     save_checkpoint(root / "checkpoints", 1, module, {}, yaml.safe_dump(to_dict(cfg)))
-    stats = FeatureStats.load(stats_path(data))
+    stats = load_or_compute_stats(load_cuts(data, "train"), cfg.data)  # a corpus no run has trained on yet has none
     stats.save(root / "feature_stats.safetensors", cfg.data.features)
     return root
 
