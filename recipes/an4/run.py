@@ -17,7 +17,8 @@ No stage named: all four, in order.
 - decode: per fine-tuned run, CTC greedy on dev and test; the lexicon settings (LM order, weight, word
   score, over ``--lm-orders`` x ``--lm-weights`` x ``--word-scores``) chosen on dev
   (``python -m usmkit.cli.tune_lexicon``), then test once with them; LAS rescoring for ``las``. Each
-  variant's runs together as one ensemble (``--ensembles``) the same way.
+  variant's runs together as one ensemble (``--ensembles``) the same way. Every test score is also taken
+  on ``test_8k``, the test set resampled to 8 kHz and back (telephone band; ``--no-narrowband-test``: not).
 - report: mean +- standard deviation over the seeds per variant and decoding, ensembles apart, and how
   many configurations were scored on test; every row to ``--report`` (bench/results/an4.json).
 
@@ -61,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("prepare", "train", "decode", "report")
 VARIANTS = ("scratch", "cb1", "cb16", "las", "most")
 CODEBOOKS = {"cb1": 1, "cb16": 16}  # the BEST-RQ encoders
+NARROWBAND = "test_8k"  # the test split resampled to 8 kHz and back (``python -m usmkit.cli.prepare bandlimit``)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Settings:
     kathleen: str = ""
     pool: tuple[str, ...] = ("an4", "kathleen")  # the corpora whose unlabeled audio BEST-RQ learns from
     dev_utterances: int = 100
+    narrowband_test: bool = True  # also score every model on test_8k: the test set through an 8 kHz channel
     variants: tuple[str, ...] = VARIANTS
     seeds: tuple[int, ...] = (0, 1, 2)
     pretrain_seeds: tuple[int, ...] = (0, 1)
@@ -156,6 +159,8 @@ def data_steps(s: Settings, for_training: bool) -> list[Step]:
     """The corpus steps: AN4; for training, the pool (when something is pre-trained here) and MOST's text."""
     an4, data = s.out / "data" / "an4", s.out / "data"
     steps = [_prepare("an4", {"out": an4, "dev_utterances": s.dev_utterances, **_corpus_dir(s.an4)})]
+    if not for_training and s.narrowband_test:  # resampled to 8 kHz and back, beside test (split test_8k)
+        steps.append(_prepare("bandlimit", {"src": an4, "split": "test", "rate": 8000}, ("prepare_an4",)))
     if for_training and pretrained_here(s):
         inputs = [f"{an4}:an4:unlabeled"]
         if "kathleen" in s.pool:
@@ -309,6 +314,8 @@ def decode_steps(s: Settings) -> list[Step]:
     """Per run and per ensemble: greedy (and LAS rescoring) on dev and test; the lexicon settings chosen on
     dev, then test once with them."""
     steps = data_steps(s, for_training=False)
+    tests = ["test", NARROWBAND] if s.narrowband_test else ["test"]
+    deps = ("prepare_an4", "prepare_bandlimit") if s.narrowband_test else ("prepare_an4",)
     models = {run.name: ([run], decodes_of(run.variant)) for run in runs_of(s)}
     models |= {name: (runs, ("ctc_greedy", "ctc_lexicon")) for name, runs in ensembles_of(s).items()}
     for name, (runs, decodes) in models.items():
@@ -319,8 +326,8 @@ def decode_steps(s: Settings) -> list[Step]:
         for decode in decodes:
             if decode == "ctc_lexicon":
                 continue
-            evaluate = {**model, "test_sets": ["dev", "test"], "decode": decode, "output": out / f"{decode}.json"}
-            steps.append(Step(f"{decode}_{name}", "usmkit.cli.evaluate", evaluate, ("prepare_an4",)))
+            evaluate = {**model, "test_sets": ["dev", *tests], "decode": decode, "output": out / f"{decode}.json"}
+            steps.append(Step(f"{decode}_{name}", "usmkit.cli.evaluate", evaluate, deps))
         grid = {"orders": s.lm_orders, "lm_weights": s.lm_weights, "word_scores": s.word_scores}
         tuned = out / "lexicon_tuning_dev.json"
         tune = {**model, "set": "dev", **grid, "output": tuned}
@@ -331,12 +338,12 @@ def decode_steps(s: Settings) -> list[Step]:
                 "usmkit.cli.evaluate",
                 lambda model=model, tuned=tuned, out=out: {
                     **model,
-                    "test_sets": ["test"],
+                    "test_sets": tests,
                     "decode": "ctc_lexicon",
                     **chosen_lexicon(tuned),
                     "output": out / "ctc_lexicon.json",
                 },
-                (f"tune_lexicon_{name}",),
+                (f"tune_lexicon_{name}", *deps[1:]),
             )
         )
     return steps
@@ -401,7 +408,10 @@ def scores(s: Settings, name: str, decode: str) -> dict[str, Any] | None:
 
 
 def _test(result: dict) -> dict[str, float]:
-    return {"test_wer": result["sets"]["test"]["wer"], "test_cer": result["sets"]["test"]["cer"]}
+    """test WER and CER, and test_8k's WER where it was scored."""
+    sets = result["sets"]
+    narrowband = {"test_8k_wer": sets[NARROWBAND]["wer"]} if NARROWBAND in sets else {}
+    return {"test_wer": sets["test"]["wer"], "test_cer": sets["test"]["cer"], **narrowband}
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
@@ -438,8 +448,11 @@ def build_report(s: Settings, command: str = "") -> dict[str, Any]:
                 continue
             dev, dev_sd = mean_sd([r["dev_wer"] for r in group])
             test, test_sd = mean_sd([r["test_wer"] for r in group])
-            summary.append({"variant": variant, "decode": decode, "runs": len(group), "dev_wer_mean": dev,
-                            "dev_wer_sd": dev_sd, "test_wer_mean": test, "test_wer_sd": test_sd})  # fmt: skip
+            row = {"variant": variant, "decode": decode, "runs": len(group), "dev_wer_mean": dev,
+                   "dev_wer_sd": dev_sd, "test_wer_mean": test, "test_wer_sd": test_sd}  # fmt: skip
+            if all("test_8k_wer" in r for r in group):
+                row["test_8k_wer_mean"], row["test_8k_wer_sd"] = mean_sd([r["test_8k_wer"] for r in group])
+            summary.append(row)
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(s).items()}
     return {
         "recipe": "recipes/an4/run.py",
@@ -468,10 +481,11 @@ def print_report(report: dict[str, Any]) -> None:
     def pm(mean: float, sd: float | None) -> str:
         return f"{100 * mean:6.2f} +- {100 * sd:5.2f}" if sd is not None else f"{100 * mean:6.2f}         "
 
-    print(f"\n{'variant':<8} {'decode':<12} {'runs':>4}  {'dev WER %':<15} {'test WER %':<15}")
+    print(f"\n{'variant':<8} {'decode':<12} {'runs':>4}  {'dev WER %':<15} {'test WER %':<15} {'test_8k WER %':<15}")
     for r in report["summary"]:
         dev, test = pm(r["dev_wer_mean"], r["dev_wer_sd"]), pm(r["test_wer_mean"], r["test_wer_sd"])
-        print(f"{r['variant']:<8} {r['decode']:<12} {r['runs']:>4}  {dev} {test}")
+        narrowband = pm(r["test_8k_wer_mean"], r["test_8k_wer_sd"]) if "test_8k_wer_mean" in r else ""
+        print(f"{r['variant']:<8} {r['decode']:<12} {r['runs']:>4}  {dev} {test} {narrowband}")
     if report["ensembles"]:
         print("\nensembles (all runs of a variant as one model):")
         for e in report["ensembles"]:
@@ -493,6 +507,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--kathleen", default="", help="the Kathleen corpus folder (default $USMKIT_CORPORA/kathleen)")
     ap.add_argument("--pool", default=",".join(d.pool), help="corpora of the unlabeled pool: an4[,kathleen]")
     ap.add_argument("--dev-utterances", type=int, default=d.dev_utterances)
+    ap.add_argument("--no-narrowband-test", action="store_true", help="do not score test_8k (test through 8 kHz)")
     ap.add_argument("--variants", default=",".join(d.variants), help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--seeds", default=_csv(d.seeds), help="fine-tuning seeds (trainer.seed)")
     ap.add_argument("--pretrain-seeds", default=_csv(d.pretrain_seeds), help="BEST-RQ seeds (run and quantizer)")
@@ -546,6 +561,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         ap.error(f"--extra / --pretrain-extra: {e}")
     settings = Settings(
         out=a.out, an4=a.an4, kathleen=a.kathleen, pool=_names(a.pool), dev_utterances=a.dev_utterances,
+        narrowband_test=not a.no_narrowband_test,
         variants=variants, seeds=_ints(a.seeds), pretrain_seeds=_ints(a.pretrain_seeds), stage1=stage1,
         las_from=a.las_from, most_from=a.most_from, model=a.model,
         model_overrides=yaml.safe_load(a.model_overrides) if a.model_overrides else None, vocab_size=a.vocab_size,

@@ -125,13 +125,34 @@ def test_the_commands_compose_into_the_configs_usmkit_reads(an4_run, tmp_path):
     assert not any("ensemble" in name for name in _by_name(an4_run.decode_steps(s)))  # one run a variant
     two = _by_name(an4_run.decode_steps(an4_run.Settings(out=tmp_path, variants=("cb1",), seeds=(0, 1))))
     greedy = _overrides(two["ctc_greedy_ensemble_cb1"])  # 2 fine-tuning x 2 pre-training seeds as one model
-    assert greedy["test_sets"] == "[dev,test]" and greedy["checkpoint"] == str(tmp_path / "runs" / "cb1_p0_s0")
+    assert greedy["test_sets"] == "[dev,test,test_8k]" and greedy["checkpoint"] == str(tmp_path / "runs" / "cb1_p0_s0")
     assert (
         greedy["ensemble"]
         == "[" + ",".join(str(tmp_path / "runs" / n) for n in ("cb1_p0_s1", "cb1_p1_s0", "cb1_p1_s1")) + "]"
     )
     evaluate = compose_yaml("evaluate", _by_name(an4_run.decode_steps(s))["rescore_las_p0_s0"].argv(), command="t")
     assert from_dict(EvalConfig, evaluate).decode == "rescore"
+
+
+def test_every_model_is_also_scored_on_the_narrowband_test_set_unless_turned_off(an4_run, tmp_path):
+    """test_8k (test through an 8 kHz channel) is prepared beside test and scored with the same decoding and
+    the lexicon settings chosen on wideband dev; --no-narrowband-test leaves both out."""
+    s = an4_run.Settings(out=tmp_path, variants=("scratch",), seeds=(0,))
+    steps = _by_name(an4_run.decode_steps(s))
+    bandlimit = _overrides(steps["prepare_bandlimit"])
+    assert steps["prepare_bandlimit"].positional == ("bandlimit",) and bandlimit["split"] == "test"
+    assert bandlimit["src"] == str(tmp_path / "data" / "an4") and bandlimit["rate"] == "8000"
+    assert _overrides(steps["ctc_greedy_scratch_s0"])["test_sets"] == "[dev,test,test_8k]"
+    (tmp_path / "decode" / "scratch_s0").mkdir(parents=True)
+    (tmp_path / "decode" / "scratch_s0" / "lexicon_tuning_dev.json").write_text(
+        json.dumps({"best": {"order": 2, "lm_weight": 0.5, "word_score": 1.0, "wer": 0.1}})
+    )
+    lexicon = _overrides(steps["ctc_lexicon_scratch_s0"])
+    assert lexicon["test_sets"] == "[test,test_8k]" and lexicon["lexicon.lm_weight"] == "0.5"
+    assert "prepare_bandlimit" in steps["ctc_lexicon_scratch_s0"].deps
+    _, off = an4_run.parse_args(["--no-narrowband-test", "--out", str(tmp_path)])
+    steps = _by_name(an4_run.decode_steps(off))
+    assert "prepare_bandlimit" not in steps and _overrides(steps["ctc_greedy_scratch_s0"])["test_sets"] == "[dev,test]"
 
 
 # ---- running steps -------------------------------------------------------------------------------
@@ -208,8 +229,8 @@ def _write(path: Path, result: dict) -> None:
     path.write_text(json.dumps(result))
 
 
-def _eval(dev: float | None, test: float) -> dict:
-    sets = {"test": {"wer": test, "cer": test / 2}}
+def _eval(dev: float | None, test: float, test_8k: float | None = None) -> dict:
+    sets = {"test": {"wer": test, "cer": test / 2}} | ({"test_8k": {"wer": test_8k, "cer": 0.0}} if test_8k else {})
     return {"sets": sets | ({"dev": {"wer": dev, "cer": dev / 2}} if dev is not None else {})}
 
 
@@ -221,7 +242,7 @@ def test_report_rows_per_seed_mean_and_sd_and_ensembles_apart(an4_run, tmp_path)
     for variant, name_of in (("scratch", "scratch_s{}"), ("cb1", "cb1_p0_s{}")):
         for seed, wer in enumerate(test_wers[variant]):
             folder = tmp_path / "decode" / name_of.format(seed)
-            _write(folder / "ctc_greedy.json", _eval(wer + 0.05, wer + 0.04))
+            _write(folder / "ctc_greedy.json", _eval(wer + 0.05, wer + 0.04, test_8k=3 * wer))
             if not (variant == "cb1" and seed == 2):  # not decoded with the lexicon yet
                 _write(
                     folder / "lexicon_tuning_dev.json",
@@ -246,6 +267,12 @@ def test_report_rows_per_seed_mean_and_sd_and_ensembles_apart(an4_run, tmp_path)
     assert lexicon["runs"] == 3 and lexicon["test_wer_mean"] == pytest.approx(0.13)
     assert lexicon["test_wer_sd"] == pytest.approx(statistics.stdev([0.10, 0.12, 0.17]))  # sample sd: 0.0361
     assert lexicon["dev_wer_mean"] == pytest.approx(0.14)
+    assert "test_8k_wer_mean" not in lexicon  # (not scored on test_8k here)
+    greedy = summary[("scratch", "ctc_greedy")]
+    assert rows[("scratch_s1", "ctc_greedy")]["test_8k_wer"] == pytest.approx(0.36)
+    assert greedy["test_8k_wer_mean"] == pytest.approx(0.39) and greedy["test_8k_wer_sd"] == pytest.approx(
+        statistics.stdev([0.30, 0.36, 0.51])
+    )
     assert summary[("cb1", "ctc_lexicon")]["runs"] == 2  # what is there
     assert report["ensembles"] == [
         {
@@ -323,6 +350,7 @@ def test_recipe_end_to_end_on_a_tiny_an4_then_a_rerun_skips_everything(an4_run, 
     }
     assert rows[("cb1_p0_s1", "ctc_greedy")]["seed"] == 1 and rows[("cb1_p0_s1", "ctc_greedy")]["pretrain_seed"] == 0
     assert all(0 <= r["dev_wer"] and 0 <= r["test_wer"] and r["finetune_steps"] == 3 for r in rows.values())
+    assert all(0 <= r["test_8k_wer"] for r in rows.values())  # every model also scored on the narrowband test set
     for entry in report["summary"]:
         group = [
             r["test_wer"] for r in rows.values() if (r["variant"], r["decode"]) == (entry["variant"], entry["decode"])
