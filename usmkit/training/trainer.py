@@ -305,9 +305,10 @@ class Trainer:
     def save(self) -> Path | None:
         """Write a checkpoint of this step (rank 0; with FSDP every process writes its part); its path, or
         None on the processes that write nothing. Every rank calls it. ``checkpoint_s``: how long it kept
-        the loop waiting (with DDP, the other ranks wait for rank 0's write on the host group). With
-        ``trainer.async_save`` (not sharded) rank 0 waits for the checkpoint before, copies this one into
-        host memory and hands it to the background writer: the loop waits for the copy only."""
+        the loop waiting. Written in the loop (sharded, or ``trainer.async_save=false``), that is the write
+        (with DDP the other ranks wait for rank 0's on the host group); with ``async_save`` rank 0 waits for
+        the checkpoint before this one, copies this one into host memory and hands it to the background
+        writer: the loop waits for those only."""
         if self.saved is not None and self.saved[0] == self.step:  # e.g. the best was just saved at this step
             return self.saved[1]
         start = time.perf_counter()
