@@ -128,6 +128,11 @@ class TrainerConfig:
     eval_every: int = 200  # dev loss + dev WER; 0 disables
     save_every: int = 200  # steps between checkpoints; 0 = only the last
     keep_last: int = 3  # checkpoints kept besides the best
+    # Write checkpoints in the background (usmkit/checkpointing/async_save.py): the loop waits only while the
+    # weights and train state are copied into host memory (one more copy of both, held until written), then
+    # trains on. A failed write stops the run soon after (at the next step; with several processes at the next
+    # log step or save), the earlier checkpoints intact. Sharded runs (strategy=fsdp) save in the loop anyway.
+    async_save: bool = True
     dev_max_batches: int = 0  # 0 = the whole dev set
     precision: Literal["auto", "bf16", "fp32"] = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False  # torch.compile the training step (needs data.pad_to_frames; pays on a GPU)

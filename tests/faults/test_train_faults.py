@@ -118,7 +118,9 @@ def test_killed_run_resumes_to_the_same_losses(corpus, uninterrupted, tmp_path, 
     assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2, 4, 6]
 
 
-def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(corpus, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("async_save", [True, False], ids=["background_checkpoints", "checkpoints_in_the_loop"])
+def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(corpus, tmp_path, monkeypatch, capsys, async_save):
+    """In the loop, the run stops at the save that fails; in the background, at the next step or save (6)."""
     exp = tmp_path / "run"
     original = ck.save_file
 
@@ -129,9 +131,13 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(corpus, tmp_path,
 
     monkeypatch.setattr(ck, "save_file", save_file)
     with pytest.raises(ck.CheckpointWriteError, match=r"holding .*checkpoints is full .*No space left on device") as e:
-        train(corpus, exp)
-    assert e.value.exit_code == 1
-    assert [s for s, _ in metrics(exp)] == [1, 2, 3, 4], "the run stopped at the failed save"
+        train(corpus, exp, f"trainer.async_save={str(async_save).lower()}")
+    assert e.value.exit_code == 1 and "step-000004" in str(e.value) and "\n" not in str(e.value)
+    logged = [s for s, _ in metrics(exp)]
+    if async_save:
+        assert logged in ([1, 2, 3, 4], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5, 6]), "the run stopped by the next save"
+    else:
+        assert logged == [1, 2, 3, 4], "the run stopped at the failed save"
     assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2]
     ck.load_train_state(exp / "checkpoints" / "step-000002")  # intact (SHA-256 checked)
     assert not list((exp / "checkpoints").glob(".tmp-*"))

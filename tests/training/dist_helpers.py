@@ -4,12 +4,15 @@ to ``<out>/rank<r>.json``."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import random
 import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from usmkit.config import OptimConfig, TrainerConfig
@@ -125,4 +128,34 @@ def stalled_step_worker(rank: int, world: int, port: int, out: str, scenario: st
     outcome = _outcome(lambda: trainer.fit().step)
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(outcome))
     trainer = None  # DDP's reducer before the process group (usmkit.training.recipe.TrainingRecipe.cleanup)
+    distributed.shutdown_distributed(finished="error" not in outcome)
+
+
+def background_checkpoint_worker(rank: int, world: int, port: int, out: str, scenario: str, options: dict) -> None:
+    """The trainer (DDP) for 6 steps, a checkpoint every 2, written by rank 0 in the background
+    (``async_save``), or in the loop (scenario ``in_the_loop``). ``full_disk``: rank 0's disk is full at the
+    checkpoint of step 4."""
+    _setup(rank, world, port, options)
+    random.seed(rank)
+    np.random.seed(rank)  # the train state holds each rank's Python and NumPy random states too
+    from usmkit.checkpointing import checkpoint as ck
+    from usmkit.training.trainer import Trainer
+
+    if scenario == "full_disk" and rank == 0:
+        real = ck.save_file
+
+        def full(tensors, path, *args, **kwargs):
+            if "step-000004" in str(path):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(tensors, path, *args, **kwargs)
+
+        ck.save_file = full
+    cfg = TrainerConfig(
+        exp_dir=str(Path(out) / "exp"), max_steps=6, log_every=1, eval_every=0, save_every=2, progress=False,
+        device="cpu", async_save=scenario != "in_the_loop",
+    )  # fmt: skip
+    trainer = Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=1), _Task(), _Loader(None, 0.0), "x: 1\n")
+    outcome = _outcome(lambda: trainer.fit().step)
+    (Path(out) / f"rank{rank}.json").write_text(json.dumps(outcome))
+    trainer = None
     distributed.shutdown_distributed(finished="error" not in outcome)

@@ -95,6 +95,33 @@ def test_a_stalled_collective_in_training_fails_naming_the_rank_and_the_operatio
     ck.load_train_state(tmp_path / "exp" / "checkpoints" / "step-000002")  # complete: every SHA-256 matches
 
 
+def test_background_checkpoints_of_rank0_equal_those_written_in_the_loop(tmp_path):
+    """DDP with rank 0 writing in the background: both ranks end, and the checkpoints are those of the
+    same run written in the loop, byte for byte."""
+    runs = {s: _spawn(dist_helpers.background_checkpoint_worker, tmp_path / s, s) for s in ("async", "in_the_loop")}
+    for scenario, got in runs.items():
+        assert [g.get("result") for g in got] == [6, 6], (scenario, got)
+    folders = {s: tmp_path / s / "exp" / "checkpoints" for s in runs}
+    assert [c.step for c in ck.list_checkpoints(folders["async"])] == [2, 4, 6]
+    for step in (2, 4, 6):
+        a, b = (folders[s] / f"step-{step:06d}" for s in runs)
+        assert ck.verify_checkpoint(a)
+        assert {p.name: p.read_bytes() for p in a.iterdir()} == {p.name: p.read_bytes() for p in b.iterdir()}
+
+
+def test_a_failed_background_write_on_rank0_stops_every_rank(tmp_path):
+    """Rank 0's disk is full at the checkpoint of step 4, written in the background: both ranks stop with
+    rank 0's one-line CheckpointWriteError (rank 1 learns it from rank 0), and step 2's checkpoint is intact."""
+    got = _spawn(dist_helpers.background_checkpoint_worker, tmp_path, "full_disk")
+    assert [g.get("error") for g in got] == ["CheckpointWriteError", "CheckpointWriteError"], got
+    message = got[0]["message"]
+    assert message.startswith("step 4's checkpoint, written in the background, failed: could not write checkpoint")
+    assert "No space left on device" in message and "resume=true" in message and "\n" not in message
+    assert got[1]["message"] == message
+    assert [c.step for c in ck.list_checkpoints(tmp_path / "exp" / "checkpoints")] == [2]
+    ck.load_train_state(tmp_path / "exp" / "checkpoints" / "step-000002")
+
+
 # ---------------------------------------------------------------- torchrun (slow)
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)

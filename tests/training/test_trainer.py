@@ -72,11 +72,12 @@ def _trainer(tmp_path, max_steps, loader=None, spec=None, **kw):
     return Trainer(cfg, OptimConfig(lr=1e-2, warmup_steps=2), ToyTask(), loader or ToyLoader(), "x: 1\n", spec=spec)
 
 
-def test_resumed_run_matches_uninterrupted(tmp_path):
-    full = _trainer(tmp_path / "a", 10).fit()
+@pytest.mark.parametrize("async_save", [True, False], ids=["background_checkpoints", "checkpoints_in_the_loop"])
+def test_resumed_run_matches_uninterrupted(tmp_path, async_save):
+    full = _trainer(tmp_path / "a", 10, async_save=False).fit()
     with pytest.raises(KeyboardInterrupt):  # killed during step 6, after the checkpoint at step 4
-        _trainer(tmp_path / "b", 10, loader=ToyLoader(kill_after=5)).fit()
-    resumed = _trainer(tmp_path / "b", 10)
+        _trainer(tmp_path / "b", 10, loader=ToyLoader(kill_after=5), async_save=async_save).fit()
+    resumed = _trainer(tmp_path / "b", 10, async_save=async_save)
     assert resumed.resume() and resumed.step == 4
     out = resumed.fit()
     assert out.losses == full.losses[4:]  # bitwise equal losses at steps 5..10

@@ -16,7 +16,9 @@ a file damaged after it was written is named, never silently decoded. An average
 (``usmkit.checkpointing.average``) has no train state and records its sums in ``average.json``.
 A checkpoint is written to a temporary sibling directory and renamed into place only once every
 file is complete and fsync'ed, so a crash or a full disk mid-write never damages an existing
-checkpoint. Old checkpoints are pruned only after the new one is in place.
+checkpoint. Old checkpoints are pruned only after the new one is in place. What a checkpoint holds can be
+taken into host memory first (``checkpoint_content``) and written later (``write_checkpoint``), e.g. by
+a background thread (``usmkit.checkpointing.async_save``): the files are the same either way.
 """
 
 from __future__ import annotations
@@ -88,12 +90,11 @@ def latest_checkpoint(ckpt_root: Path) -> CheckpointInfo | None:
     return ckpts[-1] if ckpts else None
 
 
-def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return tensors_for_save(module.state_dict())
-
-
-def tensors_for_save(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A state dict as safetensors stores it: on the CPU, contiguous, no two tensors sharing storage."""
+def tensors_for_save(state_dict: dict[str, torch.Tensor], copy: bool = False) -> dict[str, torch.Tensor]:
+    """A state dict as safetensors stores it: on the CPU, contiguous, no two tensors sharing storage.
+    ``copy``: every tensor is a copy of its own, so the live ones may change while it is written."""
+    if copy:
+        return {k: _host_copy(v) for k, v in state_dict.items()}
     # safetensors refuses tensors that share storage (tied weights); clone makes them independent.
     seen: set[int] = set()
     out = {}
@@ -103,6 +104,36 @@ def tensors_for_save(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
         out[k] = v.clone() if key in seen else v.contiguous()
         seen.add(key)
     return out
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` in host memory, sharing nothing with it."""
+    return t.detach().to("cpu", memory_format=torch.contiguous_format, copy=True)
+
+
+@dataclass(frozen=True)
+class CheckpointContent:
+    """What one checkpoint holds, in host memory: the weights as safetensors stores them, the train state
+    split by ``encode_state`` (a JSON-able tree and its tensors, copies of their own) and the config."""
+
+    weights: dict[str, torch.Tensor]
+    state_tree: Any
+    state_tensors: dict[str, torch.Tensor]
+    config_yaml: str
+
+
+def checkpoint_content(
+    module: torch.nn.Module, train_state: dict[str, Any], config_yaml: str, copy: bool = False
+) -> CheckpointContent:
+    """What ``save_checkpoint`` writes of ``module`` and ``train_state``. ``copy``: the weights are copied
+    too (the train state's tensors always are), so the content stays as it is while the model and the
+    optimizer go on changing in place."""
+    tree, tensors = encode_state(train_state)
+    return CheckpointContent(tensors_for_save(module.state_dict(), copy=copy), tree, tensors, config_yaml)
+
+
+def checkpoint_dir(ckpt_root: Path, step: int) -> Path:
+    return Path(ckpt_root) / f"step-{step:06d}"
 
 
 def save_checkpoint(
@@ -117,15 +148,19 @@ def save_checkpoint(
     On any failure (e.g. ``OSError: No space left on device``) the temporary directory is removed,
     existing checkpoints are untouched, and ``CheckpointError`` says what happened.
     """
-    final = ckpt_root / f"step-{step:06d}"
+    return write_checkpoint(ckpt_root, step, checkpoint_content(module, train_state, config_yaml))
+
+
+def write_checkpoint(ckpt_root: Path, step: int, content: CheckpointContent) -> Path:
+    """Write ``content`` as ``ckpt_root/step-{step:06d}``, atomically, as ``save_checkpoint`` does."""
+    final = checkpoint_dir(ckpt_root, step)
     try:
         with replaced_dir_atomically(final, durable=True) as tmp:
-            save_file(_state_dict_for_save(module), str(tmp / MODEL_FILE))
-            tree, tensors = encode_state(train_state)
-            save_file(tensors, str(tmp / STATE_TENSORS_FILE))
-            (tmp / CONFIG_FILE).write_text(config_yaml)
+            save_file(content.weights, str(tmp / MODEL_FILE))
+            save_file(content.state_tensors, str(tmp / STATE_TENSORS_FILE))
+            (tmp / CONFIG_FILE).write_text(content.config_yaml)
             record = file_record(tmp, (MODEL_FILE, STATE_TENSORS_FILE, CONFIG_FILE))
-            (tmp / STATE_FILE).write_text(json.dumps({"format": 1, **record, "state": tree}))
+            (tmp / STATE_FILE).write_text(json.dumps({"format": 1, **record, "state": content.state_tree}))
     except Exception as e:
         what = disk_full_reason(e, ckpt_root)
         raise CheckpointWriteError(
@@ -228,7 +263,7 @@ def encode_state(obj: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     def enc(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             key = f"t{len(tensors)}"
-            tensors[key] = x.detach().cpu().contiguous().clone()
+            tensors[key] = _host_copy(x)
             return {"__tensor__": key}
         if isinstance(x, np.ndarray):
             key = f"t{len(tensors)}"

@@ -27,12 +27,16 @@ setup (``usmkit.training.recipe``)
      all-gather of what each rank found wrong (FSDP: and ``load_sharded_checkpoint``'s collectives).
 training (``usmkit.training.trainer``), per optimizer step
   5. DDP's gradient all-reduce in the backward, or FSDP's gathers and reduce-scatters in the forward and
-     backward and the gradient norm's all-reduce; the all-reduce of the finite flag; with
-     ``trainer.max_minutes``, every ``log_every`` steps a broadcast of rank 0's clock.
+     backward and the gradient norm's all-reduce; the all-reduce of the finite flag; every ``log_every`` steps
+     the all-reduce of the stop signal (and of whether rank 0's background checkpoint write failed: then the
+     host broadcast of 7's outcome follows) and, with ``trainer.max_minutes``, a broadcast of rank 0's clock.
   6. a dev evaluation: FSDP gathers the model; a host broadcast of rank 0's result (the others wait there).
-  7. a checkpoint: a host all-gather of every rank's random state and data position (the train state rank 0
-     writes holds each rank's); then FSDP: ``save_sharded_checkpoint``'s collectives; DDP: rank 0 writes, then
-     a host barrier. Whether a step is already saved is known in memory, the same on every rank.
+  7. a checkpoint: DDP with ``trainer.async_save``: first a host broadcast of the outcome of rank 0's write in
+     flight (also at the end of training and after a stop signal's checkpoint). Then a host all-gather of
+     every rank's random state and data position (the train state rank 0 writes holds each rank's); then
+     FSDP: ``save_sharded_checkpoint``'s collectives; DDP: rank 0 writes in the background (or, without
+     ``async_save``, writes while the others wait in a host barrier). Whether a step is already saved is
+     known in memory, the same on every rank.
 shutdown (``TrainingRecipe.cleanup``)
   8. after a run that trained to its end: a barrier on the default group; then both groups are destroyed.
      After an error, no barrier (the others may be gone): the groups are destroyed at once.

@@ -5,14 +5,15 @@ of the model (parameter groups, the blocks to compile, checkpoint or shard, the 
 comes with it as a ``TrainSpec`` (``usmkit.training.task_spec``). The loop does the rest: the optimizer
 and schedule (``usmkit.training.optim``), gradient accumulation and clipping, bf16 autocast on CUDA,
 skipping of non-finite steps, metrics (``usmkit.training.metric_log``), a progress bar, periodic dev
-evaluation, atomic checkpoints (keep last N and the best), exact resume, and several processes: DDP, or
-FSDP2 (``trainer.strategy=fsdp``, ``usmkit.training.fsdp``) with sharded checkpoints
-(``usmkit.checkpointing.sharded``).
+evaluation, atomic checkpoints (keep last N and the best; written in the background by default,
+``usmkit.checkpointing.async_save``), exact resume, and several processes: DDP, or FSDP2
+(``trainer.strategy=fsdp``, ``usmkit.training.fsdp``) with sharded checkpoints (``usmkit.checkpointing.sharded``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -25,11 +26,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from usmkit.checkpointing.async_save import CheckpointWriter
 from usmkit.checkpointing.checkpoint import (
+    BEST_FILE,
     STATE_FILE,
     STATE_TENSORS_FILE,
     CheckpointDamaged,
     CheckpointError,
+    CheckpointWriteError,
+    checkpoint_content,
     list_checkpoints,
     load_train_state,
     load_weights,
@@ -183,6 +188,8 @@ class Trainer:
         # part in a save or none does).
         self.saved: tuple[int, Path | None] | None = None
         self.checkpoint_s = 0.0  # how long the last save blocked the loop
+        # Rank 0's background writer (trainer.async_save); the other ranks learn of its failures from rank 0.
+        self.writer = CheckpointWriter() if cfg.async_save and not self.sharded else None
 
     # ---------------------------------------------------------------- state
     def train_state(self) -> dict[str, Any]:
@@ -298,16 +305,23 @@ class Trainer:
     def save(self) -> Path | None:
         """Write a checkpoint of this step (rank 0; with FSDP every process writes its part); its path, or
         None on the processes that write nothing. Every rank calls it. ``checkpoint_s``: how long it kept
-        the loop waiting (with DDP, the other ranks wait for rank 0's write on the host group)."""
+        the loop waiting. Written in the loop (sharded, or ``trainer.async_save=false``), that is the write
+        (with DDP the other ranks wait for rank 0's on the host group); with ``async_save`` rank 0 waits for
+        the checkpoint before this one, copies this one into host memory and hands it to the background
+        writer: the loop waits for those only."""
         if self.saved is not None and self.saved[0] == self.step:  # e.g. the best was just saved at this step
             return self.saved[1]
         start = time.perf_counter()
+        if self.writer is not None:  # (every rank: they agree on whether rank 0's last write succeeded)
+            self._await_write(f"before the checkpoint of step {self.step}")
         path = None
         target = self.ckpt_root / f"step-{self.step:06d}"
         if is_main_process() and target.exists():  # one resume fell back from, or one cut short by a crash
             why = "damaged" if target in self.damaged else "incomplete"
             log.warning("%s is %s: replacing it with this run's checkpoint of step %d", target, why, self.step)
         state = self.train_state()  # (every rank: it gathers each rank's part)
+        keep = {self.ckpt_root / self.best["path"]} if self.best else set()
+        prune = functools.partial(prune_checkpoints, self.ckpt_root, self.cfg.keep_last, keep)
         # A failed write (CheckpointWriteError, e.g. a full disk) stops the run: training on without
         # saving would lose every step after the last checkpoint, which stays intact.
         if self.sharded:
@@ -315,19 +329,42 @@ class Trainer:
                 path = save_sharded_checkpoint(
                     self.ckpt_root, self.step, self.module, self.optimizer, state, self.config_yaml
                 )
+        elif is_main_process() and self.writer is not None:
+            # A copy of its own: the next optimizer step changes the live weights and moments in place.
+            content = checkpoint_content(self.module, state, self.config_yaml, copy=True)
+            path = self.writer.write(self.ckpt_root, self.step, content, then=lambda _: prune())
         elif is_main_process():
             path = save_checkpoint(self.ckpt_root, self.step, self.module, state, self.config_yaml)
-        if is_main_process():
-            keep = {self.ckpt_root / self.best["path"]} if self.best else set()
-            prune_checkpoints(self.ckpt_root, self.cfg.keep_last, keep)
-        if self.distributed and not self.sharded:
+        if is_main_process() and self.writer is None:
+            prune()
+        if self.distributed and not self.sharded and self.writer is None:
             wait_for_rank0(f"checkpoint of step {self.step}")
         self.saved = (self.step, path)
         self.damaged.discard(target)
         self.checkpoint_s = time.perf_counter() - start
         if is_main_process():
-            log.info("step %d: checkpoint %s written in %.1f s", self.step, path.name, self.checkpoint_s)
+            how = "handed to the background writer" if self.writer is not None else "written"
+            log.info("step %d: checkpoint %s %s in %.1f s", self.step, path.name, how, self.checkpoint_s)
         return path
+
+    def _await_write(self, when: str) -> None:
+        """Wait for rank 0's checkpoint write in flight; if it failed, raise its error on every rank (the
+        others get rank 0's message on the host group). ``when`` names the moment in a collective's error."""
+        failure = self.writer.finish() if is_main_process() else None
+        if self.distributed:
+            message = None if failure is None else (str(failure) or repr(failure))
+            message = from_rank0(message, f"checkpoint write's outcome {when}")
+            if failure is None and message is not None:
+                failure = CheckpointWriteError(message)
+        if failure is not None:
+            raise failure
+
+    def _drain_write(self) -> None:
+        """After an error: let the checkpoint in flight complete (or fail) before the run ends; its failure
+        is logged, not raised over the error that ends the run."""
+        failure = self.writer.finish() if self.writer is not None else None
+        if failure is not None:
+            log.error("%s", failure)
 
     # ---------------------------------------------------------------- loop
     def _batches(self) -> Iterator[Batch]:
@@ -510,6 +547,11 @@ class Trainer:
                 self._evaluate(metric_log)
             if not cfg.save_every or self.step % cfg.save_every != 0:
                 self._save_and_log(metric_log)
+            if self.writer is not None:  # a finished run has its last checkpoint on disk
+                self._await_write("at the end of training")
+        except BaseException:
+            self._drain_write()
+            raise
         finally:
             stop.restore()
             if progress:
@@ -521,15 +563,22 @@ class Trainer:
     def _stop_signal(self, stop: StopSignals) -> int | None:
         """The signal that asks the run to stop before the next step, if any. With several processes every
         one stops at the same step: they agree on it (the largest signal number any got) every ``log_every``
-        steps, as that is a device sync."""
+        steps, as that is a device sync. A failed background checkpoint write is raised here too, on every
+        rank: every step with one process; with several, rank 0's failure rides on that agreement."""
+        failed = self.writer is not None and self.writer.failed
         if not self.distributed:
+            if failed:
+                self._await_write(f"after step {self.step}")
             return stop.signum
         if self.step % self.cfg.log_every:
             return None
-        flag = torch.tensor(float(stop.signum or 0), device=self.device)
+        flags = torch.tensor([float(stop.signum or 0), float(failed)], device=self.device)
         with collective(f"step {self.step}'s all-reduce of the stop signal (SIGINT/SIGTERM)"):
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            return int(flag.item()) or None
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            signum, failed_anywhere = flags.tolist()
+        if failed_anywhere:
+            self._await_write(f"after step {self.step}")
+        return int(signum) or None
 
     def _interrupted(self, signum: int, start_step: int, metric_log: MetricLog | None) -> TrainingInterrupted:
         """Save the step the signal came in (none when no step was taken) and say how to go on."""
@@ -538,6 +587,8 @@ class Trainer:
             where = f"before its first step ({start_step}): nothing to save; run the same command again"
         else:
             self._save_and_log(metric_log)
+            if self.writer is not None:  # the message says it is saved
+                self._await_write(f"on {name}")
             where = (
                 f"after step {self.step} of {self.cfg.max_steps}, checkpoint saved in "
                 f"{self.ckpt_root / f'step-{self.step:06d}'}; to continue, run the same command with resume=true"
@@ -638,7 +689,13 @@ class Trainer:
             if path is None:  # (a rank that writes nothing keeps no best of its own)
                 self.best = previous
             elif is_main_process():
-                write_best(self.ckpt_root, path, best["metric"], best["value"], best["step"])
+                record = functools.partial(
+                    write_best, self.ckpt_root, path, best["metric"], best["value"], best["step"]
+                )
+                if self.writer is not None:  # once the checkpoint it names is in place
+                    self.writer.then(f"recording step {self.step}'s checkpoint as the best ({BEST_FILE})", record)
+                else:
+                    record()
 
 
 def _last_loss(losses: list[tuple[int, float]], step: int | None = None) -> float:
