@@ -165,8 +165,8 @@ def write_checkpoint(ckpt_root: Path, step: int, content: CheckpointContent) -> 
         what = disk_full_reason(e, ckpt_root)
         raise CheckpointWriteError(
             f"could not write checkpoint {final} ({what}); "
-            f"earlier checkpoints in {ckpt_root} are untouched. Free disk space or change trainer.exp_dir, "
-            "then resume with resume=true."
+            f"earlier checkpoints in {ckpt_root} are untouched. Free disk space (or move the "
+            "experiment folder to a disk with room and name it in trainer.exp_dir), then resume with resume=true."
         ) from e
     return final
 

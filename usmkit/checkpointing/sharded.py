@@ -165,7 +165,8 @@ def _fail(final: Path, ckpt_root: Path, tmp: Path, error: BaseException | None) 
     what = disk_full_reason(error, ckpt_root) if error is not None else "another process failed to write its part"
     raise CheckpointWriteError(
         f"could not write checkpoint {final} ({what}); earlier checkpoints in {ckpt_root} are untouched. "
-        "Free disk space or change trainer.exp_dir, then resume with resume=true."
+        "Free disk space (or move the experiment folder to a disk with room and name it in trainer.exp_dir), "
+        "then resume with resume=true."
     ) from error
 
 
