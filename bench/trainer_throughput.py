@@ -220,7 +220,7 @@ def command(name: str, args, exp: Path, world: int = 1) -> list[str]:
         *PADDING[v.padding], "trainer.max_steps=1000000", f"trainer.log_every={log_every}",
         "trainer.eval_every=0", "trainer.save_every=0", "trainer.progress=false", f"trainer.exp_dir={exp}",
     ]  # fmt: skip
-    if args.dry_run:  # compiling on a CPU takes minutes (bench/compile_scope.py); fp32 as CPU runs train
+    if args.dry_run:  # compiling on a CPU takes minutes (experiments/compile_scope); fp32 as CPU runs train
         overrides += ["trainer.device=cpu", "trainer.precision=fp32", "trainer.compile=false"]
     else:
         overrides += ["trainer.precision=bf16", "trainer.compile=true"]

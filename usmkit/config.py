@@ -144,7 +144,7 @@ class TrainerConfig:
     # What compile covers: "blocks" (each Conformer block and the front end, the rest eager;
     # usmkit/training/compile_blocks.py) or "whole" (the model's training step, one graph per padded length).
     # "blocks" is the default: one graph serves every identical block, so it compiles several times
-    # sooner than the unrolled whole model (bench/compile_scope.py).
+    # sooner than the unrolled whole model (experiments/compile_scope).
     compile_scope: Literal["whole", "blocks"] = "blocks"
     # Several processes (torchrun): "ddp" keeps a whole copy of the model, its gradients and optimizer
     # state in each; "fsdp" shards all three over them (FSDP2, usmkit/training/fsdp.py; needs torchrun, also for

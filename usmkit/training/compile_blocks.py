@@ -7,7 +7,7 @@ minutes for a deep encoder, again for each padded length. Compiling each block (
 ``TrainSpec.compile_units``, e.g. every Conformer block and the subsampling front end) compiles one
 graph that every identical block reuses; the glue between them (masks, rotary tables, heads, losses)
 stays eager. It compiles several times faster than the whole model and steps about as fast
-(``bench/compile_scope.py``), hence the default ``trainer.compile_scope=blocks``.
+(``experiments/compile_scope``), hence the default ``trainer.compile_scope=blocks``.
 
 Only training uses the compiled forward (module in training mode, gradients on): evaluation in the
 same process runs the eager forward, so its varying shapes never recompile. As in the whole-model

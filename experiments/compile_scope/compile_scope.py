@@ -1,6 +1,6 @@
 """Compile time and step time of ``trainer.compile_scope=whole`` against ``blocks``, side by side.
 
-    python bench/compile_scope.py [--model small] [--batch 4] [--frames 256] [--steps 5] [--json OUT]
+    PYTHONPATH=. python experiments/compile_scope/compile_scope.py [--model small] [--batch 4] [--frames 256] [--steps 5] [--json OUT]
 
 One training step = forward of the CTC task (AsrModel), backward and AdamW, fp32, on whatever device
 is there (this CPU by default). ``whole`` compiles the task's forward as one graph, as
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import torch
-from common import result_path, run_header, write_result
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.common import result_path, run_header, write_result  # noqa: E402
 from usmkit.data.batch import Batch  # noqa: E402
 from usmkit.models.asr import AsrHeadConfig, AsrModel  # noqa: E402
 from usmkit.models.conformer import ConformerEncoder  # noqa: E402
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--frames", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--json", default=result_path("compile_scope"))
+    ap.add_argument("--json", default=result_path(__file__))
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     result = run_header(model=args.model, batch=args.batch, frames=args.frames, variants={})
