@@ -171,7 +171,7 @@ def usmkit_row(args, name: str, exp: Path, audio: Path, seconds: float, gpus: in
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", *module]
     else:
         cmd = [sys.executable, *module]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}
     start = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start

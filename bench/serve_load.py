@@ -524,7 +524,7 @@ def main() -> None:
     )
     ap.add_argument("--checkpoint", type=Path, help="a trained streaming checkpoint (default: small, random weights)")
     ap.add_argument("--size", default="small")
-    ap.add_argument("--variants", default="int8,fp32", help="int8 (CPU only), fp32")
+    ap.add_argument("--variants", default="int8,fp32", help="int8 (CPU only), fp32 (the traced step), eager (fp32, --step eager)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--threads", default="1,0", help="the server's --threads, one run each (0: torch's choice, all cores)"
@@ -533,6 +533,8 @@ def main() -> None:
     ap.add_argument("--p95-ms", type=float, default=300.0)
     ap.add_argument("--behind-s", type=float, default=1.0)
     ap.add_argument("--max-clients", type=int, default=64)
+    ap.add_argument("--min-clients", type=int, default=1, help="start the search at this many clients")
+    ap.add_argument("--max-batch", type=int, default=0, help="the server's --max-batch (0: its default)")
     ap.add_argument("--note", default="", help="e.g. that the machine was shared")
     ap.add_argument(
         "--hostile", default="", help=f"measure beside hostile clients instead: some of {','.join(HOSTILE)}"
@@ -574,12 +576,14 @@ def main() -> None:
                 print(f"skipping int8 on {args.device}: int8 weights run on the CPU only")
                 continue
             flags = ["--device", args.device] + (["--quantize", "int8"] if variant == "int8" else [])
+            flags += ["--step", "eager"] if variant == "eager" else []
             flags += ["--threads", str(threads)] if threads else []
+            flags += ["--max-batch", str(args.max_batch)] if args.max_batch else []
             name = f"{variant}_threads{threads or 'default'}" if args.device == "cpu" else variant
             proc, url = start_server(checkpoint, flags, tmp / f"server_{name}.log")
             rows = []
             try:
-                for n in (n for n in SEARCH if n <= args.max_clients):
+                for n in (n for n in SEARCH if args.min_clients <= n <= args.max_clients):
                     row = measure(url, audio, n, args)
                     rows.append(row)
                     lat = row["partial_latency_ms"]

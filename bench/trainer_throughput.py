@@ -17,10 +17,15 @@ Each runs in its own process group with an empty inductor cache, and is killed a
 - ``_fsdp``: ``trainer.strategy=fsdp``, launched by ``torchrun --nproc-per-node 1``;
 - ``_p64``: ``data.pad_to_frames=64 data.num_buckets=30`` instead of ``data.pad_to_frames=256``: 13%
   of the frames padding instead of 30%, for 11 compiled lengths instead of 4 (``experiments/padding_waste``);
+- ``_pk``: packed rows, ``data.pack_to_frames=2048 data.max_cut_duration=20.48`` instead of
+  ``data.pad_to_frames=256``: several utterances per row, 3-5% of the frames padding, one batch shape (so
+  ``_cg`` records one graph; ``_pk`` never adds ``data.fixed_batch_shapes``);
 - ``_xs``: the CUDA caching allocator with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (segments
   that grow in place, so batches of changing shapes need not free the cache and wait for the device);
 - ``_tri``: ``model.attention_impl=triton`` (the project's chunk-attention kernel) instead of ``sdpa``
   (PyTorch's fused attention with a padding mask, which picks cuDNN's kernel on Hopper);
+- ``_fx``: ``model.attention_impl=flex`` (FlexAttention with a block mask built from the chunk and
+  utterance layout);
 - ``_fb``: ``data.fixed_batch_shapes=true``: one batch size per padded length, so a few batch shapes;
 - ``_cg``: ``_fb`` with ``trainer.compile_mode=reduce-overhead``: the compiled blocks replay as CUDA graphs,
   one recorded per batch shape (its budget is 1.5x, for the recording);
@@ -91,12 +96,13 @@ DEFAULT_VARIANTS = "base,large,usm600m,usm2b_ac"
 PADDING = {  # batch padding: 4 padded lengths with ~30% padding, or 11 with ~13% (experiments/padding_waste/results/padding_waste.json)
     "p256": ["data.pad_to_frames=256"],
     "p64": ["data.pad_to_frames=64", "data.num_buckets=30"],
+    "pk": ["data.pack_to_frames=2048", "data.max_cut_duration=20.48"],  # packed rows of 20.48 s, one shape
 }
 HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=10)
 PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 
-FLAGS = ("s8", "ac", "fsdp", "p64", "xs", "tri", "fb", "cg")  # each explained in the module docstring
+FLAGS = ("s8", "ac", "fsdp", "p64", "pk", "xs", "tri", "fx", "fb", "cg")  # each explained in the module docstring
 NAME_PATTERN = "SIZE" + "".join(f"[_{flag}]" for flag in FLAGS) + "[_dSECONDS]"
 
 
@@ -111,6 +117,7 @@ class Variant:
     padding: str  # a PADDING key
     expandable: bool  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     triton_attention: bool  # model.attention_impl=triton
+    flex_attention: bool  # model.attention_impl=flex
     fixed_shapes: bool  # data.fixed_batch_shapes=true
     cuda_graphs: bool  # trainer.compile_mode=reduce-overhead (with fixed shapes)
     max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
@@ -122,9 +129,12 @@ def parse_variant(name: str) -> Variant:
     unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - set(FLAGS)
     if size not in SIZES or unknown or len(durations) > 1:
         raise SystemExit(f"unknown variant {name!r}: {NAME_PATTERN} with SIZE in {sorted(SIZES)}")
+    if "pk" in flags and ({"p64", "fb", "tri"} & set(flags)):
+        raise SystemExit(f"variant {name!r}: _pk fixes the batch shape itself, and not with _p64, _fb or _tri")
+    padding = "p64" if "p64" in flags else "pk" if "pk" in flags else "p256"
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
-                   "p64" if "p64" in flags else "p256", "xs" in flags, "tri" in flags,
-                   "fb" in flags or "cg" in flags, "cg" in flags,
+                   padding, "xs" in flags, "tri" in flags, "fx" in flags,
+                   ("fb" in flags or "cg" in flags) and "pk" not in flags, "cg" in flags,
                    durations[0] if durations else None)  # fmt: skip
 
 
@@ -230,6 +240,8 @@ def command(name: str, args, exp: Path, world: int = 1) -> list[str]:
         overrides.append("trainer.activation_checkpointing=true")
     if v.triton_attention:
         overrides.append("model.attention_impl=triton")
+    if v.flex_attention:
+        overrides.append("model.attention_impl=flex")
     if v.fixed_shapes:
         overrides.append("data.fixed_batch_shapes=true")
     if v.cuda_graphs:

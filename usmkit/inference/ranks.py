@@ -47,8 +47,8 @@ class Ranks:
     def device(self, name: str) -> torch.device:
         """``resolve_device(name)``; with several processes on GPUs, this process's own (``LOCAL_RANK``)."""
         device = resolve_device(name)
-        if device.type == "cuda" and self.world > 1 and device.index is None:
-            device = torch.device("cuda", self.local_rank)
+        if device.type == "cuda" and device.index is None:  # set_device needs an index
+            device = torch.device("cuda", self.local_rank if self.world > 1 else torch.cuda.current_device())
         if device.type == "cuda":
             torch.cuda.set_device(device)
         return device
