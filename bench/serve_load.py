@@ -524,7 +524,9 @@ def main() -> None:
     )
     ap.add_argument("--checkpoint", type=Path, help="a trained streaming checkpoint (default: small, random weights)")
     ap.add_argument("--size", default="small")
-    ap.add_argument("--variants", default="int8,fp32", help="int8 (CPU only), fp32 (the traced step), eager (fp32, --step eager)")
+    ap.add_argument(
+        "--variants", default="int8,fp32", help="int8 (CPU only), fp32 (the traced step), eager (fp32, --step eager)"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--threads", default="1,0", help="the server's --threads, one run each (0: torch's choice, all cores)"

@@ -219,7 +219,9 @@ def test_stdin_at_another_rate(ckpt, monkeypatch, capsys, tmp_path):
     x = speech_silence_speech()[::2]  # 8 kHz (crudely decimated: fine for plumbing)
     stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO((x * 32767).astype("<i2").tobytes())))
     monkeypatch.setattr(sys, "stdin", stdin)
-    code, out, err = run_cli(capsys, "-", "--checkpoint", ckpt, "--sample-rate", "8000", "--json", str(tmp_path / "out.json"))
+    code, out, err = run_cli(
+        capsys, "-", "--checkpoint", ckpt, "--sample-rate", "8000", "--json", str(tmp_path / "out.json")
+    )
     assert code == 0, err
     assert "3.60 s of audio" in err
 

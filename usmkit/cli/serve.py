@@ -103,9 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_lexicon_options(p)
     p.add_argument(
         "--step",
-        choices=("jit", "eager"),
-        default="jit",
-        help="encoder step of a --checkpoint: traced graph or plain PyTorch (an export runs its engine)",
+        choices=("auto", "jit", "eager"),
+        default="auto",
+        help="encoder step of a --checkpoint: traced graph or plain PyTorch; auto: traced on a CPU, plain on a GPU, "
+        "where the traced graph re-optimizes for every new batch size (an export runs its engine)",
     )
     p.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8 linear weights (CPU only)")
     return p
@@ -138,7 +139,14 @@ def build_recognizer(args) -> Recognizer:
             raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
         model = quantize_linear_int8(model)
     return Recognizer(model, loaded.tokenizer, loaded.cfg.data.features, loaded.stats, decoder_cfg, C, K,
-                      silence_db=args.silence_db, step=args.step, words=words)  # fmt: skip
+                      silence_db=args.silence_db, step=chosen_step(args.step, device), words=words)  # fmt: skip
+
+
+def chosen_step(step: str, device: torch.device) -> str:
+    """``--step``, with ``auto`` resolved: the traced graph on a CPU, plain PyTorch on a GPU."""
+    if step != "auto":
+        return step
+    return "jit" if device.type == "cpu" else "eager"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             recognizer.chunk_size * recognizer.model.encoder.subsampling_factor * recognizer.features.frame_shift_ms,
             recognizer.left_chunks,
             recognizer.decoder_cfg.mode + finals,
-            args.step if args.engine == "torch" else args.engine,
+            chosen_step(args.step, recognizer.device) if args.engine == "torch" else args.engine,
             ", int8 weights" if args.quantize == "int8" else "",
             time.perf_counter() - start,
         )
