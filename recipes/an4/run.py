@@ -76,6 +76,7 @@ class Settings:
     dev_utterances: int = 100
     narrowband_test: bool = True  # also score every model on test_8k: the test set through an 8 kHz channel
     variants: tuple[str, ...] = VARIANTS
+    labels: int = 100  # percent of AN4 train's labels the fine-tuning runs see (speakers of lists/train_<labels>.txt)
     seeds: tuple[int, ...] = (0, 1, 2)
     pretrain_seeds: tuple[int, ...] = (0, 1)
     stage1: Mapping[str, str] = field(default_factory=dict)  # BEST-RQ encoders given instead of pre-trained here
@@ -151,6 +152,15 @@ def stage2_name(encoder: str, pretrain_seed: int | None) -> str:
     return f"most_{encoder}" + ("" if pretrain_seed is None else f"_p{pretrain_seed}")
 
 
+def labels_split(s: Settings) -> str:
+    """The fine-tuning runs' training split: ``train``, or ``train_<labels>`` (the speakers of its list)."""
+    return "train" if s.labels == 100 else f"train_{s.labels}"
+
+
+def labels_list(labels: int) -> Path:
+    return Path(__file__).resolve().parent / "lists" / f"train_{labels}.txt"
+
+
 def _prepare(name: str, overrides: dict, deps: tuple[str, ...] = ()) -> Step:
     return Step(f"prepare_{name}", "usmkit.cli.prepare", overrides, deps, positional=(name,))
 
@@ -159,6 +169,9 @@ def data_steps(s: Settings, for_training: bool) -> list[Step]:
     """The corpus steps: AN4; for training, the pool (when something is pre-trained here) and MOST's text."""
     an4, data = s.out / "data" / "an4", s.out / "data"
     steps = [_prepare("an4", {"out": an4, "dev_utterances": s.dev_utterances, **_corpus_dir(s.an4)})]
+    if s.labels != 100:  # the labeled subset (decoding needs it too: the lexicon's LM reads the training text)
+        subset = {"src": an4, "split": "train", "speakers": labels_list(s.labels), "name": labels_split(s)}
+        steps.append(_prepare("subset", subset, ("prepare_an4",)))
     if not for_training and s.narrowband_test:  # resampled to 8 kHz and back, beside test (split test_8k)
         steps.append(_prepare("bandlimit", {"src": an4, "split": "test", "rate": 8000}, ("prepare_an4",)))
     if for_training and pretrained_here(s):
@@ -205,6 +218,7 @@ def finetune_overrides(s: Settings) -> dict[str, Any]:
         "recipe": "stage3_ctc",
         **common_overrides(s),
         "data.max_duration": s.max_duration,
+        **({"data.train_split": labels_split(s)} if s.labels != 100 else {}),
         "trainer.max_steps": s.finetune_steps,
         "optim.lr": s.finetune_lr,
         "optim.warmup_steps": s.finetune_warmup,
@@ -269,7 +283,8 @@ def train_steps(s: Settings) -> list[Step]:
         return Step(name, "usmkit.cli.train", {**overrides, "trainer.exp_dir": runs_dir / name}, deps)
 
     # The tokenizer and the feature statistics (of AN4 train, shared by every run) made once, before runs share them.
-    steps.append(train("prep_finetune", {**finetune_overrides(s), "trainer.max_steps": 0}, ("prepare_an4",)))
+    prep_deps = ("prepare_an4", "prepare_subset") if s.labels != 100 else ("prepare_an4",)
+    steps.append(train("prep_finetune", {**finetune_overrides(s), "trainer.max_steps": 0}, prep_deps))
     if pretrained_here(s):
         prep = {**pretrain_overrides(s), "trainer.max_steps": 0}
         steps.append(train("prep_pretrain", prep, ("prep_finetune", *pool_deps)))
@@ -315,7 +330,8 @@ def decode_steps(s: Settings) -> list[Step]:
     dev, then test once with them."""
     steps = data_steps(s, for_training=False)
     tests = ["test", NARROWBAND] if s.narrowband_test else ["test"]
-    deps = ("prepare_an4", "prepare_bandlimit") if s.narrowband_test else ("prepare_an4",)
+    data = ("prepare_an4", "prepare_subset") if s.labels != 100 else ("prepare_an4",)
+    deps = (*data, "prepare_bandlimit") if s.narrowband_test else data
     models = {run.name: ([run], decodes_of(run.variant)) for run in runs_of(s)}
     models |= {name: (runs, ("ctc_greedy", "ctc_lexicon")) for name, runs in ensembles_of(s).items()}
     for name, (runs, decodes) in models.items():
@@ -331,7 +347,7 @@ def decode_steps(s: Settings) -> list[Step]:
         grid = {"orders": s.lm_orders, "lm_weights": s.lm_weights, "word_scores": s.word_scores}
         tuned = out / "lexicon_tuning_dev.json"
         tune = {**model, "set": "dev", **grid, "output": tuned}
-        steps.append(Step(f"tune_lexicon_{name}", "usmkit.cli.tune_lexicon", tune, ("prepare_an4",)))
+        steps.append(Step(f"tune_lexicon_{name}", "usmkit.cli.tune_lexicon", tune, data))
         steps.append(
             Step(
                 f"ctc_lexicon_{name}",
@@ -509,6 +525,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--dev-utterances", type=int, default=d.dev_utterances)
     ap.add_argument("--no-narrowband-test", action="store_true", help="do not score test_8k (test through 8 kHz)")
     ap.add_argument("--variants", default=",".join(d.variants), help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument(
+        "--labels",
+        type=int,
+        default=d.labels,
+        help="percent of AN4 train's labels to fine-tune on: 100, or a list's (lists/train_<N>.txt: 10, 30)",
+    )
     ap.add_argument("--seeds", default=_csv(d.seeds), help="fine-tuning seeds (trainer.seed)")
     ap.add_argument("--pretrain-seeds", default=_csv(d.pretrain_seeds), help="BEST-RQ seeds (run and quantizer)")
     ap.add_argument("--stage1", nargs="*", default=[], metavar="NAME=DIR", help="start cb1/cb16 from these encoders")
@@ -555,6 +577,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     variants, stage1 = _names(a.variants), dict(kv.split("=", 1) for kv in a.stage1 if "=" in kv)
     if not set(variants) <= set(VARIANTS) or len(stage1) != len(a.stage1) or not set(stage1) <= set(CODEBOOKS):
         ap.error(f"--variants takes {', '.join(VARIANTS)}; --stage1 takes NAME=DIR with NAME in {sorted(CODEBOOKS)}")
+    if a.labels != 100 and not labels_list(a.labels).is_file():
+        lists = sorted(p.stem.removeprefix("train_") for p in labels_list(a.labels).parent.glob("train_*.txt"))
+        ap.error(
+            f"--labels {a.labels}: no speaker list {labels_list(a.labels)}; choose 100 or one of {', '.join(lists)} "
+            "(python -m usmkit.cli.prepare subset ... fraction=F writes a new one)"
+        )
     try:
         extra, pretrain_extra = parse_overrides(a.extra), parse_overrides(a.pretrain_extra)
     except ValueError as e:
@@ -562,7 +590,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     settings = Settings(
         out=a.out, an4=a.an4, kathleen=a.kathleen, pool=_names(a.pool), dev_utterances=a.dev_utterances,
         narrowband_test=not a.no_narrowband_test,
-        variants=variants, seeds=_ints(a.seeds), pretrain_seeds=_ints(a.pretrain_seeds), stage1=stage1,
+        variants=variants, labels=a.labels, seeds=_ints(a.seeds), pretrain_seeds=_ints(a.pretrain_seeds), stage1=stage1,
         las_from=a.las_from, most_from=a.most_from, model=a.model,
         model_overrides=yaml.safe_load(a.model_overrides) if a.model_overrides else None, vocab_size=a.vocab_size,
         device=a.device, workers=a.workers, max_duration=a.max_duration, speed_perturb=a.speed_perturb,

@@ -155,6 +155,29 @@ def test_every_model_is_also_scored_on_the_narrowband_test_set_unless_turned_off
     assert "prepare_bandlimit" not in steps and _overrides(steps["ctc_greedy_scratch_s0"])["test_sets"] == "[dev,test]"
 
 
+def test_a_share_of_the_labels_fine_tunes_on_the_speakers_of_a_committed_list(an4_run, tmp_path):
+    """--labels 10: a subset split of the listed speakers is prepared for training and decoding (the lexicon's
+    LM reads the training text), every fine-tuning run and its preparation train on it; BEST-RQ does not."""
+    _, s = an4_run.parse_args(["--labels", "10", "--out", str(tmp_path), "--variants", "scratch,cb1", "--seeds", "0"])
+    for steps in (_by_name(an4_run.train_steps(s)), _by_name(an4_run.decode_steps(s))):
+        subset = _overrides(steps["prepare_subset"])
+        assert steps["prepare_subset"].positional == ("subset",) and subset["name"] == "train_10"
+        assert subset["speakers"] == str(RECIPE / "lists" / "train_10.txt") and subset["split"] == "train"
+    steps = _by_name(an4_run.train_steps(s))
+    for name in ("prep_finetune", "scratch_s0", "cb1_p0_s0"):
+        assert _overrides(steps[name])["data.train_split"] == "train_10"
+    assert "prepare_subset" in steps["prep_finetune"].deps
+    assert _overrides(steps["bestrq_cb1_p0"])["data.train_split"] == "pool"
+    decode = _by_name(an4_run.decode_steps(s))
+    assert "prepare_subset" in decode["tune_lexicon_scratch_s0"].deps
+    assert "prepare_subset" in decode["ctc_greedy_scratch_s0"].deps
+    _, full = an4_run.parse_args(["--out", str(tmp_path), "--variants", "scratch", "--seeds", "0"])
+    steps = _by_name(an4_run.train_steps(full))
+    assert "prepare_subset" not in steps and "data.train_split" not in _overrides(steps["scratch_s0"])
+    with pytest.raises(SystemExit):
+        an4_run.parse_args(["--labels", "20", "--out", str(tmp_path)])  # no list committed for 20%
+
+
 # ---- running steps -------------------------------------------------------------------------------
 
 

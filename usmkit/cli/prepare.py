@@ -6,7 +6,8 @@
 
 The corpora and their modules: synth (``usmkit.data.synth``), an4, an4_text, kathleen, fsdd,
 librispeech, pool (several corpora as one unlabeled split), pack (a compressed copy of a corpus
-folder) and bandlimit (a band-limited copy of a split, e.g. the telephone-band ``test_8k``), under
+folder), bandlimit (a band-limited copy of a split, e.g. the telephone-band ``test_8k``) and subset (a
+split restricted to some speakers, e.g. 10% of the labels), under
 ``usmkit.data.corpora``; shar writes a corpus's splits as lhotse Shar shards
 (``usmkit.data.shar``). Each module defines ``ARGS`` (its dataclass of keys),
 ``USAGE`` and ``run(args)``; the keys are read like every ``python -m usmkit.cli.*`` command's.
@@ -40,6 +41,7 @@ CORPORA = {  # name -> module holding ARGS, USAGE and run
     "pack": "usmkit.data.corpora.pack",
     "shar": "usmkit.data.shar",  # not a corpus: a corpus's splits as lhotse Shar shards
     "bandlimit": "usmkit.data.corpora.bandlimit",  # a band-limited copy of a split (e.g. test_8k)
+    "subset": "usmkit.data.corpora.subset",  # a split restricted to some speakers (e.g. 10% of the labels)
 }
 
 
@@ -70,7 +72,7 @@ def check_out(name: str, module: ModuleType, args: Any) -> None:
         marker = getattr(module, "MANIFEST", "pack.json")
         own, words = (lambda p: (p / marker).is_file()), f"an earlier pack (with {marker})"
     else:
-        if hasattr(module, "output_corpus"):  # a recipe adding a split to a corpus it reads (bandlimit)
+        if hasattr(module, "output_corpus"):  # a recipe adding a split to a corpus it reads (bandlimit, subset)
             corpus = module.output_corpus(args)
         else:
             corpus = getattr(args, "corpus", None) if name == "pool" else getattr(module, "CORPUS", name)
