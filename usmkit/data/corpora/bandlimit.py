@@ -84,6 +84,18 @@ def output_corpus(args: BandlimitArgs) -> str:
     return next(iter(names))
 
 
+def derived_split_out(args, corpus: str, name: str) -> Path:
+    """Where a split made from ``args.split`` of ``args.src`` goes (``args.out``, default ``src``), once the
+    source split exists and the new ``name`` would not replace it."""
+    if args.split not in available_splits(args.src, corpus):
+        found = ", ".join(available_splits(args.src, corpus)) or "none"
+        raise RecipeError(f"src={args.src} has no split {args.split!r} of corpus {corpus} (splits: {found})")
+    out = Path(args.out or args.src)
+    if name == args.split and out.resolve() == Path(args.src).resolve():
+        raise RecipeError(f"name={name} would replace the split it is made from: pass another name= or out=")
+    return out
+
+
 def band_limited(samples: np.ndarray, sample_rate: int, rate: int) -> np.ndarray:
     """samples (C, N) at ``sample_rate`` -> (C, N): resampled to ``rate`` and back, trimmed or zero-padded to N."""
     x = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).double()  # (C, N)
@@ -116,13 +128,8 @@ def run(args: BandlimitArgs) -> None:
     if args.rate <= 0:
         raise RecipeError(f"rate must be > 0 Hz, got {args.rate}")
     corpus = output_corpus(args)
-    if args.split not in available_splits(args.src, corpus):
-        found = ", ".join(available_splits(args.src, corpus)) or "none"
-        raise RecipeError(f"src={args.src} has no split {args.split!r} of corpus {corpus} (splits: {found})")
-    out = Path(args.out or args.src)
     name = args.name or f"{args.split}{suffix(args.rate)}"
-    if name == args.split and out.resolve() == Path(args.src).resolve():
-        raise RecipeError(f"name={name} would replace the split it is made from: pass another name= or out=")
+    out = derived_split_out(args, corpus, name)
     source = load_cuts(args.src, args.split, corpus=corpus)
     narrow = next((c for c in source if c.sampling_rate <= args.rate), None)
     if narrow is not None:

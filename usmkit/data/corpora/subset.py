@@ -22,9 +22,9 @@ from pathlib import Path
 from lhotse import CutSet
 
 from usmkit.data.corpora import print_split_table, split_rows
-from usmkit.data.corpora.bandlimit import output_corpus
+from usmkit.data.corpora.bandlimit import derived_split_out, output_corpus
 from usmkit.data.corpora.common import RecipeError, write_split
-from usmkit.data.manifests import available_splits, load_cuts
+from usmkit.data.manifests import load_cuts
 
 USAGE = """\
 usage: python -m usmkit.cli.prepare subset src=DIR name=NAME (fraction=F | speakers=FILE) [key=value ...]
@@ -97,12 +97,7 @@ def run(args: SubsetArgs) -> None:
     if not 0 <= args.fraction <= 1:
         raise RecipeError(f"fraction must be in (0, 1], got {args.fraction}")
     corpus = output_corpus(args)
-    if args.split not in available_splits(args.src, corpus):
-        found = ", ".join(available_splits(args.src, corpus)) or "none"
-        raise RecipeError(f"src={args.src} has no split {args.split!r} of corpus {corpus} (splits: {found})")
-    out = Path(args.out or args.src)
-    if args.name == args.split and out.resolve() == Path(args.src).resolve():
-        raise RecipeError(f"name={args.name} would replace the split it is made from: pass another name= or out=")
+    out = derived_split_out(args, corpus, args.name)
     source = load_cuts(args.src, args.split, corpus=corpus)
     if args.speakers:
         speakers = read_speakers(args.speakers)

@@ -1,0 +1,124 @@
+"""The labeled-data learning curve on AN4: test WER against the share of AN4 train's labels the fine-tuning
+saw, from scratch against from a BEST-RQ encoder (pre-trained on all the unlabeled audio), mean +- sd over
+the fine-tuning seeds. Combines recipe reports (each run of ``recipes/an4/run.py --labels N``) into one JSON
+and a plot.
+
+    python recipes/an4/run.py --labels 10 --variants scratch,cb1 --seeds 0,1,2 \
+        --stage1 cb1=exp/an4_cb1/runs/bestrq_cb1_p0 --device cpu --jobs 1 --ensembles scratch,cb1 \
+        --out exp/an4_lc10 --report exp/an4_lc10/an4.json
+    PYTHONPATH=. python experiments/an4/learning_curve.py exp/an4_lc10/an4.json \
+        experiments/an4/results/an4_cb1_cpu.json experiments/an4/results/an4_narrowband.json#default
+
+``FILE#NAME`` takes the report ``NAME`` of a study file that holds several (``reports``). A report's share
+of the labels is its ``settings.labels`` (100 for reports written before the option existed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import run_header  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DECODES = ("ctc_greedy", "ctc_lexicon")
+
+
+def read_report(spec: str) -> dict:
+    path, _, name = spec.partition("#")
+    data = json.loads(Path(path).read_text())
+    return data["reports"][name] if name else data
+
+
+def curve(reports: list[dict]) -> list[dict]:
+    """One point per (variant, share of labels, decoding): each seed's test WER, their mean and sd."""
+    points: dict[tuple[str, int, str], dict] = {}
+    for report in reports:
+        labels = report["settings"].get("labels", 100)
+        for row in report["rows"]:
+            key = (row["variant"], labels, row["decode"])
+            point = points.setdefault(key, {"variant": key[0], "labels": labels, "decode": key[2], "runs": []})
+            point["runs"].append({"run": row["run"], "dev_wer": row["dev_wer"], "test_wer": row["test_wer"]})
+    for point in points.values():
+        wers = [r["test_wer"] for r in point["runs"]]
+        point["test_wer_mean"] = statistics.mean(wers)
+        point["test_wer_sd"] = statistics.stdev(wers) if len(wers) > 1 else None
+    return sorted(points.values(), key=lambda p: (p["decode"], p["variant"], p["labels"]))
+
+
+def relative_gains(points: list[dict], base: str = "scratch") -> list[dict]:
+    """Per share and decoding: how much lower each pre-trained variant's mean test WER is than ``base``'s."""
+    by_key = {(p["variant"], p["labels"], p["decode"]): p for p in points}
+    gains = []
+    for p in points:
+        ref = by_key.get((base, p["labels"], p["decode"]))
+        if p["variant"] != base and ref is not None:
+            gain = 1 - p["test_wer_mean"] / ref["test_wer_mean"]
+            gains.append({"variant": p["variant"], "labels": p["labels"], "decode": p["decode"], "relative_gain": gain})
+    return gains
+
+
+def plot(points: list[dict], out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, decode in zip(axes, DECODES, strict=True):
+        for variant, color in (("scratch", "tab:gray"), ("cb1", "tab:blue"), ("cb16", "tab:green")):
+            line = [p for p in points if p["decode"] == decode and p["variant"] == variant]
+            if not line:
+                continue
+            xs = [p["labels"] for p in line]
+            ax.errorbar(xs, [100 * p["test_wer_mean"] for p in line], yerr=[100 * (p["test_wer_sd"] or 0) for p in line],
+                        marker="o", capsize=4, color=color, label=variant)  # fmt: skip
+            for p in line:
+                ax.scatter([p["labels"]] * len(p["runs"]), [100 * r["test_wer"] for r in p["runs"]], s=10,
+                           color=color, alpha=0.4)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xticks([10, 30, 100], ["10%", "30%", "100%"])
+        ax.set_xlabel("share of AN4 train's labels")
+        ax.set_title(f"AN4 test, {decode}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("WER % (mean +- sd of the seeds; dots: each seed)")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("reports", nargs="+", help="recipe reports (FILE, or FILE#NAME in a study file)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "an4_learning_curve.json")
+    args = ap.parse_args()
+    reports = [read_report(spec) for spec in args.reports]
+    points = curve(reports)
+    result = {
+        **run_header(),
+        "sources": args.reports,
+        "points": points,
+        "relative_gains": relative_gains(points),
+        "test_configurations": sum(r["test_configurations"] for r in reports),
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(points, args.out.with_suffix(".png"))
+    print(f"{'variant':8s} {'labels':>6s} {'decode':12s} {'runs':>4s} {'test WER %':>16s}")
+    for p in points:
+        sd = f" +- {100 * p['test_wer_sd']:5.2f}" if p["test_wer_sd"] is not None else ""
+        print(
+            f"{p['variant']:8s} {p['labels']:5d}% {p['decode']:12s} {len(p['runs']):4d} {100 * p['test_wer_mean']:6.2f}{sd}"
+        )
+    for g in result["relative_gains"]:
+        print(
+            f"{g['variant']} against scratch at {g['labels']}% labels, {g['decode']}: {100 * g['relative_gain']:+.1f}%"
+        )
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
