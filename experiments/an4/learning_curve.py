@@ -24,6 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from common import run_header  # noqa: E402
 
+from usmkit.training.curves import plot_training_curves, read_metrics  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DECODES = ("ctc_greedy", "ctc_lexicon")
 
@@ -62,6 +64,21 @@ def relative_gains(points: list[dict], base: str = "scratch") -> list[dict]:
     return gains
 
 
+def metrics_files(reports: list[dict], below: int = 100) -> dict[str, Path]:
+    """``"<labels>% <run>"`` -> the run's ``metrics.jsonl``, for the reports with fewer than ``below`` percent of
+    the labels whose runs are still on disk (``settings.out``/runs)."""
+    files = {}
+    for report in reports:
+        labels = report["settings"].get("labels", 100)
+        if labels >= below:
+            continue
+        for row in report["rows"]:
+            path = Path(report["settings"]["out"]) / "runs" / row["run"] / "metrics.jsonl"
+            if path.is_file():
+                files[f"{labels}% {row['run']}"] = path
+    return files
+
+
 def plot(points: list[dict], out_png: Path) -> None:
     import matplotlib
 
@@ -98,15 +115,23 @@ def main() -> None:
     args = ap.parse_args()
     reports = [read_report(spec) for spec in args.reports]
     points = curve(reports)
+    curves = metrics_files(reports)
     result = {
         **run_header(),
         "sources": args.reports,
         "points": points,
         "relative_gains": relative_gains(points),
+        "dev_curves": {
+            label: [(m["step"], m["dev/dev_wer"]) for m in read_metrics(path) if "dev/dev_wer" in m]
+            for label, path in curves.items()
+        },
         "test_configurations": sum(r["test_configurations"] for r in reports),
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     plot(points, args.out.with_suffix(".png"))
+    if curves:
+        curves_png = args.out.with_name(args.out.stem + "_curves.png")
+        plot_training_curves(curves, curves_png, "AN4 with a share of the labels: scratch vs BEST-RQ (1 codebook)")
     print(f"{'variant':8s} {'labels':>6s} {'decode':12s} {'runs':>4s} {'test WER %':>16s}")
     for p in points:
         sd = f" +- {100 * p['test_wer_sd']:5.2f}" if p["test_wer_sd"] is not None else ""
