@@ -85,7 +85,7 @@ def compose_dataclass(cls: type[T], argv: Sequence[str], *, command: str, usage:
     overrides = _options(argv, command, usage)
     name = f"_usmkit_{cls.__name__}"
     schema = OmegaConf.structured(cls)
-    OmegaConf.set_readonly(schema, False)  # a frozen dataclass is read-only: its defaults are overridden here
+    _writable(schema)  # a frozen dataclass is read-only, nested ones too: their defaults are overridden here
     ConfigStore.instance().store(name=name, node=schema)
     with initialize(version_base="1.3", config_path=None, job_name=name):
         try:
@@ -97,6 +97,18 @@ def compose_dataclass(cls: type[T], argv: Sequence[str], *, command: str, usage:
             raise
         except Exception as e:
             raise _config_error(e, overrides, command, lambda: compose(name)) from None
+
+
+def _writable(node) -> None:
+    """Clear the read-only flag of a structured config and of every config nested in it (each frozen
+    dataclass field sets its own)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    OmegaConf.set_readonly(node, False)
+    for key in node.keys() if isinstance(node, DictConfig) else range(len(node)):
+        child = node._get_node(key)
+        if isinstance(child, DictConfig | ListConfig):
+            _writable(child)
 
 
 def _options(argv: Sequence[str], command: str, usage: str) -> list[str]:
