@@ -35,17 +35,18 @@ def test_a_bad_override_is_a_config_error_naming_it(bad, named) -> None:
 
 
 def test_keys_of_a_nested_frozen_dataclass_are_settable() -> None:
-    """``lexicon.order=1`` for the batch and pseudo-label commands: their ``LexiconConfig`` is a frozen
-    dataclass inside a frozen dataclass, whose config node was read-only."""
+    """``lexicon.order=1`` for the export, batch and pseudo-label commands: their ``LexiconConfig`` is a frozen
+    dataclass inside another dataclass, whose config node was read-only."""
+    from usmkit.cli.export import ExportArgs
     from usmkit.decoding.ctc_lexicon import LexiconConfig
     from usmkit.inference.batch_transcribe import BatchConfig
     from usmkit.inference.pseudo_label import PseudoLabelConfig
 
-    for cls in (BatchConfig, PseudoLabelConfig):
+    for cls in (ExportArgs, BatchConfig, PseudoLabelConfig):
         cfg = compose_dataclass(cls, ["lexicon.order=1", "lexicon.lm_weight=0.5"], command="t", usage="USAGE")
         assert isinstance(cfg.lexicon, LexiconConfig)
         assert (cfg.lexicon.order, cfg.lexicon.lm_weight) == (1, 0.5)
-        assert cfg.lexicon.word_score == LexiconConfig().word_score
+        assert cfg.lexicon.beam_size == LexiconConfig().beam_size
 
 
 def test_help_prints_the_usage(capsys) -> None:
