@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "jit", "eager"),
         default="auto",
         help="encoder step of a --checkpoint: traced graph or plain PyTorch; auto: traced on a CPU, plain on a GPU, "
-        "where the traced graph was far slower with changing batch sizes (an export runs its engine)",
+        "where it serves changing batch sizes faster (an export runs its engine)",
     )
     p.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8 linear weights (CPU only)")
     return p
