@@ -27,7 +27,6 @@ import argparse
 import json
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -58,16 +57,10 @@ def choose_threshold(points: list[dict], max_wer: float) -> dict:
     return min(good, key=lambda p: p["threshold"]) if good else max(scored, key=lambda p: p["threshold"])
 
 
-def summary(report: dict, run_prefix: str = "") -> dict:
-    out = {}
-    for decode in ("ctc_greedy", "ctc_lexicon"):
-        wers = [r["test_wer"] for r in report["rows"] if r["decode"] == decode and r["run"].startswith(run_prefix)]
-        out[decode] = {
-            "runs": len(wers),
-            "test_wer_mean": statistics.mean(wers),
-            "test_wer_sd": statistics.stdev(wers) if len(wers) > 1 else None,
-        }
-    return out
+def summary(report: dict, variant: str) -> dict:
+    """The recipe report's mean +- sd test WER of ``variant``, per decoding."""
+    return {row["decode"]: {"runs": row["runs"], "test_wer_mean": row["test_wer_mean"], "test_wer_sd": row["test_wer_sd"]}
+            for row in report["summary"] if row["variant"] == variant}  # fmt: skip
 
 
 def main() -> None:
@@ -133,7 +126,7 @@ def main() -> None:
         "calibration": points,
         "max_wer": a.max_wer,
         "threshold": chosen,
-        "students": {"report": students, "summary": summary(students)},
+        "students": {"report": students, "summary": summary(students, teacher_row["variant"])},
         "teacher_runs": {"variant": teacher_row["variant"], "summary": summary(report, teacher_row["variant"])},
         "test_configurations": students["test_configurations"],
     }

@@ -161,6 +161,11 @@ def labels_list(labels: int) -> Path:
     return Path(__file__).resolve().parent / "lists" / f"train_{labels}.txt"
 
 
+def corpus_steps(s: Settings) -> tuple[str, ...]:
+    """The prepare steps every training and decoding run reads: AN4, and the labeled subset when there is one."""
+    return ("prepare_an4", "prepare_subset") if s.labels != 100 else ("prepare_an4",)
+
+
 def _prepare(name: str, overrides: dict, deps: tuple[str, ...] = ()) -> Step:
     return Step(f"prepare_{name}", "usmkit.cli.prepare", overrides, deps, positional=(name,))
 
@@ -283,8 +288,7 @@ def train_steps(s: Settings) -> list[Step]:
         return Step(name, "usmkit.cli.train", {**overrides, "trainer.exp_dir": runs_dir / name}, deps)
 
     # The tokenizer and the feature statistics (of AN4 train, shared by every run) made once, before runs share them.
-    prep_deps = ("prepare_an4", "prepare_subset") if s.labels != 100 else ("prepare_an4",)
-    steps.append(train("prep_finetune", {**finetune_overrides(s), "trainer.max_steps": 0}, prep_deps))
+    steps.append(train("prep_finetune", {**finetune_overrides(s), "trainer.max_steps": 0}, corpus_steps(s)))
     if pretrained_here(s):
         prep = {**pretrain_overrides(s), "trainer.max_steps": 0}
         steps.append(train("prep_pretrain", prep, ("prep_finetune", *pool_deps)))
@@ -330,7 +334,7 @@ def decode_steps(s: Settings) -> list[Step]:
     dev, then test once with them."""
     steps = data_steps(s, for_training=False)
     tests = ["test", NARROWBAND] if s.narrowband_test else ["test"]
-    data = ("prepare_an4", "prepare_subset") if s.labels != 100 else ("prepare_an4",)
+    data = corpus_steps(s)
     deps = (*data, "prepare_bandlimit") if s.narrowband_test else data
     models = {run.name: ([run], decodes_of(run.variant)) for run in runs_of(s)}
     models |= {name: (runs, ("ctc_greedy", "ctc_lexicon")) for name, runs in ensembles_of(s).items()}

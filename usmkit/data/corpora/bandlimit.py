@@ -30,11 +30,11 @@ from lhotse import CutSet, MonoCut, Recording
 from lhotse.cut import Cut
 from lhotse.utils import fastcopy
 
-from usmkit.checkpointing.output_dir import corpus_names
 from usmkit.data.audio_files import write_audio
 from usmkit.data.corpora import print_split_table, split_rows
 from usmkit.data.corpora.common import RecipeDrops, RecipeError, drops_footer, write_split
-from usmkit.data.manifests import available_splits, load_cuts
+from usmkit.data.corpora.derived import derived_split_out, source_corpus
+from usmkit.data.manifests import load_cuts
 
 # torchaudio's equivalent of librosa's "kaiser_best" (torchaudio's resampling tutorial)
 KAISER_BEST = dict(
@@ -71,29 +71,8 @@ def suffix(rate: int) -> str:
 
 
 def output_corpus(args: BandlimitArgs) -> str:
-    """The corpus name the new split is written under: ``corpus=``, else the only one in ``src``
-    (``usmkit.cli.prepare`` checks that ``out`` holds this corpus or nothing)."""
-    if args.corpus:
-        return args.corpus
-    if not args.src or not Path(args.src).is_dir():
-        raise RecipeError(f"bandlimit needs src=DIR, a usmkit corpus folder (got src={args.src!r})")
-    names = corpus_names(Path(args.src))
-    if len(names) != 1:
-        found = ", ".join(sorted(names)) or "none"
-        raise RecipeError(f"src={args.src} holds the manifests of {found}: name the one to use with corpus=NAME")
-    return next(iter(names))
-
-
-def derived_split_out(args, corpus: str, name: str) -> Path:
-    """Where a split made from ``args.split`` of ``args.src`` goes (``args.out``, default ``src``), once the
-    source split exists and the new ``name`` would not replace it."""
-    if args.split not in available_splits(args.src, corpus):
-        found = ", ".join(available_splits(args.src, corpus)) or "none"
-        raise RecipeError(f"src={args.src} has no split {args.split!r} of corpus {corpus} (splits: {found})")
-    out = Path(args.out or args.src)
-    if name == args.split and out.resolve() == Path(args.src).resolve():
-        raise RecipeError(f"name={name} would replace the split it is made from: pass another name= or out=")
-    return out
+    """The corpus the new split is written under (``usmkit.cli.prepare`` checks ``out=`` against it)."""
+    return source_corpus(args, "bandlimit")
 
 
 def band_limited(samples: np.ndarray, sample_rate: int, rate: int) -> np.ndarray:

@@ -22,8 +22,8 @@ from pathlib import Path
 from lhotse import CutSet
 
 from usmkit.data.corpora import print_split_table, split_rows
-from usmkit.data.corpora.bandlimit import derived_split_out, output_corpus
 from usmkit.data.corpora.common import RecipeError, write_split
+from usmkit.data.corpora.derived import derived_split_out, source_corpus
 from usmkit.data.manifests import load_cuts
 
 USAGE = """\
@@ -53,6 +53,11 @@ class SubsetArgs:
     corpus: str = ""  # default: the only corpus in src
 
 
+def output_corpus(args: SubsetArgs) -> str:
+    """The corpus the new split is written under (``usmkit.cli.prepare`` checks ``out=`` against it)."""
+    return source_corpus(args, "subset")
+
+
 def speaker_of(cut) -> str:
     """The speaker of a cut (that of its first supervision); a cut without one cannot be placed."""
     speaker = cut.supervisions[0].speaker if cut.supervisions else None
@@ -65,7 +70,8 @@ def draw_speakers(cuts: CutSet, fraction: float, seed: int) -> list[str]:
     """Speakers in a seeded random order, taken until their utterances reach ``fraction`` of all; sorted."""
     counts: dict[str, int] = {}
     for cut in cuts:
-        counts[speaker_of(cut)] = counts.get(speaker_of(cut), 0) + 1
+        speaker = speaker_of(cut)
+        counts[speaker] = counts.get(speaker, 0) + 1
     order = sorted(counts)
     random.Random(seed).shuffle(order)
     chosen, total, need = [], 0, fraction * sum(counts.values())
