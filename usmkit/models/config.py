@@ -11,6 +11,8 @@ from usmkit.kernels.chunk_attention.api import IMPLS
 from usmkit.kernels.masks import check_chunk_args
 from usmkit.models.subsampling import check_factor, conv_out_size, receptive_field
 
+CONV_IMPLS = ("torch", "triton")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ConformerConfig:
@@ -19,7 +21,10 @@ class ConformerConfig:
     ``chunk_size`` counts encoder frames (after the ``subsampling_factor``: 40 ms each at 4x and a 10 ms
     hop, 80 ms at 8x); ``None`` is full attention. ``left_chunks``: -1 all left context, 0 USM's disjoint chunks,
     k > 0 k chunks of history (streaming). ``attention_impl`` is one of
-    ``usmkit.kernels.chunk_attention.api.IMPLS``.
+    ``usmkit.kernels.chunk_attention.api.IMPLS``. ``conv_impl``: ``"torch"`` runs the convolution module as
+    PyTorch operations; ``"triton"`` runs its middle (GLU, depthwise convolution, LayerNorm, Swish) as one fused
+    Triton kernel forward and two backward (``usmkit.kernels.conv_module``) wherever Triton runs (CUDA), and as
+    ``"torch"`` elsewhere and in the streaming step; both compute the same function.
     """
 
     input_dim: int = 80  # feature bins (log-mel); USM used 128
@@ -33,6 +38,7 @@ class ConformerConfig:
     chunk_size: int | None = None
     left_chunks: int = 0
     attention_impl: str = "sdpa"
+    conv_impl: str = "torch"
     subsampling_channels: int | None = None  # conv2d channels of the subsampling; None = d_model
     subsampling_factor: int = 4  # 4 (two stride-2 conv stages) or 8 (three; FastConformer's rate)
     rotary_base: float = 10000.0
@@ -71,6 +77,8 @@ class ConformerConfig:
             raise ValueError(
                 f"ConformerConfig.attention_impl={self.attention_impl!r} is unknown; choose one of {IMPLS}"
             )
+        if self.conv_impl not in CONV_IMPLS:
+            raise ValueError(f"ConformerConfig.conv_impl={self.conv_impl!r} is unknown; choose one of {CONV_IMPLS}")
         if self.subsampling_channels is not None and self.subsampling_channels <= 0:
             raise ValueError(
                 f"ConformerConfig.subsampling_channels must be positive or None (= d_model), got {self.subsampling_channels}"

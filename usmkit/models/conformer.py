@@ -55,7 +55,7 @@ class ConformerBlock(nn.Module):
         self.mhsa = MultiHeadSelfAttention(
             cfg.d_model, cfg.num_heads, cfg.dropout, impl=cfg.attention_impl, rotary_base=cfg.rotary_base
         )
-        self.conv = ConvolutionModule(cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout)
+        self.conv = ConvolutionModule(cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout, impl=cfg.conv_impl)
         self.ff2 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout)
         self.norm = nn.LayerNorm(cfg.d_model)
 
@@ -75,14 +75,19 @@ class ConformerBlock(nn.Module):
         valid: torch.Tensor,
         conv_context: torch.Tensor | None = None,
         segment_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, T', D) from ``before_attention``, attn (B, H, T', Dh), valid (B, T') bool, conv_context
         (B, Kc - 1, D) or None (zero padding), segment_ids (B, T') of packed rows or None -> the block's
         output (B, T', D) and the depthwise convolution's input (B, T', D), whose last frames are the next
-        chunk's ``conv_context``."""
+        chunk's ``conv_context``; None without ``conv_context`` (the full forward), where the convolution module
+        runs whole (fused where ``conv_impl`` says so)."""
         x = x + self.mhsa.project_out(attn)
-        conv_in = self.conv.pointwise_in(x, valid)
-        x = x + self.conv.pointwise_out(self.conv.depthwise(conv_in, conv_context, segment_ids))
+        if conv_context is None:
+            conv_in = None
+            x = x + self.conv(x, valid, segment_ids)
+        else:
+            conv_in = self.conv.pointwise_in(x, valid)
+            x = x + self.conv.pointwise_out(self.conv.depthwise(conv_in, conv_context, segment_ids))
         x = x + 0.5 * self.ff2(x)
         return self.norm(x), conv_in
 

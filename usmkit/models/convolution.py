@@ -12,6 +12,9 @@ Packed rows (several utterances per row): ``depthwise(y, segment_ids=ids)`` drop
 a frame of another utterance, so each utterance is convolved as if it were alone in its row with zero
 padding around it.
 
+Fused (``impl="triton"``, where Triton runs): ``forward`` runs everything between the two pointwise projections
+as one kernel (``usmkit.kernels.conv_module``), the same function as the three stages below.
+
 Streaming: the three stages are separate methods. ``depthwise(y, context)`` takes the last K - 1
 frames of the previous chunk's ``pointwise_in`` output as ``context`` (for ``causal=True``); the full
 forward passes no context, which is zero padding.
@@ -23,16 +26,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from usmkit.kernels.conv_module.api import available, conv_mid
 from usmkit.models.dropout import Dropout
 
 
 class ConvolutionModule(nn.Module):
-    def __init__(self, d_model: int, kernel_size: int, causal: bool, dropout: float) -> None:
+    def __init__(self, d_model: int, kernel_size: int, causal: bool, dropout: float, impl: str = "torch") -> None:
         super().__init__()
         if not causal and kernel_size % 2 == 0:
             raise ValueError(f"a centred depthwise convolution needs an odd kernel, got {kernel_size}")
         self.kernel_size = kernel_size
         self.causal = causal
+        self.impl = impl
         self.norm_in = nn.LayerNorm(d_model)
         self.pointwise1 = nn.Linear(d_model, 2 * d_model)
         self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model)  # unpadded; see depthwise()
@@ -111,4 +116,11 @@ class ConvolutionModule(nn.Module):
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, D), valid (B, T) bool, segment_ids (B, T) of packed rows or None -> residual branch (B, T, D)."""
+        if self.impl == "triton" and available(x):
+            h = self.pointwise1(self.norm_in(x))  # (B, T, 2D)
+            mid = conv_mid(
+                h, valid, segment_ids, self.depthwise_conv.weight[:, 0, :], self.depthwise_conv.bias,
+                self.norm_mid.weight, self.norm_mid.bias, self.norm_mid.eps, self.left_context,
+            )  # fmt: skip
+            return self.dropout(self.pointwise2(mid))  # (B, T, D)
         return self.pointwise_out(self.depthwise(self.pointwise_in(x, valid), segment_ids=segment_ids))
