@@ -1,15 +1,18 @@
-"""Where a compiled training step's GPU time goes, by kernel category, and what the depthwise convolution costs.
+"""Where a compiled training step's GPU time goes, by kernel category, and what the convolution module costs.
 
-    PYTHONPATH=. python bench/profile_step.py [--size large] [--impl triton] [--top 20] [--no-side-by-side] [--json OUT]
+    PYTHONPATH=. python bench/profile_step.py [--size large] [--impl triton] [--conv-impls torch,triton] [--top 20]
+        [--no-side-by-side] [--json OUT]
 
 Same step as ``bench/train_throughput.py`` (bf16 autocast, CTC loss, fused AdamW, regional compile,
 static shapes). ``torch.profiler`` records 3 steps; CUDA kernel time is summed per category (matmul,
 attention, convolution, inductor-fused elementwise/norm, optimizer, CTC, other) and the top kernels
-are listed. Then the depthwise convolution of every Conformer layer is timed both ways, side by side
-in one run: as ``ConvolutionModule.depthwise`` compiles it (K shifted multiply-adds that inductor
-fuses into the surrounding kernels, ``dw=shifted``) and forced through cuDNN's grouped ``nn.Conv1d``
-(``dw=conv``). ``bench/results/profile_step.json`` was taken while cuDNN was still the compiled
-default, so its profile (part 1) is the ``dw=conv`` step.
+are listed, once per ``--conv-impls`` (``model.conv_impl``: ``torch``, the module as PyTorch operations that
+inductor fuses, and ``triton``, its middle as the fused kernel of ``usmkit.kernels.conv_module``), each under
+``profiles[conv_impl]`` (the first also at the top level). Then the steps are timed side by side in one run,
+alternated: each conv impl, torchaudio's Conformer of equal size, and with ``--cudnn-dw`` the depthwise
+convolution forced through cuDNN's grouped ``nn.Conv1d`` (``dw=conv``) instead of the K shifted multiply-adds
+inductor fuses (``dw=shifted``). ``bench/results/profile_step.json`` was taken while cuDNN was still the compiled default, so
+its profile (part 1) is the ``dw=conv`` step.
 """
 
 from __future__ import annotations
@@ -66,9 +69,9 @@ def cudnn_depthwise(self: ConvolutionModule, y: torch.Tensor, context: torch.Ten
     return self.depthwise_conv(y).transpose(1, 2)  # (B, T, D)
 
 
-def build(size: str, impl: str, chunk: int, dw: str):
+def build(size: str, impl: str, chunk: int, dw: str, conv_impl: str = "torch"):
     torch.manual_seed(0)
-    model = TorchaudioCTC(size) if impl == "torchaudio" else OursCTC(size, impl, chunk)
+    model = TorchaudioCTC(size) if impl == "torchaudio" else OursCTC(size, impl, chunk, conv_impl)
     if dw == "conv":  # per instance, so models built earlier keep their own convolution
         for m in model.modules():
             if isinstance(m, ConvolutionModule):
@@ -78,22 +81,10 @@ def build(size: str, impl: str, chunk: int, dw: str):
     return model
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="large")
-    ap.add_argument("--impl", default="triton")
-    ap.add_argument("--chunk", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--top", type=int, default=20, help="how many of the costliest kernels to list")
-    ap.add_argument("--no-side-by-side", action="store_true", help="profile only (skip part 2)")
-    ap.add_argument("--json", default=result_path("profile_step"))
-    args = ap.parse_args()
-    B, T = SHAPES[args.size]
-    batch = make_batch(B, T, "cuda")
-    result = run_header(size=args.size, B=B, T=T, impl=args.impl)
-
-    # 1. Profile of our compiled step (default depthwise).
-    model = build(args.size, args.impl, args.chunk, "shifted")  # the default compiled step
+def profile_once(args, batch, conv_impl: str) -> dict:
+    """Part 1 for one conv impl: step time, GPU time per kernel category, top kernels and host ops."""
+    result: dict = {}
+    model = build(args.size, args.impl, args.chunk, "shifted", conv_impl)  # the default compiled step
     step = make_step(model, batch)
     for _ in range(3):
         step()
@@ -127,7 +118,9 @@ def main() -> None:
     result["categories_ms"] = {k: round(v, 2) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])}
     top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]
     result["top_kernels"] = [{"name": n[:160], "ms": round(ms, 3), "category": category(n)} for n, ms in top]
-    print(f"\n{args.size} {args.impl}: step {result['step_ms']:.1f} ms, kernels {total:.1f} ms per step")
+    print(
+        f"\n{args.size} {args.impl} conv={conv_impl}: step {result['step_ms']:.1f} ms, kernels {total:.1f} ms per step"
+    )
     print(f"{'category':16s} {'ms/step':>8s} {'share':>6s}")
     for cat, ms in result["categories_ms"].items():
         print(f"{cat:16s} {ms:8.2f} {100 * ms / total:5.1f}%")
@@ -139,19 +132,43 @@ def main() -> None:
         print(f"{o['ms']:8.3f} ms  {o['calls']:6.0f} calls/step  {o['op']}")
     del model, step
     torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="large")
+    ap.add_argument("--impl", default="triton")
+    ap.add_argument("--chunk", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--top", type=int, default=20, help="how many of the costliest kernels to list")
+    ap.add_argument("--conv-impls", default="torch,triton", help="model.conv_impl values to profile and time")
+    ap.add_argument("--cudnn-dw", action="store_true", help="also time the depthwise conv through cuDNN")
+    ap.add_argument("--no-side-by-side", action="store_true", help="profile only (skip part 2)")
+    ap.add_argument("--json", default=result_path("profile_step"))
+    args = ap.parse_args()
+    B, T = SHAPES[args.size]
+    batch = make_batch(B, T, "cuda")
+    result = run_header(size=args.size, B=B, T=T, impl=args.impl)
+
+    # 1. Profile of our compiled step (default depthwise), once per conv impl.
+    for conv_impl in args.conv_impls.split(","):
+        profile = profile_once(args, batch, conv_impl)
+        result.setdefault("profiles", {})[conv_impl] = profile
+        if len(result["profiles"]) == 1:
+            result |= profile
     if args.no_side_by_side:
         write_result(args.json, result)
         return
 
-    # 2. Depthwise convolution: cuDNN vs shifted multiply-adds, and torchaudio's compiled step, alternated.
-    variants = {
-        "ours dw=conv": (args.impl, "conv"),
-        "ours dw=shifted": (args.impl, "shifted"),
-        "torchaudio": ("torchaudio", "conv"),
-    }
+    # 2. Side by side: each conv impl, the depthwise convolution through cuDNN, torchaudio; alternated.
+    variants = {f"ours conv={c}": (args.impl, "shifted", c) for c in args.conv_impls.split(",")}
+    if args.cudnn_dw:
+        variants["ours dw=conv"] = (args.impl, "conv", "torch")
+    variants["torchaudio"] = ("torchaudio", "conv", "torch")
     steps = {}
-    for name, (impl, dw) in variants.items():
-        m = build(args.size, impl, args.chunk, dw)
+    for name, (impl, dw, conv_impl) in variants.items():
+        m = build(args.size, impl, args.chunk, dw, conv_impl)
         steps[name] = (m, make_step(m, batch))
         for _ in range(3):
             steps[name][1]()

@@ -54,15 +54,17 @@ from usmkit.models.subsampling import Conv2dSubsampling, output_lengths  # noqa:
 SHAPES = {  # size -> (B, T encoder frames); the reference shapes
     "base": (32, 512),
     "large": (16, 768),
+    "usm600m": (10, 768),  # 300 s of audio, the trainer's batch
 }
 DATASHEET_BF16 = 989e12
 VOCAB = 512
 
 
 class OursCTC(torch.nn.Module):
-    def __init__(self, size: str, impl: str, chunk: int | None):
+    def __init__(self, size: str, impl: str, chunk: int | None, conv_impl: str = "torch"):
         super().__init__()
-        self.encoder = ConformerEncoder(preset(size, attention_impl=impl, chunk_size=chunk, left_chunks=0, dropout=0.0))
+        cfg = preset(size, attention_impl=impl, chunk_size=chunk, left_chunks=0, dropout=0.0, conv_impl=conv_impl)
+        self.encoder = ConformerEncoder(cfg)
         self.head = CTCHead(self.encoder.output_dim, VOCAB)
 
     def forward(self, feats, lens, tokens, token_lens):

@@ -10,7 +10,7 @@ data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the
 bucketed batches (built first when missing: ``python -m usmkit.cli.prepare synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_xs][_tri][_fb][_cg][_dSECONDS]``:
+(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_pk][_xs][_tri][_fx][_fc][_fb][_cg][_dSECONDS]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
@@ -26,6 +26,8 @@ Each runs in its own process group with an empty inductor cache, and is killed a
   (PyTorch's fused attention with a padding mask, which picks cuDNN's kernel on Hopper);
 - ``_fx``: ``model.attention_impl=flex`` (FlexAttention with a block mask built from the chunk and
   utterance layout);
+- ``_fc``: ``model.conv_impl=triton`` (the convolution module's middle as one fused Triton kernel,
+  ``usmkit.kernels.conv_module``);
 - ``_fb``: ``data.fixed_batch_shapes=true``: one batch size per padded length, so a few batch shapes;
 - ``_cg``: ``_fb`` with ``trainer.compile_mode=reduce-overhead``: the compiled blocks replay as CUDA graphs,
   one recorded per batch shape (its budget is 1.5x, for the recording);
@@ -102,7 +104,7 @@ HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=
 PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 
-FLAGS = ("s8", "ac", "fsdp", "p64", "pk", "xs", "tri", "fx", "fb", "cg")  # each explained in the module docstring
+FLAGS = ("s8", "ac", "fsdp", "p64", "pk", "xs", "tri", "fx", "fc", "fb", "cg")  # each explained in the module docstring
 NAME_PATTERN = "SIZE" + "".join(f"[_{flag}]" for flag in FLAGS) + "[_dSECONDS]"
 
 
@@ -118,6 +120,7 @@ class Variant:
     expandable: bool  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     triton_attention: bool  # model.attention_impl=triton
     flex_attention: bool  # model.attention_impl=flex
+    fused_conv: bool  # model.conv_impl=triton
     fixed_shapes: bool  # data.fixed_batch_shapes=true
     cuda_graphs: bool  # trainer.compile_mode=reduce-overhead (with fixed shapes)
     max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
@@ -133,7 +136,7 @@ def parse_variant(name: str) -> Variant:
         raise SystemExit(f"variant {name!r}: _pk fixes the batch shape itself, and not with _p64, _fb or _tri")
     padding = "p64" if "p64" in flags else "pk" if "pk" in flags else "p256"
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
-                   padding, "xs" in flags, "tri" in flags, "fx" in flags,
+                   padding, "xs" in flags, "tri" in flags, "fx" in flags, "fc" in flags,
                    ("fb" in flags or "cg" in flags) and "pk" not in flags, "cg" in flags,
                    durations[0] if durations else None)  # fmt: skip
 
@@ -242,6 +245,8 @@ def command(name: str, args, exp: Path, world: int = 1) -> list[str]:
         overrides.append("model.attention_impl=triton")
     if v.flex_attention:
         overrides.append("model.attention_impl=flex")
+    if v.fused_conv:
+        overrides.append("model.conv_impl=triton")
     if v.fixed_shapes:
         overrides.append("data.fixed_batch_shapes=true")
     if v.cuda_graphs:
