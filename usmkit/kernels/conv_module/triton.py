@@ -12,23 +12,34 @@ Forward, one program per (tile of BLOCK_T frames, row): for each tap k, the GLU 
 (zero where not valid, outside the row, or in another utterance), times the tap's weights, summed; then bias,
 LayerNorm over all D channels (BLOCK_D >= D, in registers) and Swish, stored in h's dtype.
 
-Backward: (1) ``_bwd_dz_kernel`` recomputes the tile forward, takes the gradient through Swish and LayerNorm to
-dz (the convolution's output gradient, fp32, written out) and per program the partial sums of the weight,
-bias and LayerNorm gradients (summed over programs afterwards, no atomics: deterministic); (2)
-``_bwd_dh_kernel`` convolves dz with the flipped taps under the same masks and takes it through the GLU to dh.
+Backward: (1) ``_bwd_dz_kernel`` recomputes the tile forward and takes the gradient through Swish and LayerNorm
+to dz (the convolution's output gradient, fp32, written out); (2) ``_bwd_dh_kernel`` convolves dz with the
+flipped taps under the same masks and takes it through the GLU to dh; the depthwise weight's gradient comes from
+the same dz tiles and the GLU output it computes once per frame. Each backward program walks ``tiles`` tiles of a
+row and keeps its share of the parameter gradients in registers, written once as a partial sum (one row of
+``partials``); the partials are summed over programs afterwards (no atomics: deterministic).
 
 CPU: set ``TRITON_INTERPRET=1`` before this module is imported (triton reads it when kernels are defined).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+from usmkit.kernels.interpreter import patch_interpreter_loop_bounds
 
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    patch_interpreter_loop_bounds()
+
+
+# fmt: off
 @triton.jit
-def _glu_tile(H, VALID, IDS, b, src, my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht, HAS_IDS: tl.constexpr):
+def _glu_tile(H, VALID, IDS, b, src, my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht,
+              HAS_IDS: tl.constexpr):
     """GLU of frames ``src`` [BLOCK_T] of row b, [BLOCK_T, BLOCK_D] fp32, zero where a tap may not read."""
     take = row_ok & (src >= 0) & (src < T)
     take = take & (tl.load(VALID + b * T + src, mask=take, other=0) != 0)
@@ -42,34 +53,14 @@ def _glu_tile(H, VALID, IDS, b, src, my_id, row_ok, cols, cmask, T, D, stride_hb
 
 
 @triton.jit
-def _conv_tile(
-    H,
-    VALID,
-    IDS,
-    W,
-    BIAS,
-    b,
-    rows,
-    my_id,
-    row_ok,
-    cols,
-    cmask,
-    T,
-    D,
-    stride_hb,
-    stride_ht,
-    K: tl.constexpr,
-    LEFT: tl.constexpr,
-    HAS_IDS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+def _conv_tile(H, VALID, IDS, W, BIAS, b, rows, my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht,
+               K: tl.constexpr, LEFT: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_T: tl.constexpr,
+               BLOCK_D: tl.constexpr):
     """The depthwise convolution's output (with bias) for frames ``rows``, [BLOCK_T, BLOCK_D] fp32."""
     z = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for k in tl.static_range(K):
-        y = _glu_tile(
-            H, VALID, IDS, b, rows + (k - LEFT), my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht, HAS_IDS
-        )
+        y = _glu_tile(H, VALID, IDS, b, rows + (k - LEFT), my_id, row_ok, cols, cmask, T, D, stride_hb,
+                      stride_ht, HAS_IDS)
         wk = tl.load(W + cols * K + k, mask=cmask, other=0.0).to(tl.float32)
         z += y * wk[None, :]
     bias = tl.load(BIAS + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -77,30 +68,9 @@ def _conv_tile(
 
 
 @triton.jit
-def _fwd_kernel(
-    H,
-    VALID,
-    IDS,
-    W,
-    BIAS,
-    LNW,
-    LNB,
-    OUT,
-    MEAN,
-    RSTD,
-    T,
-    D,
-    eps,
-    stride_hb,
-    stride_ht,
-    stride_ob,
-    stride_ot,
-    K: tl.constexpr,
-    LEFT: tl.constexpr,
-    HAS_IDS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+def _fwd_kernel(H, VALID, IDS, W, BIAS, LNW, LNB, OUT, MEAN, RSTD, T, D, eps, stride_hb, stride_ht, stride_ob,
+                stride_ot, K: tl.constexpr, LEFT: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_D: tl.constexpr):
     b = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_D)
@@ -109,28 +79,8 @@ def _fwd_kernel(
     my_id = 0
     if HAS_IDS:
         my_id = tl.load(IDS + b * T + rows, mask=row_ok, other=-1)
-    z = _conv_tile(
-        H,
-        VALID,
-        IDS,
-        W,
-        BIAS,
-        b,
-        rows,
-        my_id,
-        row_ok,
-        cols,
-        cmask,
-        T,
-        D,
-        stride_hb,
-        stride_ht,
-        K,
-        LEFT,
-        HAS_IDS,
-        BLOCK_T,
-        BLOCK_D,
-    )
+    z = _conv_tile(H, VALID, IDS, W, BIAS, b, rows, my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht,
+                   K, LEFT, HAS_IDS, BLOCK_T, BLOCK_D)
     z = tl.where(cmask[None, :], z, 0.0)
     mean = tl.sum(z, axis=1) / D
     zc = tl.where(cmask[None, :], z - mean[:, None], 0.0)
@@ -146,147 +96,107 @@ def _fwd_kernel(
 
 
 @triton.jit
-def _bwd_dz_kernel(
-    DOUT,
-    H,
-    VALID,
-    IDS,
-    W,
-    BIAS,
-    LNW,
-    LNB,
-    MEAN,
-    RSTD,
-    DZ,
-    DW_PART,
-    DB_PART,
-    DLNW_PART,
-    DLNB_PART,
-    T,
-    D,
-    stride_hb,
-    stride_ht,
-    stride_dob,
-    stride_dot,
-    K: tl.constexpr,
-    LEFT: tl.constexpr,
-    HAS_IDS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+def _bwd_dz_kernel(DOUT, H, VALID, IDS, W, BIAS, LNW, LNB, MEAN, RSTD, DZ, PART, T, D, tiles, stride_hb,
+                   stride_ht, stride_dob, stride_dot, K: tl.constexpr, LEFT: tl.constexpr, HAS_IDS: tl.constexpr,
+                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr):
     b = tl.program_id(1)
     pid = b * tl.num_programs(0) + tl.program_id(0)  # this program's row of the partial sums
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, BLOCK_D)
-    row_ok = rows < T
     cmask = cols < D
-    m2 = row_ok[:, None] & cmask[None, :]
-    my_id = 0
-    if HAS_IDS:
-        my_id = tl.load(IDS + b * T + rows, mask=row_ok, other=-1)
-    z = _conv_tile(
-        H,
-        VALID,
-        IDS,
-        W,
-        BIAS,
-        b,
-        rows,
-        my_id,
-        row_ok,
-        cols,
-        cmask,
-        T,
-        D,
-        stride_hb,
-        stride_ht,
-        K,
-        LEFT,
-        HAS_IDS,
-        BLOCK_T,
-        BLOCK_D,
-    )
-    mean = tl.load(MEAN + b * T + rows, mask=row_ok, other=0.0)
-    rstd = tl.load(RSTD + b * T + rows, mask=row_ok, other=0.0)
-    zhat = tl.where(m2, (z - mean[:, None]) * rstd[:, None], 0.0)
     lnw = tl.load(LNW + cols, mask=cmask, other=0.0).to(tl.float32)
     lnb = tl.load(LNB + cols, mask=cmask, other=0.0).to(tl.float32)
-    zn = zhat * lnw[None, :] + lnb[None, :]
-    s = tl.sigmoid(zn)
-    dout = tl.load(DOUT + b * stride_dob + rows[:, None] * stride_dot + cols[None, :], mask=m2, other=0.0)
-    dzn = tl.where(m2, dout.to(tl.float32) * s * (1.0 + zn * (1.0 - s)), 0.0)  # through Swish
-    tl.store(DLNW_PART + pid * D + cols, tl.sum(dzn * zhat, axis=0), mask=cmask)
-    tl.store(DLNB_PART + pid * D + cols, tl.sum(dzn, axis=0), mask=cmask)
-    dzhat = dzn * lnw[None, :]
-    c_hat = tl.sum(dzhat * zhat, axis=1) / D
-    c_mean = tl.sum(dzhat, axis=1) / D
-    dz = tl.where(m2, (dzhat - zhat * c_hat[:, None] - c_mean[:, None]) * rstd[:, None], 0.0)  # through LayerNorm
-    tl.store(DZ + (b * T + rows[:, None]) * D + cols[None, :], dz, mask=m2)
-    tl.store(DB_PART + pid * D + cols, tl.sum(dz, axis=0), mask=cmask)
-    for k in tl.static_range(K):
-        y = _glu_tile(
-            H, VALID, IDS, b, rows + (k - LEFT), my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht, HAS_IDS
-        )
-        tl.store(DW_PART + (pid * D + cols) * K + k, tl.sum(dz * y, axis=0), mask=cmask)
+    dlnw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    dlnb = tl.zeros([BLOCK_D], dtype=tl.float32)
+    dbias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for i in range(tiles):
+        rows = (tl.program_id(0) * tiles + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        row_ok = rows < T
+        m2 = row_ok[:, None] & cmask[None, :]
+        my_id = 0
+        if HAS_IDS:
+            my_id = tl.load(IDS + b * T + rows, mask=row_ok, other=-1)
+        z = _conv_tile(H, VALID, IDS, W, BIAS, b, rows, my_id, row_ok, cols, cmask, T, D, stride_hb, stride_ht,
+                       K, LEFT, HAS_IDS, BLOCK_T, BLOCK_D)
+        mean = tl.load(MEAN + b * T + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(RSTD + b * T + rows, mask=row_ok, other=0.0)
+        zhat = tl.where(m2, (z - mean[:, None]) * rstd[:, None], 0.0)
+        zn = zhat * lnw[None, :] + lnb[None, :]
+        s = tl.sigmoid(zn)
+        dout = tl.load(DOUT + b * stride_dob + rows[:, None] * stride_dot + cols[None, :], mask=m2, other=0.0)
+        dzn = tl.where(m2, dout.to(tl.float32) * s * (1.0 + zn * (1.0 - s)), 0.0)  # through Swish
+        dlnw += tl.sum(dzn * zhat, axis=0)
+        dlnb += tl.sum(dzn, axis=0)
+        dzhat = dzn * lnw[None, :]
+        c_hat = tl.sum(dzhat * zhat, axis=1) / D
+        c_mean = tl.sum(dzhat, axis=1) / D
+        dz = tl.where(m2, (dzhat - zhat * c_hat[:, None] - c_mean[:, None]) * rstd[:, None], 0.0)  # LayerNorm
+        tl.store(DZ + (b * T + rows[:, None]) * D + cols[None, :], dz, mask=m2)
+        dbias += tl.sum(dz, axis=0)
+    part = PART + (pid * D + cols) * (KP + 4)  # this program's partials: [K taps | pad | bias, ln w, ln b]
+    tl.store(part + KP + 1, dbias, mask=cmask)
+    tl.store(part + KP + 2, dlnw, mask=cmask)
+    tl.store(part + KP + 3, dlnb, mask=cmask)
 
 
 @triton.jit
-def _bwd_dh_kernel(
-    DZ,
-    H,
-    VALID,
-    IDS,
-    W,
-    DH,
-    T,
-    D,
-    stride_hb,
-    stride_ht,
-    stride_dhb,
-    stride_dht,
-    K: tl.constexpr,
-    LEFT: tl.constexpr,
-    HAS_IDS: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+def _bwd_dh_kernel(DZ, H, VALID, IDS, W, DH, PART, T, D, tiles, stride_hb, stride_ht, stride_dhb, stride_dht,
+                   K: tl.constexpr, LEFT: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_D: tl.constexpr, KP: tl.constexpr):
     b = tl.program_id(1)
-    src = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # the frames whose GLU output the taps read
+    pid = b * tl.num_programs(0) + tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
-    src_ok = src < T
     cmask = cols < D
-    src_ok = src_ok & (tl.load(VALID + b * T + src, mask=src_ok, other=0) != 0)  # y is 0 where not valid
-    src_id = 0
-    if HAS_IDS:
-        src_id = tl.load(IDS + b * T + src, mask=src_ok, other=-1)
-    dy = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
-    for k in tl.static_range(K):
-        t = src - (k - LEFT)  # the output frame whose tap k reads src
-        ok = src_ok & (t >= 0) & (t < T)
+    taps = tl.arange(0, KP)
+    dw = tl.zeros([BLOCK_D, KP], dtype=tl.float32)
+    for i in range(tiles):
+        src = (tl.program_id(0) * tiles + i) * BLOCK_T + tl.arange(0, BLOCK_T)  # frames whose GLU output taps read
+        in_row = src < T
+        src_ok = in_row & (tl.load(VALID + b * T + src, mask=in_row, other=0) != 0)  # y is 0 where not valid
+        m2 = src_ok[:, None] & cmask[None, :]
+        ptr = H + b * stride_hb + src[:, None] * stride_ht + cols[None, :]
+        a = tl.load(ptr, mask=m2, other=0.0).to(tl.float32)
+        sg = tl.sigmoid(tl.load(ptr + D, mask=m2, other=0.0).to(tl.float32))
+        y = a * sg  # (masked frames: 0)
+        src_id = 0
         if HAS_IDS:
-            ok = ok & (tl.load(IDS + b * T + t, mask=ok, other=-2) == src_id)
-        dz = tl.load(DZ + (b * T + t[:, None]) * D + cols[None, :], mask=ok[:, None] & cmask[None, :], other=0.0)
-        wk = tl.load(W + cols * K + k, mask=cmask, other=0.0).to(tl.float32)
-        dy += dz * wk[None, :]
-    m2 = src_ok[:, None] & cmask[None, :]
-    ptr = H + b * stride_hb + src[:, None] * stride_ht + cols[None, :]
-    a = tl.load(ptr, mask=m2, other=0.0).to(tl.float32)
-    sg = tl.sigmoid(tl.load(ptr + D, mask=m2, other=0.0).to(tl.float32))
-    da = tl.where(m2, dy * sg, 0.0)
-    dg = tl.where(m2, dy * a * sg * (1.0 - sg), 0.0)
-    out_ok = (src < T)[:, None] & cmask[None, :]  # every frame's gradient is written, 0 where y was masked
-    dptr = DH + b * stride_dhb + src[:, None] * stride_dht + cols[None, :]
-    tl.store(dptr, da.to(DH.dtype.element_ty), mask=out_ok)
-    tl.store(dptr + D, dg.to(DH.dtype.element_ty), mask=out_ok)
+            src_id = tl.load(IDS + b * T + src, mask=src_ok, other=-1)
+        dy = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+        for k in tl.static_range(K):
+            t = src - (k - LEFT)  # the output frame whose tap k reads src
+            ok = src_ok & (t >= 0) & (t < T)
+            if HAS_IDS:
+                ok = ok & (tl.load(IDS + b * T + t, mask=ok, other=-2) == src_id)
+            dz = tl.load(DZ + (b * T + t[:, None]) * D + cols[None, :], mask=ok[:, None] & cmask[None, :], other=0.0)
+            wk = tl.load(W + cols * K + k, mask=cmask, other=0.0).to(tl.float32)
+            dy += dz * wk[None, :]
+            dw += tl.where(taps[None, :] == k, tl.sum(dz * y, axis=0)[:, None], 0.0)
+        da = tl.where(m2, dy * sg, 0.0)
+        dg = tl.where(m2, dy * a * sg * (1.0 - sg), 0.0)
+        out_ok = in_row[:, None] & cmask[None, :]  # every frame's gradient is written, 0 where y was masked
+        dptr = DH + b * stride_dhb + src[:, None] * stride_dht + cols[None, :]
+        tl.store(dptr, da.to(DH.dtype.element_ty), mask=out_ok)
+        tl.store(dptr + D, dg.to(DH.dtype.element_ty), mask=out_ok)
+    part = PART + (pid * D + cols[:, None]) * (KP + 4) + taps[None, :]
+    tl.store(part, dw, mask=cmask[:, None] & (taps[None, :] < K))
+# fmt: on
 
 
-def _block_t(D: int) -> int:
-    """Frames per program: a [BLOCK_T, BLOCK_D] fp32 tile of about 8K values (32 registers a thread at 8 warps)."""
-    return max(1, min(16, 8192 // triton.next_power_of_2(D)))
+def _block_t(D: int, elements: int) -> int:
+    """Frames per tile: a [BLOCK_T, BLOCK_D] fp32 tile of about ``elements`` values."""
+    return max(1, min(16, elements // triton.next_power_of_2(D)))
 
 
 def _num_warps(block_d: int) -> int:
     return 8 if block_d >= 1024 else 4
+
+
+def _tiles_per_program(tiles: int, rows: int, device: torch.device) -> int:
+    """Backward tiles per program: enough programs to fill the GPU about four times over, each with as many tiles
+    as that leaves (fewer partial sums to add up). Under the interpreter: 2, so tests walk the loop."""
+    if device.type != "cuda":
+        return 2
+    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(8, tiles * rows // programs))
 
 
 def check_inputs(h, valid, ids, weight, bias, ln_weight, ln_bias, left) -> None:
@@ -316,7 +226,7 @@ def conv_mid_fwd(h, valid, ids, weight, bias, ln_weight, ln_bias, eps: float, le
     mean = torch.empty(B, T, dtype=torch.float32, device=h.device)
     rstd = torch.empty_like(mean)
     block_d = triton.next_power_of_2(D)
-    block_t = _block_t(D)
+    block_t = _block_t(D, 8192)
     valid_u8 = valid.contiguous().view(torch.uint8)
     ids_arg = ids.contiguous() if ids is not None else valid_u8  # not read without ids
     grid = (triton.cdiv(T, block_t), B)
@@ -334,30 +244,30 @@ def conv_mid_bwd(dout, h, valid, ids, weight, bias, ln_weight, ln_bias, mean, rs
     B, T, D2 = h.shape
     D, K = D2 // 2, weight.shape[1]
     block_d = triton.next_power_of_2(D)
-    block_t = _block_t(D)
-    grid = (triton.cdiv(T, block_t), B)
-    programs = grid[0] * grid[1]
-    f32 = dict(dtype=torch.float32, device=h.device)
-    dz = torch.empty(B, T, D, **f32)
-    dw_part = torch.empty(programs, D, K, **f32)
-    db_part, dlnw_part, dlnb_part = (torch.empty(programs, D, **f32) for _ in range(3))
+    block_t = _block_t(D, 4096)
+    tiles = _tiles_per_program(triton.cdiv(T, block_t), B, h.device)
+    grid = (triton.cdiv(T, block_t * tiles), B)
+    kp = triton.next_power_of_2(K)
+    dz = torch.empty(B, T, D, dtype=torch.float32, device=h.device)
+    partials = torch.zeros(grid[0] * grid[1], D, kp + 4, dtype=torch.float32, device=h.device)
     valid_u8 = valid.contiguous().view(torch.uint8)
     ids_arg = ids.contiguous() if ids is not None else valid_u8
     weight = weight.contiguous()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    meta = dict(K=K, LEFT=left, HAS_IDS=ids is not None, BLOCK_T=block_t, BLOCK_D=block_d,
+    meta = dict(K=K, LEFT=left, HAS_IDS=ids is not None, BLOCK_T=block_t, BLOCK_D=block_d, KP=kp,
                 num_warps=_num_warps(block_d))  # fmt: skip
     _bwd_dz_kernel[grid](
-        dout, h, valid_u8, ids_arg, weight, bias, ln_weight, ln_bias, mean, rstd, dz, dw_part, db_part, dlnw_part,
-        dlnb_part, T, D, h.stride(0), h.stride(1), dout.stride(0), dout.stride(1), **meta,
+        dout, h, valid_u8, ids_arg, weight, bias, ln_weight, ln_bias, mean, rstd, dz, partials, T, D, tiles,
+        h.stride(0), h.stride(1), dout.stride(0), dout.stride(1), **meta,
     )  # fmt: skip
     dh = torch.empty_like(h)
-    _bwd_dh_kernel[grid](dz, h, valid_u8, ids_arg, weight, dh, T, D, h.stride(0), h.stride(1), dh.stride(0),
-                         dh.stride(1), **meta)  # fmt: skip
+    _bwd_dh_kernel[grid](dz, h, valid_u8, ids_arg, weight, dh, partials, T, D, tiles, h.stride(0), h.stride(1),
+                         dh.stride(0), dh.stride(1), **meta)  # fmt: skip
+    sums = partials.sum(0)  # (D, KP + 4); each gradient a copy of its own (a custom op's outputs may not alias)
     return (
         dh,
-        dw_part.sum(0).to(weight.dtype),
-        db_part.sum(0).to(bias.dtype),
-        dlnw_part.sum(0).to(ln_weight.dtype),
-        dlnb_part.sum(0).to(ln_bias.dtype),
+        sums[:, :K].to(weight.dtype, copy=True),
+        sums[:, kp + 1].to(bias.dtype, copy=True),
+        sums[:, kp + 2].to(ln_weight.dtype, copy=True),
+        sums[:, kp + 3].to(ln_bias.dtype, copy=True),
     )
