@@ -146,10 +146,12 @@ def _bwd_dh_kernel(DZ, H, VALID, IDS, W, DH, PART, T, D, tiles, stride_hb, strid
     pid = b * tl.num_programs(0) + tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
-    taps = tl.arange(0, KP)
-    dw = tl.zeros([BLOCK_D, KP], dtype=tl.float32)
+    lanes = tl.arange(0, BLOCK_T)
+    # The weight gradient's partial sums: row k of a tile-shaped accumulator holds tap k (BLOCK_T >= K), so adding
+    # a tap's column sums needs no change of register layout.
+    dw = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for i in range(tiles):
-        src = (tl.program_id(0) * tiles + i) * BLOCK_T + tl.arange(0, BLOCK_T)  # frames whose GLU output taps read
+        src = (tl.program_id(0) * tiles + i) * BLOCK_T + lanes  # the frames whose GLU output the taps read
         in_row = src < T
         src_ok = in_row & (tl.load(VALID + b * T + src, mask=in_row, other=0) != 0)  # y is 0 where not valid
         m2 = src_ok[:, None] & cmask[None, :]
@@ -169,15 +171,15 @@ def _bwd_dh_kernel(DZ, H, VALID, IDS, W, DH, PART, T, D, tiles, stride_hb, strid
             dz = tl.load(DZ + (b * T + t[:, None]) * D + cols[None, :], mask=ok[:, None] & cmask[None, :], other=0.0)
             wk = tl.load(W + cols * K + k, mask=cmask, other=0.0).to(tl.float32)
             dy += dz * wk[None, :]
-            dw += tl.where(taps[None, :] == k, tl.sum(dz * y, axis=0)[:, None], 0.0)
+            dw += tl.where(lanes[:, None] == k, tl.sum(dz * y, axis=0)[None, :], 0.0)
         da = tl.where(m2, dy * sg, 0.0)
         dg = tl.where(m2, dy * a * sg * (1.0 - sg), 0.0)
         out_ok = in_row[:, None] & cmask[None, :]  # every frame's gradient is written, 0 where y was masked
         dptr = DH + b * stride_dhb + src[:, None] * stride_dht + cols[None, :]
         tl.store(dptr, da.to(DH.dtype.element_ty), mask=out_ok)
         tl.store(dptr + D, dg.to(DH.dtype.element_ty), mask=out_ok)
-    part = PART + (pid * D + cols[:, None]) * (KP + 4) + taps[None, :]
-    tl.store(part, dw, mask=cmask[:, None] & (taps[None, :] < K))
+    part = PART + (pid * D + cols[None, :]) * (KP + 4) + lanes[:, None]
+    tl.store(part, dw, mask=cmask[None, :] & (lanes[:, None] < K))
 # fmt: on
 
 
@@ -186,8 +188,9 @@ def _block_t(D: int, elements: int) -> int:
     return max(1, min(16, elements // triton.next_power_of_2(D)))
 
 
-def _num_warps(block_d: int) -> int:
-    return 8 if block_d >= 1024 else 4
+def _num_warps(block_t: int, block_d: int) -> int:
+    """Warps per program: about 32 values of a tile per thread."""
+    return max(4, min(16, block_t * block_d // 1024))
 
 
 def _tiles_per_program(tiles: int, rows: int, device: torch.device) -> int:
@@ -233,7 +236,7 @@ def conv_mid_fwd(h, valid, ids, weight, bias, ln_weight, ln_bias, eps: float, le
     _fwd_kernel[grid](
         h, valid_u8, ids_arg, weight.contiguous(), bias, ln_weight, ln_bias, out, mean, rstd, T, D, eps,
         h.stride(0), h.stride(1), out.stride(0), out.stride(1), K=K, LEFT=left, HAS_IDS=ids is not None,
-        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=_num_warps(block_d),
+        BLOCK_T=block_t, BLOCK_D=block_d, num_warps=_num_warps(block_t, block_d),
     )  # fmt: skip
     return out, mean, rstd
 
@@ -244,7 +247,7 @@ def conv_mid_bwd(dout, h, valid, ids, weight, bias, ln_weight, ln_bias, mean, rs
     B, T, D2 = h.shape
     D, K = D2 // 2, weight.shape[1]
     block_d = triton.next_power_of_2(D)
-    block_t = _block_t(D, 4096)
+    block_t = max(_block_t(D, 4096), triton.next_power_of_2(K))  # the dh kernel keeps tap k in its row k
     tiles = _tiles_per_program(triton.cdiv(T, block_t), B, h.device)
     grid = (triton.cdiv(T, block_t * tiles), B)
     kp = triton.next_power_of_2(K)
@@ -255,7 +258,7 @@ def conv_mid_bwd(dout, h, valid, ids, weight, bias, ln_weight, ln_bias, mean, rs
     weight = weight.contiguous()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     meta = dict(K=K, LEFT=left, HAS_IDS=ids is not None, BLOCK_T=block_t, BLOCK_D=block_d, KP=kp,
-                num_warps=_num_warps(block_d))  # fmt: skip
+                num_warps=_num_warps(block_t, block_d))  # fmt: skip
     _bwd_dz_kernel[grid](
         dout, h, valid_u8, ids_arg, weight, bias, ln_weight, ln_bias, mean, rstd, dz, partials, T, D, tiles,
         h.stride(0), h.stride(1), dout.stride(0), dout.stride(1), **meta,
