@@ -222,3 +222,16 @@ def test_segments_of_one_utterance_per_row_run_like_lengths():
         a, _ = enc.run_blocks(x, lengths, 0, 2)
         b, _ = enc.run_blocks(x, Segments.from_lengths(lengths, 20), 0, 2)
     torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_the_packed_front_end_sees_one_shape_whatever_the_number_of_utterances():
+    """The compiled front end (a compile unit) gets (R,) row lengths, not (U,): U varies from batch to batch, and
+    under CUDA graphs each new input shape records a new graph."""
+    enc = _encoder()
+    seen = []
+    forward = enc.subsampling.forward
+    enc.subsampling.forward = lambda feats, lengths: seen.append(tuple(lengths.shape)) or forward(feats, lengths)
+    for lengths in (LENGTHS, LENGTHS[:5]):
+        packed, lens, packing, _, _ = _utterances(lengths=lengths)
+        enc.forward_packed(packed, lens, packing)
+    assert seen == [(4,), (4,)]

@@ -218,7 +218,11 @@ class ConformerEncoder(nn.Module):
                 f"{self.subsampling_factor}x subsampling does not stride to: pack with pack_align="
                 f"{self.subsampling_factor}"
             )
-        x, _ = self.front_end(features, lengths)  # (R, T', D)
+        # The front end gets each row's frames, not each utterance's: its output lengths are not used here, and
+        # (R,) keeps the compiled front end's inputs one shape whatever the number of utterances (U varies per
+        # batch; with CUDA graphs each new U would record a new graph).
+        rows = torch.full((features.shape[0],), features.shape[1], dtype=lengths.dtype, device=lengths.device)
+        x, _ = self.front_end(features, rows)  # (R, T', D)
         segments = encoder_segments(packing, lengths, self.subsampling_factor, x.shape[1])  # (R, T')
         x, kept = self.run_blocks(x, segments, 0, len(self.blocks), layers, chunk_size, left_chunks)
         return x, segments, kept
