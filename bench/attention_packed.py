@@ -9,8 +9,9 @@ trainer's 8-s chunks, and 1.28-s chunks with 2 left chunks as a streaming model 
 
 - ``sdpa_packed``: PyTorch's fused attention with the packed rows' dense boolean mask (``impl="sdpa"``);
 - ``flex_packed``: FlexAttention with the block mask built from the rows' utterance layout (``impl="flex"``);
+- ``triton_packed``: the Triton chunk kernel with each frame's utterance bounds (``impl="triton"``);
 - ``triton_unpacked``, ``sdpa_unpacked``, ``flex_unpacked``: the same utterances one per row, padded to the
-  longest (what the Triton chunk kernel takes: it has no packed-row mask), i.e. bucketed batches' attention.
+  longest, i.e. bucketed batches' attention.
 
 Every implementation is called through ``usmkit.kernels.chunk_attention.chunk_attention`` (masks built inside the
 call, as in the trainer), checked against the fp32 reference first (relative error of out, dq, dk, dv on the
@@ -92,6 +93,7 @@ def measure(seg: Segments, lengths: list[int], chunk: int, left: int) -> dict:
     cases = {
         "sdpa_packed": (packed, segc, "sdpa"),
         "flex_packed": (packed, segc, "flex"),
+        "triton_packed": (packed, segc, "triton"),
         "triton_unpacked": (unpacked, lens, "triton"),
         "sdpa_unpacked": (unpacked, lens, "sdpa"),
         "flex_unpacked": (unpacked, lens, "flex"),

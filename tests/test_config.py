@@ -46,7 +46,6 @@ def test_tokenizer_path_follows_the_type_unless_given():
     ("section", "match"),
     [
         ({"task": {"kind": "most"}}, "MOST .*set data.pack_to_frames=0"),
-        ({"model": {"attention_impl": "triton"}}, "attention_impl='sdpa' or 'flex' with packing"),
     ],
 )
 def test_packing_is_refused_where_it_is_not_supported_in_one_line(section, match):

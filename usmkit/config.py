@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 from usmkit.data.config import DataConfig
 from usmkit.errors import UsageError
-from usmkit.kernels.chunk_attention.api import PACKED_IMPLS, PACKED_TRITON
 from usmkit.models.config import ConformerConfig
 from usmkit.models.las import LASConfig
 from usmkit.ssl.bestrq_config import BestRQConfig
@@ -205,8 +204,6 @@ class TrainConfig:
                 f"data.pack_to_frames={self.data.pack_to_frames} packs the utterances of one stream; MOST "
                 "(recipe=stage2) takes its three streams one utterance per row: set data.pack_to_frames=0"
             )
-        if self.data.pack_to_frames and self.model.attention_impl not in PACKED_IMPLS:
-            raise ValueError(PACKED_TRITON)
         if self.data.shar_dir and self.task.kind == "most":
             raise ValueError(
                 "data.shar_dir streams one training split from shards; MOST (recipe=stage2) mixes three streams "

@@ -185,6 +185,59 @@ def test_bad_inputs_raise():
         chunk_attention(q, q, q, lengths, 4, 0, impl="cuda")  # type: ignore[arg-type]
 
 
+def _packed_segments(T: int, rows: list[list[tuple[int, int]]]):
+    """Segments of packed rows from (start, length) runs per row; ids numbered row by row."""
+    from usmkit.kernels.masks import Segments
+
+    ids = torch.full((len(rows), T), -1, dtype=torch.long)
+    pos = torch.zeros(len(rows), T, dtype=torch.long)
+    u = 0
+    for r, runs in enumerate(rows):
+        for start, n in runs:
+            ids[r, start : start + n] = u
+            pos[r, start : start + n] = torch.arange(n)
+            u += 1
+    return Segments(ids.to(DEVICE), pos.to(DEVICE))
+
+
+# Utterances crossing the 32-query and 16-key blocks, one frame long, back to back and with gaps; an empty row.
+PACKED_ROWS = [[(0, 9), (9, 1), (10, 23), (35, 13)], [(2, 40)], [], [(0, 48)]]
+
+
+@pytest.mark.parametrize(("chunk", "left"), [(None, 0), (7, 0), (5, 1), (4, -1), (6, 2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_rows_match_reference(chunk, left, dtype):
+    """Packed rows (each frame's utterance bounds): every utterance attends as if alone, chunks from its start;
+    padding between and after utterances gets exactly 0 (out, dq, dk, dv)."""
+    T = 48
+    seg = _packed_segments(T, PACKED_ROWS)
+    (q, k, v, dout), _ = _inputs(len(PACKED_ROWS), 2, T, 16, [T] * len(PACKED_ROWS), seed=7)
+
+    def reference(q_, k_, v_):
+        return chunk_attention_reference(q_, k_, v_, seg, chunk, left)
+
+    def kernel(q_, k_, v_):
+        return chunk_attention(q_, k_, v_, seg, chunk, left, impl="triton")
+
+    got = _run(kernel, q, k, v, dout, dtype)
+    _assert_close_to_reference(got, _run(reference, q, k, v, dout, torch.float64),
+                               _run(reference, q, k, v, dout, dtype), dtype, f"packed chunk={chunk} left={left}")  # fmt: skip
+    padded = ~seg.valid
+    for name, x in zip(("out", "dq", "dk", "dv"), got, strict=True):
+        assert (x.transpose(1, 2)[padded] == 0).all(), f"{name}: padded frames are not exactly 0"
+
+
+def test_segment_bounds_give_each_frame_its_utterance():
+    from usmkit.kernels.chunk_attention.api import segment_bounds
+
+    seg = _packed_segments(12, [[(0, 3), (3, 1), (6, 4)], []])
+    bounds = segment_bounds(seg).cpu()
+    assert bounds.dtype == torch.int32 and bounds.shape == (2, 2, 12)
+    assert bounds[0, 0].tolist() == [0, 0, 0, 3, 0, 0, 6, 6, 6, 6, 0, 0]
+    assert bounds[0, 1].tolist() == [3, 3, 3, 4, 0, 0, 10, 10, 10, 10, 0, 0]
+    assert (bounds[1] == 0).all()
+
+
 def test_compile_fullgraph_forward_backward():
     """torch.compile traces through the custom ops with no graph break (inductor on GPU, aot_eager on CPU)."""
     B, H, T, D = 2, 1, 32, 16

@@ -221,9 +221,3 @@ def test_flex_packed_block_layout_is_exact_where_full_and_misses_no_allowed_tile
     assert not (partial & full).any()
     assert torch.equal((partial | full) & any_allowed, any_allowed), "a tile with an allowed pair is skipped"
     assert (partial | full).sum() < partial.numel(), "nothing is skipped"
-
-
-def test_triton_refuses_packed_rows_in_one_line():
-    q, k, v, _, _ = _inputs(8, [8, 8, 8])
-    with pytest.raises(ValueError, match="attention_impl='sdpa' or 'flex' with packing"):
-        chunk_attention(q, k, v, _segments(8, [[(0, 8)], [(0, 3), (4, 4)], []]), 4, 0, impl="triton")

@@ -5,6 +5,7 @@ interpreter, set here as in tests/kernels/conftest.py (before the kernel module 
 
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -84,3 +85,20 @@ def test_streaming_a_fused_encoder_equals_its_full_forward():
         stream = StreamingEncoder(fused)
         streamed = torch.cat([stream.accept(x[:, :13]), stream.accept(x[:, 13:]), stream.flush()], dim=1)
     torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (4, 0), (3, 1)])
+def test_packed_rows_through_both_triton_kernels_equal_one_utterance_per_row(chunk_size, left_chunks):
+    """attention_impl=triton and conv_impl=triton on packed rows: each utterance's encoder output is what the
+    plain encoder (sdpa, torch) gives it alone."""
+    plain, fused = _pair(chunk_size=chunk_size, left_chunks=left_chunks, d_model=32)  # head dim 16, the kernel's least
+    fused = ConformerEncoder(replace(fused.cfg, attention_impl="triton"))
+    fused.load_state_dict(plain.state_dict())
+    feats, lens = _batch()
+    order, rows, row_lens, packing = RowPacker(3, 96, 4).pack(feats, lens, LENGTHS)
+    with torch.no_grad():
+        got, got_lens, _ = fused.eval().forward_packed(rows, row_lens, packing)
+        want, want_lens = plain.eval()(feats[order], lens[order])
+    assert torch.equal(got_lens, want_lens)
+    for b, n in enumerate(want_lens.tolist()):
+        torch.testing.assert_close(got[b, :n], want[b, :n], atol=1e-5, rtol=1e-5)

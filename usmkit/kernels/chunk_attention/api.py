@@ -2,8 +2,8 @@
 
 Shapes: B batch, H heads, T frames, D head dim. q, k, v: (B, H, T, D); lengths: (B,) int, or the
 ``Segments`` of packed rows (several utterances per row). Mask semantics: ``usmkit.kernels.masks``. Every
-implementation is tested against ``reference``. The Triton kernels take lengths only: packed rows go to
-``reference``, ``sdpa`` or ``flex``.
+implementation is tested against ``reference``. The Triton kernels take packed rows as each frame's utterance
+bounds (``segment_bounds``).
 
 The Triton path is two ``torch.library`` custom ops, ``usmkit::chunk_attention_fwd`` (-> out, lse) and
 ``usmkit::chunk_attention_bwd`` (-> dq, dk, dv), with fake implementations and autograd registered here, so
@@ -26,11 +26,21 @@ from usmkit.kernels.masks import Frames, Segments, check_chunk_args
 
 Impl = Literal["reference", "sdpa", "flex", "triton"]
 IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex", "triton")
-PACKED_IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex")  # those that take packed rows (Segments)
-PACKED_TRITON = (
-    "attention_impl='triton' takes one utterance per row, not packed rows (data.pack_to_frames): use "
-    "attention_impl='sdpa' or 'flex' with packing"
-)
+
+
+def segment_bounds(segments: Segments) -> torch.Tensor:
+    """Packed rows' ``Segments`` (B, T) -> each frame's utterance bounds (B, 2, T) int32: [start, end) frame indices
+    in its row, 0 and 0 at padding. Tensor operations only (no host sync), so it runs inside compiled graphs."""
+    ids, pos = segments.ids, segments.positions
+    B, T = ids.shape
+    t = torch.arange(T, device=ids.device).expand(B, T)  # (B, T)
+    valid = ids >= 0
+    slot = ids.clamp_min(0).flatten()  # utterance ids are < B * T
+    last = torch.full((B * T,), -1, dtype=torch.long, device=ids.device)
+    last = last.scatter_reduce(0, slot, torch.where(valid, t, -1).flatten().long(), reduce="amax")
+    start = torch.where(valid, t - pos, 0)
+    end = torch.where(valid, last[slot].view(B, T) + 1, 0)
+    return torch.stack([start, end], dim=1).to(torch.int32)  # (B, 2, T)
 
 
 def _kernels():
@@ -147,7 +157,6 @@ def chunk_attention(
 
         return chunk_attention_flex(q, k, v, lengths, chunk_size, left_chunks)
     if impl == "triton":
-        if isinstance(lengths, Segments):
-            raise ValueError(PACKED_TRITON)
-        return triton_chunk_attention(q, k, v, lengths, chunk_size, left_chunks)
+        frames = segment_bounds(lengths) if isinstance(lengths, Segments) else lengths
+        return triton_chunk_attention(q, k, v, frames, chunk_size, left_chunks)
     raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")

@@ -1,7 +1,9 @@
 """Triton chunk-wise attention: forward and backward kernels that skip fully masked blocks.
 
 Shapes: B batch, H heads, T frames, D head dim (64, 96, 128; any D in 16..128 works, D is padded to a power
-of two inside the kernel). q, k, v: (B, H, T, D), any strides with a unit last stride; lengths: (B,) int.
+of two inside the kernel). q, k, v: (B, H, T, D), any strides with a unit last stride; lengths: (B,) int, or for
+packed rows (several utterances per row) each frame's utterance bounds (B, 2, T) int: [start, end) frame
+indices in its row, start = end at padding (``api.segment_bounds``).
 Mask semantics: ``usmkit.kernels.masks``; ``reference.py`` is the oracle the tests hold this file to.
 
 Block skipping. Query ``i`` sees keys ``[row_lo(i), row_hi(i))`` with (C chunk size, L left chunks)
@@ -12,6 +14,12 @@ loops (masked key blocks, key blocks visible to all its queries without the elem
 or, with the ``SINGLE_LOOP`` config, in one masked loop; the autotuner picks per kernel and shape.
 Everything outside is never loaded. The dK/dV kernel does the same over queries, with the inverse range
 (key ``j`` is seen by queries ``[j // C * C, min((j // C + L + 1) * C, length))``).
+
+Packed rows: query ``i`` of the utterance [s, e) sees the keys a query at ``i - s`` sees in an utterance of
+``e - s`` frames alone, shifted by ``s``: ``row_lo = s + max(0, ((i - s) // C - L) * C)``, ``row_hi = min(s +
+((i - s) // C + 1) * C, e)``; keys of other utterances fall outside. These bounds are not monotone across an
+utterance edge inside a block, so a block walks [min row_lo, max row_hi) of its queries, every block with the
+element mask (likewise for keys in the dK/dV kernel).
 
 Numerics: fp32 accumulators, FlashAttention-2 online softmax in base 2, the log-sum-exp saved (log2 units,
 +inf for padded queries so that they add exactly 0 to dK/dV) for the backward pass. bf16/fp16 dots run on
@@ -98,7 +106,7 @@ else:
         ]
     )
 
-_TUNE_KEY = ["HEAD_D", "CHUNK", "LEFT"]
+_TUNE_KEY = ["HEAD_D", "CHUNK", "LEFT", "PACKED"]
 
 
 def _tune_bench(kernel_call, quantiles):
@@ -169,6 +177,44 @@ def _key_block_ranges(n0, length, CHUNK, LEFT, BLOCK_N: tl.constexpr, BLOCK_M: t
     return start, full_start, full_end, hi_all
 
 
+@triton.jit
+def _packed_rows(SEG, b, offs, T, CHUNK, LEFT):
+    """Packed rows: (row_lo, row_hi, row_ok) of the queries ``offs`` from their utterance's [start, end) in SEG
+    (B, 2, T); chunks count from the utterance's first frame, so the bounds are the lengths' bounds shifted by it."""
+    in_t = offs < T
+    s0 = tl.load(SEG + b.to(tl.int64) * 2 * T + offs, mask=in_t, other=0).to(tl.int32)
+    e0 = tl.load(SEG + b.to(tl.int64) * 2 * T + T + offs, mask=in_t, other=0).to(tl.int32)
+    row_ok = in_t & (e0 > s0)
+    chunk = (offs - s0) // CHUNK
+    row_lo = s0 + tl.where(LEFT >= 0, tl.maximum((chunk - LEFT) * CHUNK, 0), 0)
+    row_hi = tl.where(row_ok, tl.minimum(s0 + (chunk + 1) * CHUNK, e0), 0)
+    return row_lo, row_hi, row_ok
+
+
+@triton.jit
+def _packed_cols(SEG, b, offs, T, CHUNK, LEFT):
+    """Packed rows: (col_lo, col_hi, col_ok) of the keys ``offs``: the queries that see each (the inverse range)."""
+    in_t = offs < T
+    s0 = tl.load(SEG + b.to(tl.int64) * 2 * T + offs, mask=in_t, other=0).to(tl.int32)
+    e0 = tl.load(SEG + b.to(tl.int64) * 2 * T + T + offs, mask=in_t, other=0).to(tl.int32)
+    col_ok = in_t & (e0 > s0)
+    chunk = (offs - s0) // CHUNK
+    col_lo = s0 + chunk * CHUNK
+    col_hi = tl.where(LEFT >= 0, tl.minimum(s0 + (chunk + LEFT + 1) * CHUNK, e0), e0)
+    return col_lo, tl.where(col_ok, col_hi, 0), col_ok
+
+
+@triton.jit
+def _packed_range(lo, hi, ok, T, BLOCK: tl.constexpr):
+    """Loop bounds over the other side for packed rows: every block of [min lo, max hi) walked with the element
+    mask (start, full_start = full_end = start, end); all 0 when no row of the block is valid."""
+    lo_min = tl.min(tl.where(ok, lo, T), axis=0)
+    hi_max = tl.max(hi, axis=0)
+    any_ok = hi_max > lo_min
+    start = tl.where(any_ok, (lo_min // BLOCK) * BLOCK, 0)
+    return start, start, start, tl.where(any_ok, hi_max, 0)
+
+
 # ----------------------------------------------------------------------------------------------- forward
 
 
@@ -206,28 +252,34 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, offs_d, d
 def _fwd_kernel(Q, K, V, O, LSE, LENGTHS, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
                 stride_vb, stride_vh, stride_vt, stride_ob, stride_oh, stride_ot, H, T, qk_scale, CHUNK, LEFT,
                 HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_LOOP: tl.constexpr):  # fmt: skip
-    """One program: BLOCK_M queries of one (batch, head). Grid (cdiv(T, BLOCK_M), B * H)."""
+                PACKED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                SINGLE_LOOP: tl.constexpr):  # fmt: skip
+    """One program: BLOCK_M queries of one (batch, head). Grid (cdiv(T, BLOCK_M), B * H). PACKED: LENGTHS is the
+    rows' (B, 2, T) utterance bounds."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    row_ok = offs_m < length
+    if PACKED:
+        length = T
+        row_lo, row_hi, row_ok = _packed_rows(LENGTHS, b, offs_m, T, CHUNK, LEFT)
+        start, full_start, full_end, end = _packed_range(row_lo, row_hi, row_ok, T, BLOCK_N)
+    else:
+        length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
+        row_ok = offs_m < length
+        q_chunk = offs_m // CHUNK
+        row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
+        row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
+        start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
 
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + h.to(tl.int64) * stride_vh
     q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-
-    q_chunk = offs_m // CHUNK
-    row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
-    row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
-    start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
 
     m_i = tl.full([BLOCK_M], _NEG, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -316,19 +368,29 @@ def _dkdv_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, LENGTHS, stride_qb, stride
                  stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dqb,
                  stride_dqh, stride_dqt, stride_dkb, stride_dkh, stride_dkt, stride_dvb, stride_dvh, stride_dvt, H,
                  T, qk_scale, sm_scale, CHUNK, LEFT, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, SINGLE_LOOP: tl.constexpr):  # fmt: skip
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, ATOMIC_DQ: tl.constexpr, PACKED: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_LOOP: tl.constexpr):  # fmt: skip
     """One program: BLOCK_N keys of one (batch, head); dK, dV (and dQ with atomics). Grid (cdiv(T, BLOCK_N), B * H)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
     n0 = pid_n * BLOCK_N
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    col_ok = offs_n < length
+    if PACKED:
+        length = T
+        col_lo, col_hi, col_ok = _packed_cols(LENGTHS, b, offs_n, T, CHUNK, LEFT)
+        start, full_start, full_end, end = _packed_range(col_lo, col_hi, col_ok, T, BLOCK_M)
+    else:
+        length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
+        col_ok = offs_n < length
+        k_chunk = offs_n // CHUNK
+        col_lo = k_chunk * CHUNK
+        col_hi = tl.where(LEFT >= 0, tl.minimum((k_chunk + LEFT + 1) * CHUNK, length), length)
+        col_hi = tl.where(col_ok, col_hi, 0)
+        start, full_start, full_end, end = _key_block_ranges(n0, length, CHUNK, LEFT, BLOCK_N, BLOCK_M)
     kv_ok = col_ok[:, None] & d_ok[None, :]
 
     b64 = b.to(tl.int64)
@@ -339,12 +401,6 @@ def _dkdv_kernel(Q, K, V, DO, DQ, DK, DV, LSE, DELTA, LENGTHS, stride_qb, stride
     v = tl.load(
         V + b64 * stride_vb + h64 * stride_vh + offs_n[:, None] * stride_vt + offs_d[None, :], mask=kv_ok, other=0.0
     )
-
-    k_chunk = offs_n // CHUNK
-    col_lo = k_chunk * CHUNK
-    col_hi = tl.where(LEFT >= 0, tl.minimum((k_chunk + LEFT + 1) * CHUNK, length), length)
-    col_hi = tl.where(col_ok, col_hi, 0)
-    start, full_start, full_end, end = _key_block_ranges(n0, length, CHUNK, LEFT, BLOCK_N, BLOCK_M)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -415,19 +471,28 @@ def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, offs_
 def _dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, LENGTHS, stride_qb, stride_qh, stride_qt, stride_kb, stride_kh,
                stride_kt, stride_vb, stride_vh, stride_vt, stride_dob, stride_doh, stride_dot, stride_dqb,
                stride_dqh, stride_dqt, H, T, qk_scale, sm_scale, CHUNK, LEFT, HEAD_D: tl.constexpr,
-               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, SINGLE_LOOP: tl.constexpr):  # fmt: skip
+               BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PACKED: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_LOOP: tl.constexpr):  # fmt: skip
     """One program: dQ for BLOCK_M queries of one (batch, head). Grid (cdiv(T, BLOCK_M), B * H)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
     m0 = pid_m * BLOCK_M
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    row_ok = offs_m < length
+    if PACKED:
+        length = T
+        row_lo, row_hi, row_ok = _packed_rows(LENGTHS, b, offs_m, T, CHUNK, LEFT)
+        start, full_start, full_end, end = _packed_range(row_lo, row_hi, row_ok, T, BLOCK_N)
+    else:
+        length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
+        row_ok = offs_m < length
+        q_chunk = offs_m // CHUNK
+        row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
+        row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
+        start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
     q_ok = row_ok[:, None] & d_ok[None, :]
 
     b64 = b.to(tl.int64)
@@ -440,11 +505,6 @@ def _dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, LENGTHS, stride_qb, stride_qh, strid
     )
     lse = tl.load(LSE + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * T + offs_m, mask=row_ok, other=0.0)
-
-    q_chunk = offs_m // CHUNK
-    row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
-    row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
-    start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     PAD_D: tl.constexpr = BLOCK_D != HEAD_D
@@ -536,9 +596,11 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tor
         )
     if q.shape[-1] < 16 or q.shape[-1] > 128:
         raise ValueError(f"triton chunk attention supports head dims 16..128, got D={q.shape[-1]}")
-    if lengths.shape != (q.shape[0],) or lengths.dtype.is_floating_point:
+    B, T = q.shape[0], q.shape[2]
+    if lengths.shape not in ((B,), (B, 2, T)) or lengths.dtype.is_floating_point:
         raise ValueError(
-            f"lengths must be an integer tensor of shape (B,)=({q.shape[0]},); got {lengths.dtype} {tuple(lengths.shape)}"
+            f"lengths must be an integer tensor of shape (B,)=({B},), or packed rows' utterance bounds (B, 2, T)="
+            f"({B}, 2, {T}); got {lengths.dtype} {tuple(lengths.shape)}"
         )
     devices = {t.device for t in (q, k, v, lengths)}
     if len(devices) != 1:
@@ -575,13 +637,13 @@ def chunk_attention_fwd(
     def grid(meta):
         return (triton.cdiv(T, meta["BLOCK_M"]), B * H)
 
-    key = (q.device, q.dtype, lengths.dtype, D, chunk, left)
+    key = (q.device, q.dtype, lengths.dtype, lengths.dim(), D, chunk, left)
     _launch(
         _fwd_kernel, grid, key,
         q, k, v, out, lse, lengths,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         H, T, scale * math.log2(math.e), chunk, left,
-        HEAD_D=D, BLOCK_D=triton.next_power_of_2(D), PRECISION=precision, UPCAST=upcast,
+        HEAD_D=D, BLOCK_D=triton.next_power_of_2(D), PRECISION=precision, UPCAST=upcast, PACKED=lengths.dim() == 3,
     )  # fmt: skip
     return out, lse
 
@@ -629,13 +691,14 @@ def chunk_attention_bwd(
     def grid_kv(meta):
         return (triton.cdiv(T, meta["BLOCK_N"]), B * H)
 
-    key = (q.device, q.dtype, lengths.dtype, D, chunk, left, atomic)
+    key = (q.device, q.dtype, lengths.dtype, lengths.dim(), D, chunk, left, atomic)
+    packed = lengths.dim() == 3
     _launch(
         _dkdv_kernel, grid_kv, key,
         q, k, v, do, dq_acc, dk, dv, lse, delta, lengths,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq_acc), *_strides(dk), *_strides(dv),
         H, T, scale * math.log2(math.e), scale, chunk, left,
-        HEAD_D=D, BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast, ATOMIC_DQ=atomic,
+        HEAD_D=D, BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast, ATOMIC_DQ=atomic, PACKED=packed,
     )  # fmt: skip
     if atomic:
         return dq_acc.to(q.dtype), dk, dv
@@ -650,7 +713,7 @@ def chunk_attention_bwd(
         q, k, v, do, dq, lse, delta, lengths,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         H, T, scale * math.log2(math.e), scale, chunk, left,
-        HEAD_D=D, BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast,
+        HEAD_D=D, BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast, PACKED=packed,
     )  # fmt: skip
     return dq, dk, dv
 
