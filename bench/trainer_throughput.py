@@ -132,8 +132,8 @@ def parse_variant(name: str) -> Variant:
     unknown = {f for f in flags if not re.fullmatch(r"d\d+", f)} - set(FLAGS)
     if size not in SIZES or unknown or len(durations) > 1:
         raise SystemExit(f"unknown variant {name!r}: {NAME_PATTERN} with SIZE in {sorted(SIZES)}")
-    if "pk" in flags and ({"p64", "fb", "tri"} & set(flags)):
-        raise SystemExit(f"variant {name!r}: _pk fixes the batch shape itself, and not with _p64, _fb or _tri")
+    if "pk" in flags and ({"p64", "fb"} & set(flags)):
+        raise SystemExit(f"variant {name!r}: _pk fixes the batch shape itself, and not with _p64 or _fb")
     padding = "p64" if "p64" in flags else "pk" if "pk" in flags else "p256"
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
                    padding, "xs" in flags, "tri" in flags, "fx" in flags, "fc" in flags,

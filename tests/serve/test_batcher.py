@@ -39,3 +39,46 @@ def test_with_a_real_time_stream_attached_streams_ahead_get_one_chunk_a_round_in
 def test_without_a_real_time_stream_every_ready_chunk_runs():
     files = [FakeStream(f"file{i}", ahead=30.0) for i in range(5)]
     assert names(choose(files, now=0.0, real_time_attached=False)) == names(files)
+
+
+def test_the_batched_ctc_head_gives_each_row_its_own_log_probs(audio_ckpt):
+    """``Recognizer.log_probs`` runs the head once over a step's rows: row b's first n frames equal the head on
+    them alone (what each stream computed before), and the result is on the CPU for the streams' decoders."""
+    import torch
+    from serve_helpers import recognizer_for
+
+    recognizer = recognizer_for(audio_ckpt, "--step", "eager")
+    out = torch.randn(3, 5, recognizer.model.encoder.output_dim)
+    batched = recognizer.log_probs(out)
+    assert batched.device.type == "cpu" and batched.dtype == torch.float32
+    for b, n in enumerate([5, 2, 4]):
+        with torch.no_grad():
+            alone = recognizer.model.ctc(out[b : b + 1, :n])[0]
+        torch.testing.assert_close(batched[b, :n], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_a_stream_decodes_the_same_with_the_batched_head(audio_ckpt, wavs):
+    """The same audio through ``ServerStream.encoded`` with the batch's log-probs and without (its own head):
+    the same events."""
+    import soundfile as sf
+    from serve_helpers import recognizer_for
+
+    recognizer = recognizer_for(audio_ckpt, "--step", "eager")
+    audio, _ = sf.read(next(iter(wavs.values())), dtype="int16")
+    results = []
+    for batched in (False, True):
+        stream = recognizer.new_stream(continuous=True)
+        stream.push(audio.tobytes())
+        stream.end()
+        events = []
+        while True:
+            stream.take(stream.collect())
+            taken = stream.next_chunk() if stream.has_chunk else None
+            if taken is None:
+                break
+            out, frames, states = recognizer.run([taken[0]], [taken[1]], [stream.state])
+            log_probs = recognizer.log_probs(out)[0] if batched else None
+            events += stream.encoded(out, frames[0], states[0], log_probs)
+        events += stream.wrap_up()
+        results.append(events)
+    assert results[0] == results[1] and results[0]

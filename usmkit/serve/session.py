@@ -165,6 +165,12 @@ class Recognizer:
                 outs[i], frames[i], new_states[i] = out[j : j + 1], int(out_lens[j]), row_state
         return torch.cat(outs), frames, new_states
 
+    def log_probs(self, out: torch.Tensor) -> torch.Tensor:
+        """The CTC head over a step's rows at once: out (B, C, D) -> log-probs (B, C, V), fp32 on the CPU, in one
+        transfer (per stream, each row's head and copy would cost a device round trip on a GPU)."""
+        with torch.no_grad():
+            return self.model.ctc(out).float().cpu()
+
     def new_stream(self, nbest: int = 1, continuous: bool = False) -> ServerStream:
         return ServerStream(self, nbest, continuous)
 
@@ -330,14 +336,18 @@ class ServerStream:
     def state(self) -> EncoderStreamState:
         return self.encoder.state
 
-    def encoded(self, out: torch.Tensor, frames: int, state: EncoderStreamState) -> list[Event]:
-        """The batched step's row for this stream's chunk: out (1, C, D), its valid frames, the new state."""
+    def encoded(
+        self, out: torch.Tensor, frames: int, state: EncoderStreamState, log_probs: torch.Tensor | None = None
+    ) -> list[Event]:
+        """The batched step's row for this stream's chunk: out (1, C, D), its valid frames, the new state, and
+        the row's CTC log-probs (C, V) if the caller computed them for the batch (``Recognizer.log_probs``)."""
         enc = self.encoder.advance(out, state, frames)  # (1, n, D)
         self._frames_encoded = self.encoder.feature_context + self.encoder.chunks * state.chunk_input_frames
         self.samples_done = min(self._samples_fed, self._frames_encoded * self._shift)
         audio_ms = self._audio_ms()
         events: list[Event] = []
-        for segment in self.transcriber.frames.decode(enc[0]):
+        lp = log_probs[: enc.shape[1]] if log_probs is not None else None  # (n, V)
+        for segment in self.transcriber.frames.decode(enc[0], lp):
             events += self._final(segment, audio_ms)
             if self.done:
                 return events

@@ -154,13 +154,17 @@ class FrameDecoder:
     def audio_end(self) -> None:
         self._levels = np.concatenate([self._levels, self.meter.flush()])
 
-    def decode(self, enc: torch.Tensor) -> list[Segment]:
-        """enc (n, D), the next n encoder frames -> the segments they finalize."""
+    def decode(self, enc: torch.Tensor, log_probs: torch.Tensor | None = None) -> list[Segment]:
+        """enc (n, D), the next n encoder frames -> the segments they finalize. ``log_probs`` (n, V): their CTC
+        log-probs, if the caller computed them (for many streams at once); else the CTC head runs here."""
         n = enc.shape[0]
         if n == 0:
             return []
-        with torch.no_grad():
-            log_probs = self.model.ctc(enc[None])[0]  # (n, V)
+        if log_probs is None:
+            with torch.no_grad():
+                log_probs = self.model.ctc(enc[None])[0]  # (n, V)
+        elif log_probs.shape[0] != n:
+            raise ValueError(f"log_probs must be ({n}, V) for the {n} encoder frames, got {tuple(log_probs.shape)}")
         levels, self._levels = self._levels[:n], self._levels[n:]
         levels = np.concatenate([levels, np.zeros(n - levels.size)])  # a level not known yet counts as audio
         return self.decoder.accept(log_probs, enc, torch.from_numpy(levels < self.silence_db))
