@@ -215,6 +215,25 @@ def _packed_range(lo, hi, ok, T, BLOCK: tl.constexpr):
     return start, start, start, tl.where(any_ok, hi_max, 0)
 
 
+@triton.jit
+def _query_rows(LENGTHS, b, m0, offs_m, T, CHUNK, LEFT, PACKED: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr):  # fmt: skip
+    """For the queries ``offs_m`` of a block starting at m0: (length for the key loads, row_lo, row_hi, row_ok,
+    and the key loop bounds start, full_start, full_end, end), from lengths or packed rows' bounds."""
+    if PACKED:
+        length = T
+        row_lo, row_hi, row_ok = _packed_rows(LENGTHS, b, offs_m, T, CHUNK, LEFT)
+        start, full_start, full_end, end = _packed_range(row_lo, row_hi, row_ok, T, BLOCK_N)
+    else:
+        length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
+        row_ok = offs_m < length
+        q_chunk = offs_m // CHUNK
+        row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
+        row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
+        start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
+    return length, row_lo, row_hi, row_ok, start, full_start, full_end, end
+
+
 # ----------------------------------------------------------------------------------------------- forward
 
 
@@ -264,17 +283,9 @@ def _fwd_kernel(Q, K, V, O, LSE, LENGTHS, stride_qb, stride_qh, stride_qt, strid
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    if PACKED:
-        length = T
-        row_lo, row_hi, row_ok = _packed_rows(LENGTHS, b, offs_m, T, CHUNK, LEFT)
-        start, full_start, full_end, end = _packed_range(row_lo, row_hi, row_ok, T, BLOCK_N)
-    else:
-        length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
-        row_ok = offs_m < length
-        q_chunk = offs_m // CHUNK
-        row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
-        row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
-        start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
+    length, row_lo, row_hi, row_ok, start, full_start, full_end, end = _query_rows(
+        LENGTHS, b, m0, offs_m, T, CHUNK, LEFT, PACKED, BLOCK_M, BLOCK_N
+    )
 
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + h.to(tl.int64) * stride_kh
@@ -482,17 +493,9 @@ def _dq_kernel(Q, K, V, DO, DQ, LSE, DELTA, LENGTHS, stride_qb, stride_qh, strid
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_D
-    if PACKED:
-        length = T
-        row_lo, row_hi, row_ok = _packed_rows(LENGTHS, b, offs_m, T, CHUNK, LEFT)
-        start, full_start, full_end, end = _packed_range(row_lo, row_hi, row_ok, T, BLOCK_N)
-    else:
-        length = tl.minimum(tl.maximum(tl.load(LENGTHS + b).to(tl.int32), 0), T)
-        row_ok = offs_m < length
-        q_chunk = offs_m // CHUNK
-        row_lo = tl.where(LEFT >= 0, tl.maximum((q_chunk - LEFT) * CHUNK, 0), 0)
-        row_hi = tl.where(row_ok, tl.minimum((q_chunk + 1) * CHUNK, length), 0)
-        start, full_start, full_end, end = _query_block_ranges(m0, length, CHUNK, LEFT, BLOCK_M, BLOCK_N)
+    length, row_lo, row_hi, row_ok, start, full_start, full_end, end = _query_rows(
+        LENGTHS, b, m0, offs_m, T, CHUNK, LEFT, PACKED, BLOCK_M, BLOCK_N
+    )
     q_ok = row_ok[:, None] & d_ok[None, :]
 
     b64 = b.to(tl.int64)
