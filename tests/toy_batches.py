@@ -1,10 +1,12 @@
-"""Random CTC batches and a fixed loader for tests that run a tiny model or the trainer on them."""
+"""Random CTC batches and a fixed loader for tests that run a tiny model or the trainer on them; packed rows' ``Segments``
+from their utterance runs."""
 
 from __future__ import annotations
 
 import torch
 
 from usmkit.data.batch import Batch
+from usmkit.kernels.masks import Segments
 
 
 def ctc_batch(B: int, T: int = 64, U: int = 5, seed: int = 0) -> Batch:
@@ -35,3 +37,16 @@ class FixedLoader:
 
     def load_state_dict(self, sd):
         pass
+
+
+def segments(T: int, rows: list[list[tuple[int, int]]], device="cpu") -> Segments:
+    """Packed rows of T frames from (start, length) utterances per row, numbered row by row, left to right."""
+    ids = torch.full((len(rows), T), -1)
+    positions = torch.zeros(len(rows), T, dtype=torch.int64)
+    u = 0
+    for r, row in enumerate(rows):
+        for start, n in row:
+            ids[r, start : start + n] = u
+            positions[r, start : start + n] = torch.arange(n)
+            u += 1
+    return Segments(ids.to(device), positions.to(device))

@@ -9,6 +9,7 @@ bf16 on CPU: the interpreter's bf16 dot is broken in triton 3.6, so there the ke
 
 import pytest
 import torch
+from toy_batches import segments as packed_segments
 
 from usmkit.kernels.chunk_attention import chunk_attention
 from usmkit.kernels.chunk_attention.reference import chunk_attention_reference
@@ -185,21 +186,6 @@ def test_bad_inputs_raise():
         chunk_attention(q, q, q, lengths, 4, 0, impl="cuda")  # type: ignore[arg-type]
 
 
-def _packed_segments(T: int, rows: list[list[tuple[int, int]]]):
-    """Segments of packed rows from (start, length) runs per row; ids numbered row by row."""
-    from usmkit.kernels.masks import Segments
-
-    ids = torch.full((len(rows), T), -1, dtype=torch.long)
-    pos = torch.zeros(len(rows), T, dtype=torch.long)
-    u = 0
-    for r, runs in enumerate(rows):
-        for start, n in runs:
-            ids[r, start : start + n] = u
-            pos[r, start : start + n] = torch.arange(n)
-            u += 1
-    return Segments(ids.to(DEVICE), pos.to(DEVICE))
-
-
 # Utterances crossing the 32-query and 16-key blocks, one frame long, back to back and with gaps; an empty row.
 PACKED_ROWS = [[(0, 9), (9, 1), (10, 23), (35, 13)], [(2, 40)], [], [(0, 48)]]
 
@@ -210,7 +196,7 @@ def test_packed_rows_match_reference(chunk, left, dtype):
     """Packed rows (each frame's utterance bounds): every utterance attends as if alone, chunks from its start;
     padding between and after utterances gets exactly 0 (out, dq, dk, dv)."""
     T = 48
-    seg = _packed_segments(T, PACKED_ROWS)
+    seg = packed_segments(T, PACKED_ROWS, DEVICE)
     (q, k, v, dout), _ = _inputs(len(PACKED_ROWS), 2, T, 16, [T] * len(PACKED_ROWS), seed=7)
 
     def reference(q_, k_, v_):
@@ -230,7 +216,7 @@ def test_packed_rows_match_reference(chunk, left, dtype):
 def test_segment_bounds_give_each_frame_its_utterance():
     from usmkit.kernels.chunk_attention.api import segment_bounds
 
-    seg = _packed_segments(12, [[(0, 3), (3, 1), (6, 4)], []])
+    seg = packed_segments(12, [[(0, 3), (3, 1), (6, 4)], []], DEVICE)
     bounds = segment_bounds(seg).cpu()
     assert bounds.dtype == torch.int32 and bounds.shape == (2, 2, 12)
     assert bounds[0, 0].tolist() == [0, 0, 0, 3, 0, 0, 6, 6, 6, 6, 0, 0]

@@ -6,10 +6,11 @@ CPU; its gradients are checked by the ``gpu`` tests: ``pytest -m gpu tests/model
 
 import pytest
 import torch
+from toy_batches import segments as packed_segments
 
 from usmkit.kernels.chunk_attention.api import chunk_attention
 from usmkit.kernels.chunk_attention.flex import chunk_block_layout, segment_block_layout
-from usmkit.kernels.masks import Segments, lengths_to_padding_mask, padded_chunk_mask, segment_chunk_mask
+from usmkit.kernels.masks import lengths_to_padding_mask, padded_chunk_mask, segment_chunk_mask
 
 # The CPU flex path is the eager (unfused) one on purpose.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -145,19 +146,6 @@ def test_gpu_impl_bf16_error_no_worse_than_torch_bf16(impl, chunk_size, left_chu
 # ---- packed rows (Segments): the same implementations, block-diagonal per utterance
 
 
-def _segments(T: int, rows: list[list[tuple[int, int]]]) -> Segments:
-    """Rows of (start, length) utterances, numbered row by row, left to right."""
-    ids = torch.full((len(rows), T), -1)
-    positions = torch.zeros(len(rows), T, dtype=torch.int64)
-    u = 0
-    for r, row in enumerate(rows):
-        for start, n in row:
-            ids[r, start : start + n] = u
-            positions[r, start : start + n] = torch.arange(n)
-            u += 1
-    return Segments(ids, positions)
-
-
 # Three rows of 37 frames: utterances back to back, with gaps, one filling the row.
 PACKED = [[(0, 9), (9, 14), (25, 11)], [(0, 3), (4, 5), (12, 20)], [(0, 37)]]
 
@@ -165,7 +153,7 @@ PACKED = [[(0, 9), (9, 14), (25, 11)], [(0, 3), (4, 5), (12, 20)], [(0, 37)]]
 @pytest.mark.parametrize(("chunk_size", "left_chunks"), MASKS)
 def test_sdpa_matches_reference_on_packed_rows_forward_and_grads(chunk_size, left_chunks):
     q, k, v, _, grad_out = _inputs(37, [37, 37, 37])
-    segments = _segments(37, PACKED)
+    segments = packed_segments(37, PACKED)
     ref, ref_grads = _run("reference", q, k, v, segments, chunk_size, left_chunks, grad_out)
     out, grads = _run("sdpa", q, k, v, segments, chunk_size, left_chunks, grad_out)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
@@ -179,7 +167,7 @@ def test_sdpa_matches_reference_on_packed_rows_forward_and_grads(chunk_size, lef
 def test_packed_rows_give_each_utterance_its_own_attention(chunk_size, left_chunks):
     """The reference on a packed row equals the reference on each utterance alone (its own row)."""
     q, k, v, _, _ = _inputs(37, [37, 37, 37])
-    segments = _segments(37, PACKED)
+    segments = packed_segments(37, PACKED)
     out = chunk_attention(q, k, v, segments, chunk_size, left_chunks, impl="reference")
     for r, row in enumerate(PACKED):
         for start, n in row:
@@ -194,7 +182,7 @@ def test_packed_rows_give_each_utterance_its_own_attention(chunk_size, left_chun
 @pytest.mark.parametrize(("chunk_size", "left_chunks"), MASKS)
 def test_flex_forward_matches_reference_on_packed_rows(chunk_size, left_chunks):
     q, k, v, _, _ = _inputs(37, [37, 37, 37])
-    segments = _segments(37, PACKED)
+    segments = packed_segments(37, PACKED)
     with torch.no_grad():
         ref, _ = _run("reference", q, k, v, segments, chunk_size, left_chunks)
         out, _ = _run("flex", q, k, v, segments, chunk_size, left_chunks)
@@ -206,7 +194,7 @@ def test_flex_packed_block_layout_is_exact_where_full_and_misses_no_allowed_tile
     """Tiles of 4: a full tile is one whose every in-range pair is allowed; every tile holding an allowed
     pair is full or partial; utterance ranges and chunk ranges skip tiles (fewer partial than all)."""
     bs, T = 4, 37
-    segments = _segments(T, PACKED)
+    segments = packed_segments(T, PACKED)
     partial, full = segment_block_layout(segments, chunk_size, left_chunks, block_size=bs)
     n = (T + bs - 1) // bs
     dense = torch.zeros(len(PACKED), n * bs, n * bs, dtype=torch.bool)

@@ -5,9 +5,9 @@ has news (audio that completes a chunk, the end), hands each such stream what it
 *round* in one worker
 thread: features of the new audio; one chunk from every stream that has a chunk ready, their states
 stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batches of at most
-``max_batch`` rows, one step per batch, the CTC head over the whole batch with one copy to the host, each row's
-output, state and log-probs given back to its stream, which decodes them; then the end of streams whose audio ended. The events go back to each stream's
-sink on the loop (every stream of the round gets a call, with no events if it has none: the server
+``max_batch`` rows, one step per batch, the CTC head over the whole batch with one copy to the host,
+each row's output, state and log-probs given back to its stream, which decodes them; then the end of
+streams whose audio ended. The events go back to each stream's sink on the loop (every stream of the round gets a call, with no events if it has none: the server
 learns there that the stream's buffer has room again). Audio keeps arriving while a round runs, and
 what is ready when it ends forms the next round, so batches grow with the load.
 

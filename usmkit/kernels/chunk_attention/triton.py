@@ -178,30 +178,31 @@ def _key_block_ranges(n0, length, CHUNK, LEFT, BLOCK_N: tl.constexpr, BLOCK_M: t
 
 
 @triton.jit
-def _packed_rows(SEG, b, offs, T, CHUNK, LEFT):
-    """Packed rows: (row_lo, row_hi, row_ok) of the queries ``offs`` from their utterance's [start, end) in SEG
-    (B, 2, T); chunks count from the utterance's first frame, so the bounds are the lengths' bounds shifted by it."""
+def _utterance_of(SEG, b, offs, T, CHUNK):
+    """Packed rows: for the frames ``offs`` of row b, their utterance's [start, end) from SEG (B, 2, T), whether
+    the frame is one (not padding) and its chunk counted from the utterance's first frame."""
     in_t = offs < T
-    s0 = tl.load(SEG + b.to(tl.int64) * 2 * T + offs, mask=in_t, other=0).to(tl.int32)
-    e0 = tl.load(SEG + b.to(tl.int64) * 2 * T + T + offs, mask=in_t, other=0).to(tl.int32)
-    row_ok = in_t & (e0 > s0)
-    chunk = (offs - s0) // CHUNK
-    row_lo = s0 + tl.where(LEFT >= 0, tl.maximum((chunk - LEFT) * CHUNK, 0), 0)
-    row_hi = tl.where(row_ok, tl.minimum(s0 + (chunk + 1) * CHUNK, e0), 0)
+    start = tl.load(SEG + b.to(tl.int64) * 2 * T + offs, mask=in_t, other=0).to(tl.int32)
+    end = tl.load(SEG + b.to(tl.int64) * 2 * T + T + offs, mask=in_t, other=0).to(tl.int32)
+    return start, end, in_t & (end > start), (offs - start) // CHUNK
+
+
+@triton.jit
+def _packed_rows(SEG, b, offs, T, CHUNK, LEFT):
+    """Packed rows: (row_lo, row_hi, row_ok) of the queries ``offs``: the lengths' bounds shifted by the start of
+    each query's utterance and cut at its end."""
+    start, end, row_ok, chunk = _utterance_of(SEG, b, offs, T, CHUNK)
+    row_lo = start + tl.where(LEFT >= 0, tl.maximum((chunk - LEFT) * CHUNK, 0), 0)
+    row_hi = tl.where(row_ok, tl.minimum(start + (chunk + 1) * CHUNK, end), 0)
     return row_lo, row_hi, row_ok
 
 
 @triton.jit
 def _packed_cols(SEG, b, offs, T, CHUNK, LEFT):
     """Packed rows: (col_lo, col_hi, col_ok) of the keys ``offs``: the queries that see each (the inverse range)."""
-    in_t = offs < T
-    s0 = tl.load(SEG + b.to(tl.int64) * 2 * T + offs, mask=in_t, other=0).to(tl.int32)
-    e0 = tl.load(SEG + b.to(tl.int64) * 2 * T + T + offs, mask=in_t, other=0).to(tl.int32)
-    col_ok = in_t & (e0 > s0)
-    chunk = (offs - s0) // CHUNK
-    col_lo = s0 + chunk * CHUNK
-    col_hi = tl.where(LEFT >= 0, tl.minimum(s0 + (chunk + LEFT + 1) * CHUNK, e0), e0)
-    return col_lo, tl.where(col_ok, col_hi, 0), col_ok
+    start, end, col_ok, chunk = _utterance_of(SEG, b, offs, T, CHUNK)
+    col_hi = tl.where(LEFT >= 0, tl.minimum(start + (chunk + LEFT + 1) * CHUNK, end), end)
+    return start + chunk * CHUNK, tl.where(col_ok, col_hi, 0), col_ok
 
 
 @triton.jit

@@ -98,7 +98,7 @@ def _fwd_kernel(H, VALID, IDS, W, BIAS, LNW, LNB, OUT, MEAN, RSTD, T, D, eps, st
 @triton.jit
 def _bwd_dz_kernel(DOUT, H, VALID, IDS, W, BIAS, LNW, LNB, MEAN, RSTD, DZ, PART, T, D, tiles, stride_hb,
                    stride_ht, stride_dob, stride_dot, K: tl.constexpr, LEFT: tl.constexpr, HAS_IDS: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, KP: tl.constexpr):
+                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     b = tl.program_id(1)
     pid = b * tl.num_programs(0) + tl.program_id(0)  # this program's row of the partial sums
     cols = tl.arange(0, BLOCK_D)
@@ -132,16 +132,16 @@ def _bwd_dz_kernel(DOUT, H, VALID, IDS, W, BIAS, LNW, LNB, MEAN, RSTD, DZ, PART,
         dz = tl.where(m2, (dzhat - zhat * c_hat[:, None] - c_mean[:, None]) * rstd[:, None], 0.0)  # LayerNorm
         tl.store(DZ + (b * T + rows[:, None]) * D + cols[None, :], dz, mask=m2)
         dbias += tl.sum(dz, axis=0)
-    part = PART + (pid * D + cols) * (KP + 4)  # this program's partials: [K taps | pad | bias, ln w, ln b]
-    tl.store(part + KP + 1, dbias, mask=cmask)
-    tl.store(part + KP + 2, dlnw, mask=cmask)
-    tl.store(part + KP + 3, dlnb, mask=cmask)
+    part = PART + (pid * D + cols) * (K + 3)  # this program's partials: [K taps | bias, ln w, ln b]
+    tl.store(part + K, dbias, mask=cmask)
+    tl.store(part + K + 1, dlnw, mask=cmask)
+    tl.store(part + K + 2, dlnb, mask=cmask)
 
 
 @triton.jit
 def _bwd_dh_kernel(DZ, H, VALID, IDS, W, DH, PART, T, D, tiles, stride_hb, stride_ht, stride_dhb, stride_dht,
                    K: tl.constexpr, LEFT: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_D: tl.constexpr, KP: tl.constexpr):
+                   BLOCK_D: tl.constexpr):
     b = tl.program_id(1)
     pid = b * tl.num_programs(0) + tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
@@ -178,7 +178,7 @@ def _bwd_dh_kernel(DZ, H, VALID, IDS, W, DH, PART, T, D, tiles, stride_hb, strid
         dptr = DH + b * stride_dhb + src[:, None] * stride_dht + cols[None, :]
         tl.store(dptr, da.to(DH.dtype.element_ty), mask=out_ok)
         tl.store(dptr + D, dg.to(DH.dtype.element_ty), mask=out_ok)
-    part = PART + (pid * D + cols[None, :]) * (KP + 4) + lanes[:, None]
+    part = PART + (pid * D + cols[None, :]) * (K + 3) + lanes[:, None]
     tl.store(part, dw, mask=cmask[None, :] & (lanes[:, None] < K))
 # fmt: on
 
@@ -250,14 +250,13 @@ def conv_mid_bwd(dout, h, valid, ids, weight, bias, ln_weight, ln_bias, mean, rs
     block_t = max(_block_t(D, 4096), triton.next_power_of_2(K))  # the dh kernel keeps tap k in its row k
     tiles = _tiles_per_program(triton.cdiv(T, block_t), B, h.device)
     grid = (triton.cdiv(T, block_t * tiles), B)
-    kp = triton.next_power_of_2(K)
     dz = torch.empty(B, T, D, dtype=torch.float32, device=h.device)
-    partials = torch.zeros(grid[0] * grid[1], D, kp + 4, dtype=torch.float32, device=h.device)
+    partials = torch.empty(grid[0] * grid[1], D, K + 3, dtype=torch.float32, device=h.device)  # every slot written
     valid_u8 = valid.contiguous().view(torch.uint8)
     ids_arg = ids.contiguous() if ids is not None else valid_u8
     weight = weight.contiguous()
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    meta = dict(K=K, LEFT=left, HAS_IDS=ids is not None, BLOCK_T=block_t, BLOCK_D=block_d, KP=kp,
+    meta = dict(K=K, LEFT=left, HAS_IDS=ids is not None, BLOCK_T=block_t, BLOCK_D=block_d,
                 num_warps=_num_warps(block_t, block_d))  # fmt: skip
     _bwd_dz_kernel[grid](
         dout, h, valid_u8, ids_arg, weight, bias, ln_weight, ln_bias, mean, rstd, dz, partials, T, D, tiles,
@@ -266,11 +265,11 @@ def conv_mid_bwd(dout, h, valid, ids, weight, bias, ln_weight, ln_bias, mean, rs
     dh = torch.empty_like(h)
     _bwd_dh_kernel[grid](dz, h, valid_u8, ids_arg, weight, dh, partials, T, D, tiles, h.stride(0), h.stride(1),
                          dh.stride(0), dh.stride(1), **meta)  # fmt: skip
-    sums = partials.sum(0)  # (D, KP + 4); each gradient a copy of its own (a custom op's outputs may not alias)
+    sums = partials.sum(0)  # (D, K + 3); each gradient a copy of its own (a custom op's outputs may not alias)
     return (
         dh,
         sums[:, :K].to(weight.dtype, copy=True),
-        sums[:, kp + 1].to(bias.dtype, copy=True),
-        sums[:, kp + 2].to(ln_weight.dtype, copy=True),
-        sums[:, kp + 3].to(ln_bias.dtype, copy=True),
+        sums[:, K].to(bias.dtype, copy=True),
+        sums[:, K + 1].to(ln_weight.dtype, copy=True),
+        sums[:, K + 2].to(ln_bias.dtype, copy=True),
     )
