@@ -235,3 +235,30 @@ def test_the_packed_front_end_sees_one_shape_whatever_the_number_of_utterances()
         packed, lens, packing, _, _ = _utterances(lengths=lengths)
         enc.forward_packed(packed, lens, packing)
     assert seen == [(4,), (4,)]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_unpack_and_its_gradient_equal_plain_indexing(compiled):
+    """``unpack``'s gather (and its gradient, a gather through the inverse map) against autograd's own indexing."""
+    _, lens, packing, _, _ = _utterances()
+    factor = 4
+    enc_lens = torch.div(lens, factor, rounding_mode="floor")  # any lengths that fit each utterance's slot
+    R, T, D = 4, 96 // factor, 3
+    x = torch.randn(R, T, D, requires_grad=True)
+    weights = torch.randn(len(LENGTHS), T, D)
+
+    def reference(x):
+        t = torch.arange(T)
+        start = packing.rows * T + torch.div(packing.offsets, factor, rounding_mode="floor")
+        valid = t[None, :] < enc_lens[:, None]
+        index = torch.where(valid, start[:, None] + t[None, :], 0)
+        return x.reshape(R * T, D)[index].masked_fill(~valid[:, :, None], 0)
+
+    fn = torch.compile(unpack, backend="aot_eager", fullgraph=True) if compiled else unpack
+    got = fn(x, packing, enc_lens, factor)
+    (grad,) = torch.autograd.grad((got * weights).sum(), x)
+    want = reference(x)
+    (want_grad,) = torch.autograd.grad((want * weights).sum(), x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
+    assert (grad.abs().sum(-1) > 0).sum() == int(enc_lens.sum()), "each valid frame gets its gradient, once"

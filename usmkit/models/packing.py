@@ -54,12 +54,42 @@ def unpack(x: torch.Tensor, packing: Packing, lengths: torch.Tensor, factor: int
     """x (R, T', ...) packed encoder frames -> (U, T', ...), utterance u's ``lengths[u]`` (U,) frames
     first in row u (from encoder frame ``offsets[u] / factor`` of its row), zeros after them.
 
-    One gather of static shape (U, T'): every utterance is at most a row long.
+    One gather of static shape (U, T'): every utterance is at most a row long. Its gradient is a gather too
+    (``_GatherRows``).
     """
     R, T = x.shape[:2]
+    U = lengths.shape[0]
     t = torch.arange(T, device=x.device)  # (T',)
     start = packing.rows * T + torch.div(packing.offsets, factor, rounding_mode="floor")  # (U,) flat index
     valid = t[None, :] < lengths[:, None]  # (U, T')
-    index = torch.where(valid, start[:, None] + t[None, :], 0)  # (U, T'), inside x for the valid frames
-    out = x.reshape(R * T, *x.shape[2:])[index]  # (U, T', ...)
-    return out.masked_fill(~valid.view(*valid.shape, *([1] * (x.dim() - 2))), 0)
+    index = torch.where(valid, start[:, None] + t[None, :], -1).flatten()  # (U T',) into x's frames, -1: zeros
+    # Every packed frame is read by at most one unpacked frame: the inverse map sends it back (-1: nothing).
+    # The unread frames all write -1 into one spare slot, so the scatter's duplicates agree.
+    slot = torch.where(index >= 0, index, R * T)  # (U T',)
+    source = torch.where(index >= 0, torch.arange(U * T, device=x.device), -1)  # (U T',)
+    inverse = torch.full((R * T + 1,), -1, dtype=index.dtype, device=x.device).scatter(0, slot, source)[: R * T]
+    out = _GatherRows.apply(x.reshape(R * T, *x.shape[2:]), index, inverse)  # (U T', ...)
+    return out.view(U, T, *x.shape[2:])
+
+
+def _take_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """src (N, ...), index (M,) in [-1, N) -> (M, ...): row ``index[m]`` of src, zeros where it is -1."""
+    return torch.cat([src, src.new_zeros((1, *src.shape[1:]))])[index]  # -1 reads the appended zero row
+
+
+class _GatherRows(torch.autograd.Function):
+    """``_take_rows(src, index)`` where no row of src is read twice, and ``inverse`` (N,) names the output row
+    that read each source row (-1: none). The gradient is then a gather as well: ``_take_rows(grad, inverse)``.
+    Autograd's own gradient of ``src[index]`` is an accumulating ``index_put_``, which sorts the indices and
+    serializes repeated ones (here every padded frame's), many times slower on a GPU.
+    """
+
+    @staticmethod
+    def forward(ctx, src: torch.Tensor, index: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
+        return _take_rows(src, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (inverse,) = ctx.saved_tensors
+        return _take_rows(grad, inverse), None, None

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from usmkit.kernels.masks import Frames, Segments, check_chunk_args
 
@@ -30,17 +31,19 @@ IMPLS: tuple[str, ...] = ("reference", "sdpa", "flex", "triton")
 
 def segment_bounds(segments: Segments) -> torch.Tensor:
     """Packed rows' ``Segments`` (B, T) -> each frame's utterance bounds (B, 2, T) int32: [start, end) frame indices
-    in its row, 0 and 0 at padding. Tensor operations only (no host sync), so it runs inside compiled graphs."""
+    in its row, 0 and 0 at padding. An utterance's frames are contiguous in its row: its end is one past the
+    first frame at or after t whose next frame belongs elsewhere (a reversed running minimum). Tensor
+    operations only, no host sync and no scatter (whose repeated targets serialize), so it runs inside compiled
+    graphs."""
     ids, pos = segments.ids, segments.positions
     B, T = ids.shape
     t = torch.arange(T, device=ids.device).expand(B, T)  # (B, T)
     valid = ids >= 0
-    slot = ids.clamp_min(0).flatten()  # utterance ids are < B * T
-    last = torch.full((B * T,), -1, dtype=torch.long, device=ids.device)
-    last = last.scatter_reduce(0, slot, torch.where(valid, t, -1).flatten().long(), reduce="amax")
+    following = F.pad(ids[:, 1:], (0, 1), value=-1)  # (B, T) the next frame's utterance
+    last = torch.where(valid & (following != ids), t, T)  # (B, T) frames that end their utterance, else T
+    end = last.flip(1).cummin(1).values.flip(1) + 1  # (B, T) one past the first utterance end at or after t
     start = torch.where(valid, t - pos, 0)
-    end = torch.where(valid, last[slot].view(B, T) + 1, 0)
-    return torch.stack([start, end], dim=1).to(torch.int32)  # (B, 2, T)
+    return torch.stack([start, torch.where(valid, end, 0)], dim=1).to(torch.int32)  # (B, 2, T)
 
 
 def _kernels():
