@@ -229,6 +229,31 @@ def test_resume_gives_the_same_waveform_augmented_batches(
         assert torch.equal(a.features, b.features)
 
 
+@pytest.mark.parametrize("endless", [False, True])
+def test_waveform_augmentation_starts_at_its_epoch(audio_corpus, stats, tiny_tokenizer, noise_manifest, endless):
+    """``waveform_augment_from_epoch=1``: epoch 0 trains on the audio as recorded, epoch 1 on the augmented."""
+    plain, on = loader_config(), loader_config(str(noise_manifest), **ALL_ON)
+    late = loader_config(str(noise_manifest), waveform_augment_from_epoch=1, **ALL_ON)
+
+    def epochs(cfg):
+        loader = make_loader(
+            audio_corpus, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=5, endless=endless
+        )
+        if endless:  # one pass, epoch after epoch
+            first = list(islice(iter(loader), 2 * n))
+            return first[:n], first[n:]
+        first = list(loader)
+        loader.set_epoch(1)
+        return first, list(loader)
+
+    n = len(list(make_loader(audio_corpus, plain, tokenizer=tiny_tokenizer, stats=stats, train=True, seed=5)))
+    (p0, p1), (a0, a1), (l0, l1) = epochs(plain), epochs(on), epochs(late)
+    assert [b.cut_ids for b in l0 + l1] == [b.cut_ids for b in a0 + a1]
+    assert all(torch.equal(x.features, y.features) for x, y in zip(l0, p0, strict=True)), "epoch 0: as recorded"
+    assert all(torch.equal(x.features, y.features) for x, y in zip(l1, a1, strict=True)), "epoch 1: augmented"
+    assert any(not torch.equal(x.features, y.features) for x, y in zip(l1, p1, strict=True))
+
+
 def test_config_refuses_what_cannot_work():
     with pytest.raises(ValueError, match="narrowband_prob=0.2 changes the waveform.*precomputed=false"):
         DataConfig(narrowband_prob=0.2, features=FeatureConfig(precomputed=True))
@@ -240,6 +265,8 @@ def test_config_refuses_what_cannot_work():
         DataConfig(lowpass_prob=0.5, features=FeatureConfig(precomputed=False, sample_rate=8000))
     with pytest.raises(ValueError, match="noise_cuts=n.jsonl.gz.*noise_snr_db"):
         DataConfig(noise_cuts="n.jsonl.gz", features=FeatureConfig(precomputed=False))
+    with pytest.raises(ValueError, match="waveform_augment_from_epoch must be >= 0"):
+        DataConfig(waveform_augment_from_epoch=-1, features=FeatureConfig(precomputed=False))
     ok = DataConfig(features=FeatureConfig(precomputed=True, sample_rate=8000))  # off: nothing to check
     assert ok.waveform_augmentation_on == []
 

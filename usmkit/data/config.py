@@ -102,6 +102,9 @@ class DataConfig:
       log-uniformly in ``lowpass_hz = (low, high)`` Hz (lhotse's resampling low-pass), for band-limited audio;
       ``narrowband_prob + lowpass_prob <= 1`` (each cut gets at most one channel). Needs
       ``features.precomputed=False``; ``usmkit.data.waveform_augment`` says how the four combine.
+    - ``waveform_augment_from_epoch``: the four above apply from this epoch of the training split on (0: from
+      the first); the epochs before train on the audio as recorded, e.g. through CTC's all-blank start, which
+      band-limited and reverberated audio can prolong. Counted by the loader, so a resumed run agrees.
     - ``pad_to_frames``: pad each batch's feature frames up to a multiple of this (0 = off). With
       ``trainer.compile=true`` it keeps the compiled step to a few static time lengths (use 256);
       without compilation it only wastes compute.
@@ -158,6 +161,7 @@ class DataConfig:
     narrowband_prob: float = 0.0
     lowpass_prob: float = 0.0
     lowpass_hz: tuple[float, ...] = (3000.0, 7000.0)
+    waveform_augment_from_epoch: int = 0
     pad_to_frames: int = 0
     fixed_batch_shapes: bool = False
     pack_to_frames: int = 0
@@ -281,6 +285,11 @@ class DataConfig:
         return [name for name, is_on in on if is_on]
 
     def _check_waveform_augmentation(self) -> None:
+        if self.waveform_augment_from_epoch < 0:
+            raise ValueError(
+                f"DataConfig.waveform_augment_from_epoch must be >= 0 (0: from the first epoch), got "
+                f"{self.waveform_augment_from_epoch}"
+            )
         for key in ("reverb_prob", "narrowband_prob", "lowpass_prob"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 raise ValueError(f"DataConfig.{key} must be in [0, 1], got {getattr(self, key)}")

@@ -110,6 +110,7 @@ class AsrDataset(torch.utils.data.Dataset):
         spec_augment: SpecAugmentConfig | None = None,
         speed_perturb: tuple[float, ...] = (),
         waveform: WaveformAugment | None = None,
+        waveform_from_epoch: int = 0,
         gain_db: float = 0.0,
         noise_snr_db: tuple[float, ...] = (),
         noise_prob: float = 0.5,
@@ -136,6 +137,8 @@ class AsrDataset(torch.utils.data.Dataset):
         self.spec_augment = SpecAugment(spec_augment) if spec_augment is not None and spec_augment.enabled else None
         self.perturb = speed_perturbation(speed_perturb, seed)
         self.waveform = waveform
+        self.waveform_from_epoch = waveform_from_epoch
+        self.waveform_now = waveform is not None and waveform_from_epoch == 0  # until ``reseed`` names the epoch
         self.gain_db = gain_db
         self.noise_snr_db = () if waveform is not None and waveform.noise is not None else noise_snr_db
         self.noise_prob = noise_prob
@@ -145,13 +148,15 @@ class AsrDataset(torch.utils.data.Dataset):
         self.packer = packer
         self.input = input_strategy(features)
 
-    def reseed(self, seed: int) -> None:
+    def reseed(self, seed: int, epoch: int | None = None) -> None:
         """Restart the speed perturbation's and the waveform augmentation's random streams from ``seed`` (the
-        loader calls it per batch with the batch's seed)."""
+        loader calls it per batch with the batch's seed and epoch; the waveform augmentation applies from epoch
+        ``waveform_from_epoch`` on)."""
         if self.perturb is not None:
             self.perturb.random = random.Random(seed)
         if self.waveform is not None:
             self.waveform.reseed(seed)
+            self.waveform_now = epoch is None or epoch >= self.waveform_from_epoch
 
     def __getitem__(self, cuts: CutSet) -> Batch:
         if len(cuts) == 0:
@@ -163,7 +168,7 @@ class AsrDataset(torch.utils.data.Dataset):
         if not self.features.precomputed:
             cuts = cuts.map(partial(to_sample_rate, sample_rate=self.features.sample_rate))
         loading = contextlib.nullcontext()
-        if self.waveform is not None:
+        if self.waveform is not None and self.waveform_now:
             cuts, loading = self.waveform(cuts), self.waveform.loading()
         with loading:  # the audio is read here, and the waveform augmentation applied to it
             feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)

@@ -80,7 +80,7 @@ def batch_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class _SnapshotSampler(torch.utils.data.Sampler):
-    """Hands out ``(batch seed, cuts)`` and records the lhotse sampler's state right after each batch.
+    """Hands out ``(batch seed, epoch, cuts)`` and records the lhotse sampler's state right after each batch.
 
     The DataLoader draws batches ahead of the consumer (prefetching in workers), so the sampler's own
     state runs ahead of training. The loader pops one snapshot per batch it yields, which pins the
@@ -96,13 +96,13 @@ class _SnapshotSampler(torch.utils.data.Sampler):
         self.resume_index = 0  # batches of the epoch already consumed, when resuming from a state
         self.snapshots: deque[dict[str, Any]] = deque()
 
-    def __iter__(self) -> Iterator[tuple[int, CutSet]]:
+    def __iter__(self) -> Iterator[tuple[int, int, CutSet]]:
         while True:
             index, self.resume_index = self.resume_index, 0  # lhotse, too, restarts the epoch unless restored
             first = index
             for cuts in self.sampler:
                 self.snapshots.append(self.sampler.state_dict() | {BATCH_INDEX_KEY: index + 1})
-                yield batch_seed(self.seed, self.sampler.epoch, index), cuts
+                yield batch_seed(self.seed, self.sampler.epoch, index), self.sampler.epoch, cuts
                 index += 1
             if not self.endless:
                 return
@@ -114,17 +114,18 @@ class _SnapshotSampler(torch.utils.data.Sampler):
 
 
 class _SeededDataset(torch.utils.data.Dataset):
-    """``dataset[(seed, cuts)]``: ``dataset[cuts]`` with every random draw of augmentation (torch's RNG and
-    the speed perturbation's) seeded by the batch's seed; the caller's torch RNG state is left as it was."""
+    """``dataset[(seed, epoch, cuts)]``: ``dataset[cuts]`` with every random draw of augmentation (torch's RNG and
+    the speed perturbation's) seeded by the batch's seed, and the waveform augmentation on from its epoch; the
+    caller's torch RNG state is left as it was."""
 
     def __init__(self, dataset: AsrDataset) -> None:
         self.dataset = dataset
 
     def __getitem__(self, item: tuple[int, CutSet]) -> Batch:
-        seed, cuts = item
+        seed, epoch, cuts = item
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.dataset.reseed(seed)
+            self.dataset.reseed(seed, epoch)
             return self.dataset[cuts]
 
 
@@ -321,6 +322,7 @@ def _dataset(
         spec_augment=cfg.spec_augment if train else None,
         speed_perturb=cfg.speed_perturb if train else (),
         waveform=_waveform_augmentation(cfg, seed) if train else None,
+        waveform_from_epoch=cfg.waveform_augment_from_epoch,
         gain_db=cfg.gain_db if train else 0.0,
         noise_snr_db=cfg.noise_snr_db if train else (),
         noise_prob=cfg.noise_prob,
@@ -438,7 +440,7 @@ class _SharStreams(torch.utils.data.IterableDataset):
             index = -1
             for index, cuts in enumerate(self._sampler(stream, epoch, seed)):
                 if index >= skip:
-                    yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), cuts)]
+                    yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), epoch, cuts)]
             if index < 0:
                 raise RuntimeError(f"shard stream {stream} of rank {self.rank} got no batch in epoch {epoch}")
             epoch, skip = epoch + 1, 0
