@@ -514,6 +514,13 @@ def run_hostile(checkpoint: Path, audio, kinds: list[str], args, results: dict, 
     print(f"wrote {out}")
 
 
+STEP_FLAGS = {  # a variant's server flags besides --device / --quantize
+    "eager": ["--step", "eager"],
+    "graphs": ["--step", "graphs"],
+    "graphs_bf16": ["--step", "graphs", "--bf16"],
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -525,7 +532,10 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, help="a trained streaming checkpoint (default: small, random weights)")
     ap.add_argument("--size", default="small")
     ap.add_argument(
-        "--variants", default="int8,fp32", help="int8 (CPU only), fp32 (the traced step), eager (fp32, --step eager)"
+        "--variants",
+        default="int8,fp32",
+        help="int8 (CPU only), fp32 (the traced step), eager (fp32, --step eager), graphs (CUDA graphs, --step graphs), "
+        "graphs_bf16 (--step graphs --bf16)",
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
@@ -578,7 +588,7 @@ def main() -> None:
                 print(f"skipping int8 on {args.device}: int8 weights run on the CPU only")
                 continue
             flags = ["--device", args.device] + (["--quantize", "int8"] if variant == "int8" else [])
-            flags += ["--step", "eager"] if variant == "eager" else []
+            flags += STEP_FLAGS.get(variant, [])
             flags += ["--threads", str(threads)] if threads else []
             flags += ["--max-batch", str(args.max_batch)] if args.max_batch else []
             name = f"{variant}_threads{threads or 'default'}" if args.device == "cpu" else variant

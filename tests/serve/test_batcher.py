@@ -82,3 +82,51 @@ def test_a_stream_decodes_the_same_with_the_batched_head(audio_ckpt, wavs):
         events += stream.wrap_up()
         results.append(events)
     assert results[0] == results[1] and results[0]
+
+
+def test_streams_batched_through_the_graphed_step_decode_as_through_the_eager_one(audio_ckpt, wavs):
+    """``Recognizer(step="graphs")`` (on the CPU its padded eager fallback; the graphs are checked against the eager
+    step in tests/streaming/test_step.py): three streams stepped together, batches padded to 4, the same events
+    as the eager step; its warm-up visits every batch size. ``--step graphs`` without a GPU is refused."""
+    import pytest
+    import soundfile as sf
+    from serve_helpers import recognizer_for
+
+    from usmkit.cli.serve import build_parser, build_recognizer
+    from usmkit.errors import UsageError
+    from usmkit.serve.session import Recognizer
+
+    eager = recognizer_for(audio_ckpt, "--step", "eager")
+    graphed = Recognizer(eager.model, eager.tokenizer, eager.features, eager.stats, eager.decoder_cfg,
+                         eager.chunk_size, eager.left_chunks, step="graphs", max_batch=4)  # fmt: skip
+    graphed.warm_up()
+    assert sorted(graphed.step._recorded) == [1, 2, 4]
+    audio = [sf.read(w, dtype="int16")[0] for w in list(wavs.values())[:3]]
+    results = []
+    for recognizer in (eager, graphed):
+        streams = [recognizer.new_stream(continuous=True) for _ in audio]
+        for stream, a in zip(streams, audio, strict=True):
+            stream.push(a.tobytes())
+            stream.end()
+        events = {s: [] for s in streams}
+        while True:
+            rows = []
+            for s in streams:
+                s.take(s.collect())
+                taken = s.next_chunk() if s.has_chunk else None
+                if taken is not None:
+                    rows.append((s, taken))
+            if not rows:
+                break
+            out, frames, states = recognizer.run(
+                [t[0] for _, t in rows], [t[1] for _, t in rows], [s.state for s, _ in rows]
+            )
+            log_probs = recognizer.log_probs(out)
+            for b, (s, _) in enumerate(rows):
+                events[s] += s.encoded(out[b : b + 1], frames[b], states[b], log_probs[b])
+        results.append([events[s] + s.wrap_up() for s in streams])
+    assert results[0] == results[1] and all(results[0])
+    with pytest.raises(UsageError, match="--step graphs records CUDA graphs"):
+        build_recognizer(build_parser().parse_args(["--checkpoint", str(audio_ckpt), "--step", "graphs"]))
+    with pytest.raises(UsageError, match="--bf16 is for --step graphs"):
+        build_recognizer(build_parser().parse_args(["--checkpoint", str(audio_ckpt), "--bf16"]))

@@ -8,6 +8,7 @@ from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.presets import tiny
 from usmkit.models.subsampling import feature_context, output_lengths
 from usmkit.streaming.encoder import StreamingEncoder
+from usmkit.streaming.graphed_step import GraphedStreamStep
 from usmkit.streaming.step import (
     NotStreamableError,
     check_streamable,
@@ -170,22 +171,61 @@ def _run_batched(enc, feats: list[torch.Tensor], joins: list[int], step) -> tupl
     return [torch.cat(o, dim=1)[0] for o in outs], sizes
 
 
-@pytest.mark.parametrize("traced", [False, True])
-def test_batched_streams_at_different_positions_equal_each_stream_alone(traced):
+@pytest.mark.parametrize("kind", ["eager", "traced", "graphed"])
+def test_batched_streams_at_different_positions_equal_each_stream_alone(kind):
     """Streams that started at different times (other rotary offsets and cache fills, one ending while
     the others go on) run as one step over their stacked states: each gets what it gets alone. Traced
-    with ``any_batch``, one graph serves every batch size."""
+    with ``any_batch``, one graph serves every batch size; graphed (here its eager fallback, on the CPU),
+    batches of 3 run padded to 4."""
     enc = _encoder(chunk_size=3, left_chunks=2)
     feats = [_features(1, T, seed=T)[0] for T in (70, 31, 101, 50)]
-    step = TracedStreamStep(enc, any_batch=True) if traced else stream_step
+    step = {"eager": stream_step, "traced": TracedStreamStep(enc, any_batch=True),
+            "graphed": GraphedStreamStep(max_batch=4, capture=False)}[kind]  # fmt: skip
     batched, sizes = _run_batched(enc, feats, joins=[0, 1, 1, 2], step=step)
     assert max(sizes) == 4 and len(set(sizes)) > 2  # batches of changing size
+    if kind == "graphed":
+        assert 3 in sizes and sorted(step._recorded) == [1, 4]  # batches of 3 run as 4
     for f, out in zip(feats, batched, strict=True):
         alone = StreamingEncoder(enc)
         expected = torch.cat([alone.accept(f[None]), alone.flush()], dim=1)[0]  # (T', D)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    if traced:
+    if kind == "traced":
         assert len(step._graphs) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_graphs_of_the_step_equal_the_eager_step(precision):
+    """Replayed CUDA graphs (one per batch size) against the eager step, and each call's outputs its own."""
+    enc = _encoder(chunk_size=3, left_chunks=2).cuda()
+    feats = [_features(1, T, seed=T)[0].cuda() for T in (70, 31, 101, 50)]
+    step = GraphedStreamStep(max_batch=4, capture=True, precision=precision)
+    graphed, _ = _run_batched(enc, feats, joins=[0, 1, 1, 2], step=step)
+    eager, _ = _run_batched(enc, feats, joins=[0, 1, 1, 2], step=stream_step)
+    assert all(r.graph is not None for r in step._recorded.values())
+    tol = dict(atol=1e-4, rtol=1e-4) if precision == "fp32" else dict(atol=5e-2, rtol=5e-2)
+    for g, e in zip(graphed, eager, strict=True):
+        torch.testing.assert_close(g, e, **tol)
+    state = stack_states([init_state(enc, _features(1, FEATURE_CONTEXT, seed=i).cuda()) for i in range(3)])
+    chunk = _features(3, state.chunk_input_frames).cuda()
+    lengths = torch.full((3,), state.chunk_input_frames, device="cuda")
+    first, _, _ = step(enc, chunk, state, lengths)
+    kept = first.clone()
+    step(enc, chunk + 1, state, lengths)
+    assert torch.equal(first, kept), "a later replay must not overwrite an earlier call's output"
+
+
+def test_graphed_step_refuses_a_batch_above_its_largest_size_and_scalar_positions():
+    enc = _encoder()
+    step = GraphedStreamStep(max_batch=2, capture=False)
+    assert step.sizes == [1, 2] and GraphedStreamStep(max_batch=24, capture=False).sizes == [1, 2, 4, 8, 16, 24]
+    states = [init_state(enc, _features(1, FEATURE_CONTEXT, seed=i)) for i in range(3)]
+    chunk = _features(3, states[0].chunk_input_frames)
+    lengths = torch.full((3,), states[0].chunk_input_frames)
+    with pytest.raises(ValueError, match="a batch of 3 streams is more than max_batch=2"):
+        step(enc, chunk, stack_states(states), lengths)
+    with pytest.raises(ValueError, match="per-row positions"):
+        step(enc, chunk[:1], states[0], lengths[:1])
 
 
 def test_stacked_state_splits_back_into_its_rows():

@@ -103,11 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_lexicon_options(p)
     p.add_argument(
         "--step",
-        choices=("auto", "jit", "eager"),
+        choices=("auto", "jit", "eager", "graphs"),
         default="auto",
         help="encoder step of a --checkpoint: traced graph or plain PyTorch; auto: traced on a CPU, plain on a GPU, "
-        "where it serves changing batch sizes faster (an export runs its engine)",
+        "where it serves changing batch sizes faster; graphs (GPU): plain PyTorch recorded as one CUDA graph per "
+        "batch size up to --max-batch (an export runs its engine)",
     )
+    p.add_argument("--bf16", action="store_true", help="--step graphs under bf16 autocast (GPU)")
     p.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8 linear weights (CPU only)")
     return p
 
@@ -138,8 +140,14 @@ def build_recognizer(args) -> Recognizer:
         if device.type != "cpu":
             raise UsageError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {device})")
         model = quantize_linear_int8(model)
+    step = chosen_step(args.step, device)
+    if step == "graphs" and device.type != "cuda":
+        raise UsageError(f"--step graphs records CUDA graphs: use --device cuda, or another --step (got {device})")
+    if args.bf16 and step != "graphs":
+        raise UsageError(f"--bf16 is for --step graphs, not --step {step}")
     return Recognizer(model, loaded.tokenizer, loaded.cfg.data.features, loaded.stats, decoder_cfg, C, K,
-                      silence_db=args.silence_db, step=chosen_step(args.step, device), words=words)  # fmt: skip
+                      silence_db=args.silence_db, step=step, words=words, max_batch=args.max_batch,
+                      bf16=args.bf16)  # fmt: skip
 
 
 def chosen_step(step: str, device: torch.device) -> str:

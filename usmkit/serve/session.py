@@ -71,7 +71,9 @@ class Recognizer:
     ``model``: an ``AsrModel`` (a checkpoint's) or an ``ExportedModel`` (an export's: the encoder's config and
     the CTC head), with its ``tokenizer``, feature config and statistics. ``step``: ``"jit"`` (a traced
     graph that serves every batch size, ``TracedStreamStep(any_batch=True)``), ``"eager"``
-    (``stream_step``), or an exported model's engine, called like ``stream_step``. ``chunk_size`` /
+    (``stream_step``), ``"graphs"`` (``stream_step`` replayed as one CUDA graph per batch size up to
+    ``max_batch``, ``GraphedStreamStep``; ``bf16``: recorded under bf16 autocast), or an exported model's
+    engine, called like ``stream_step``. ``chunk_size`` /
     ``left_chunks``: the mask streams run with. ``words``: a ``LexiconDecoder`` for lexicon finals (every
     stream's finals go through it, in the batcher's worker thread), or None.
     """
@@ -88,6 +90,8 @@ class Recognizer:
         silence_db: float = -50.0,
         step="jit",
         words=None,
+        max_batch: int = 32,
+        bf16: bool = False,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -109,25 +113,34 @@ class Recognizer:
             self.step = TracedStreamStep(self.model.encoder, any_batch=True)
         elif step == "eager":
             self.step = stream_step
+        elif step == "graphs":
+            from usmkit.streaming.graphed_step import GraphedStreamStep
+
+            self.step = GraphedStreamStep(
+                max_batch, capture=self.device.type == "cuda", precision="bf16" if bf16 else "fp32"
+            )
         elif callable(step):
             self.step = step
             # An exported step takes one position (cache fill, offset) for its whole batch (docs/export.md).
             self.one_position = True
         else:
-            raise ValueError(f"step must be 'jit', 'eager' or an engine, got {step!r}")
+            raise ValueError(f"step must be 'jit', 'eager', 'graphs' or an engine, got {step!r}")
 
     @property
     def sample_rate(self) -> int:
         return self.features.sample_rate
 
     def warm_up(self) -> None:
-        """One batched step on zeros, so that tracing happens before the first client, not in its first chunk."""
+        """Batched steps on zeros, so that tracing (or recording each batch size's CUDA graph) happens before the
+        first client, not in its first chunk."""
         encoder = self.model.encoder
         F = encoder.cfg.input_dim
         first = torch.zeros(1, feature_context(encoder.subsampling_factor), F, device=self.device)  # (1, s - 1, F)
         state = init_state(encoder, first, self.chunk_size, self.left_chunks)
         chunk = torch.zeros(1, state.chunk_input_frames, F, device=self.device)  # (1, s C, F)
-        self.run([chunk], [torch.tensor([state.chunk_input_frames], device=self.device)], [state])
+        length = torch.tensor([state.chunk_input_frames], device=self.device)
+        for n in getattr(self.step, "sizes", [1]):
+            self.run([chunk] * n, [length] * n, [state] * n)
 
     def run(
         self, chunks: list[torch.Tensor], lengths: list[torch.Tensor], states: list[EncoderStreamState]
