@@ -339,6 +339,9 @@ def _waveform_augmentation(cfg: DataConfig, seed: int) -> WaveformAugment | None
     if not cfg.waveform_augmentation_on:
         return None
     noise = load_noise_cuts(cfg.noise_cuts, cfg.features.sample_rate, cfg.allow_urls) if cfg.noise_cuts else None
+    if cfg.waveform_augment_from_epoch:
+        log.info("waveform augmentation (%s) from epoch %d on", ", ".join(cfg.waveform_augmentation_on),
+                 cfg.waveform_augment_from_epoch)  # fmt: skip
     return waveform_augmentation(
         sample_rate=cfg.features.sample_rate, reverb_prob=cfg.reverb_prob, noise=noise,
         noise_snr_db=cfg.noise_snr_db, noise_prob=cfg.noise_prob, narrowband_prob=cfg.narrowband_prob,
