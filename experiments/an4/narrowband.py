@@ -1,12 +1,14 @@
-"""The narrowband study: two AN4 recipe runs (scratch, 3 seeds each), the defaults against training with
-waveform augmentation, both scored on ``test`` and ``test_8k`` (test through an 8 kHz channel). Combines
-their reports into one JSON with each run's dev curve, and draws the WERs and the curves.
+"""The narrowband study: AN4 recipe runs (scratch, 3 seeds each), the defaults against training with waveform
+augmentation (from the first step, and from epoch 10), all scored on ``test`` and ``test_8k`` (test through an
+8 kHz channel). Combines their reports into one JSON with each run's dev curve, and draws the WERs and the curves.
 
     python recipes/an4/run.py --variants scratch --seeds 0,1,2 --pool an4 --device cpu --jobs 1 \
         --ensembles scratch --out exp/an4_cpu --report exp/an4_cpu/an4.json
     python recipes/an4/run.py (the same) --out exp/an4_nb --report exp/an4_nb/an4.json \
         --extra data.features.precomputed=false data.narrowband_prob=0.25 data.lowpass_prob=0.25 data.reverb_prob=0.1
-    PYTHONPATH=. python experiments/an4/narrowband.py --runs default=exp/an4_cpu augmented=exp/an4_nb
+    python recipes/an4/run.py (the same) --out exp/an4_nbw --report exp/an4_nbw/an4.json --extra (the same) \
+        data.waveform_augment_from_epoch=10
+    PYTHONPATH=. python experiments/an4/narrowband.py --runs default=exp/an4_cpu augmented=exp/an4_nb late=exp/an4_nbw
 """
 
 from __future__ import annotations
