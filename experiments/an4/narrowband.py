@@ -1,5 +1,5 @@
 """The narrowband study: AN4 recipe runs (scratch, 3 seeds each), the defaults against training with waveform
-augmentation (from the first step, and from epoch 10), all scored on ``test`` and ``test_8k`` (test through an
+augmentation (from the first step, and from epoch 10 at full and half probabilities), all scored on ``test`` and ``test_8k`` (test through an
 8 kHz channel). Combines their reports into one JSON with each run's dev curve, and draws the WERs and the curves.
 
     python recipes/an4/run.py --variants scratch --seeds 0,1,2 --pool an4 --device cpu --jobs 1 \
@@ -8,7 +8,11 @@ augmentation (from the first step, and from epoch 10), all scored on ``test`` an
         --extra data.features.precomputed=false data.narrowband_prob=0.25 data.lowpass_prob=0.25 data.reverb_prob=0.1
     python recipes/an4/run.py (the same) --out exp/an4_nbw --report exp/an4_nbw/an4.json --extra (the same) \
         data.waveform_augment_from_epoch=10
-    PYTHONPATH=. python experiments/an4/narrowband.py --runs default=exp/an4_cpu augmented=exp/an4_nb late=exp/an4_nbw
+    python recipes/an4/run.py (the same) --out exp/an4_nbh --report exp/an4_nbh/an4.json --extra \
+        data.features.precomputed=false data.narrowband_prob=0.125 data.lowpass_prob=0.125 data.reverb_prob=0.05 \
+        data.waveform_augment_from_epoch=10
+    PYTHONPATH=. python experiments/an4/narrowband.py --runs default=exp/an4_cpu augmented=exp/an4_nb late=exp/an4_nbw \
+        late_half=exp/an4_nbh
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def plot_wers(reports: dict[str, dict], out_png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.2 * len(reports), 4), sharey=True)
     for ax, decode in zip(axes, ("ctc_greedy", "ctc_lexicon"), strict=True):
         x = 0
         ticks, labels = [], []
@@ -46,7 +50,7 @@ def plot_wers(reports: dict[str, dict], out_png: Path) -> None:
                 labels.append(f"{name}\n{test_set}")
                 x += 1
             x += 0.5
-        ax.set_xticks(ticks, labels)
+        ax.set_xticks(ticks, labels, fontsize=8)
         ax.set(title=decode, ylabel="WER (%)")
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
