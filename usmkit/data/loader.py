@@ -121,7 +121,7 @@ class _SeededDataset(torch.utils.data.Dataset):
     def __init__(self, dataset: AsrDataset) -> None:
         self.dataset = dataset
 
-    def __getitem__(self, item: tuple[int, CutSet]) -> Batch:
+    def __getitem__(self, item: tuple[int, int, CutSet]) -> Batch:
         seed, epoch, cuts = item
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
