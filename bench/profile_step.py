@@ -81,6 +81,35 @@ def build(size: str, impl: str, chunk: int, dw: str, conv_impl: str = "torch"):
     return model
 
 
+def kernel_summary(prof: torch.profiler.profile, steps: int, top: int) -> dict:
+    """GPU time of a profile over ``steps`` steps, per step: total kernel ms, ms per category, the ``top``
+    costliest kernels, and the ``top`` host ops that launched the most GPU time of their own."""
+    per_kernel: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        # GPU-side ranges of record_function annotations ("Optimizer.step#AdamW.step") span kernels
+        # already counted on their own: skip them.
+        if ev.is_user_annotation:
+            continue
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
+            per_kernel[ev.key] += ev.device_time_total / steps / 1e3  # ms per step
+    ops = [  # the host ops that launched the GPU time (aten ops outside inductor's kernels, custom ops)
+        (ev.key, ev.count / steps, ev.self_device_time_total / steps / 1e3)
+        for ev in prof.key_averages()
+        if ev.device_type == torch.autograd.DeviceType.CPU and ev.self_device_time_total > 0
+    ]
+    ops.sort(key=lambda o: -o[2])
+    per_cat: dict[str, float] = defaultdict(float)
+    for name, ms in per_kernel.items():
+        per_cat[category(name)] += ms
+    costliest = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "kernel_ms_per_step": round(sum(per_cat.values()), 2),
+        "categories_ms": {k: round(v, 2) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [{"name": n[:160], "ms": round(ms, 3), "category": category(n)} for n, ms in costliest],
+        "top_host_ops": [{"op": k[:120], "calls": c, "ms": round(ms, 3)} for k, c, ms in ops[:top]],
+    }
+
+
 def profile_once(args, batch, conv_impl: str) -> dict:
     """Part 1 for one conv impl: step time, GPU time per kernel category, top kernels and host ops."""
     result: dict = {}
@@ -95,29 +124,8 @@ def profile_once(args, batch, conv_impl: str) -> dict:
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-    per_kernel: dict[str, float] = defaultdict(float)
-    for ev in prof.key_averages():
-        # GPU-side ranges of record_function annotations ("Optimizer.step#AdamW.step") span kernels
-        # already counted on their own: skip them.
-        if ev.is_user_annotation:
-            continue
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.device_time_total > 0:
-            per_kernel[ev.key] += ev.device_time_total / 3 / 1e3  # ms per step
-    ops = [  # the host ops that launched the GPU time (aten ops outside inductor's kernels, custom ops)
-        (ev.key, ev.count / 3, ev.self_device_time_total / 3 / 1e3)
-        for ev in prof.key_averages()
-        if ev.device_type == torch.autograd.DeviceType.CPU and ev.self_device_time_total > 0
-    ]
-    ops.sort(key=lambda o: -o[2])
-    result["top_host_ops"] = [{"op": k[:120], "calls": c, "ms": round(ms, 3)} for k, c, ms in ops[: args.top]]
-    per_cat: dict[str, float] = defaultdict(float)
-    for name, ms in per_kernel.items():
-        per_cat[category(name)] += ms
-    total = sum(per_cat.values())
-    result["kernel_ms_per_step"] = round(total, 2)
-    result["categories_ms"] = {k: round(v, 2) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])}
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[: args.top]
-    result["top_kernels"] = [{"name": n[:160], "ms": round(ms, 3), "category": category(n)} for n, ms in top]
+    result |= kernel_summary(prof, 3, args.top)
+    total = result["kernel_ms_per_step"]
     print(
         f"\n{args.size} {args.impl} conv={conv_impl}: step {result['step_ms']:.1f} ms, kernels {total:.1f} ms per step"
     )

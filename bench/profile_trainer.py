@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +35,7 @@ from trainer_throughput import HOP_S, ROOT, _env, command, ensure_corpus, parse_
 def child(out: Path, warm: int, steps: int, overrides: list[str]) -> None:
     """Train with ``overrides`` for ``warm + steps + 1`` steps, profiling steps [warm, warm + steps)."""
     import torch
-    from profile_step import category
+    from profile_step import kernel_summary
 
     from usmkit.cli.train import main as train_main
     from usmkit.training.trainer import Trainer
@@ -49,29 +48,14 @@ def child(out: Path, warm: int, steps: int, overrides: list[str]) -> None:
         device_sync()
         wall_ms = (time.perf_counter() - state["t0"]) * 1e3 / steps
         state["prof"].__exit__(None, None, None)
-        events = state["prof"].key_averages()
-        per_kernel: dict[str, float] = defaultdict(float)
-        for ev in events:
-            if not ev.is_user_annotation and ev.device_type == torch.autograd.DeviceType.CUDA:
-                per_kernel[ev.key] += ev.device_time_total / steps / 1e3  # ms per step
-        per_cat: dict[str, float] = defaultdict(float)
-        for name, ms in per_kernel.items():
-            per_cat[category(name)] += ms
-        audio_s = state["frames"] * HOP_S / steps  # valid audio per step
-        ops = [
-            (ev.key, ev.count / steps, ev.self_device_time_total / steps / 1e3)
-            for ev in events
-            if ev.device_type == torch.autograd.DeviceType.CPU and ev.self_device_time_total > 0
-        ]
-        ops.sort(key=lambda o: -o[2])
-        top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:30]
+        summary = kernel_summary(state["prof"], steps, 30)
         result = {
             "wall_ms_per_step": round(wall_ms, 2),
-            "kernel_ms_per_step": round(sum(per_cat.values()), 2),
-            "audio_s_per_step": round(audio_s, 2),
-            "categories_ms_per_step": {k: round(v, 2) for k, v in sorted(per_cat.items(), key=lambda kv: -kv[1])},
-            "top_kernels": [{"name": n[:160], "ms": round(ms, 3), "category": category(n)} for n, ms in top],
-            "top_host_ops": [{"op": k[:120], "calls": c, "ms": round(ms, 3)} for k, c, ms in ops[:30]],
+            "kernel_ms_per_step": summary["kernel_ms_per_step"],
+            "audio_s_per_step": round(state["frames"] * HOP_S / steps, 2),  # valid audio per step
+            "categories_ms_per_step": summary["categories_ms"],
+            "top_kernels": summary["top_kernels"],
+            "top_host_ops": summary["top_host_ops"],
         }
         out.write_text(json.dumps(result, indent=1))
 

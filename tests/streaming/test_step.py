@@ -10,6 +10,7 @@ from usmkit.models.subsampling import feature_context, output_lengths
 from usmkit.streaming.encoder import StreamingEncoder
 from usmkit.streaming.graphed_step import GraphedStreamStep
 from usmkit.streaming.step import (
+    EncoderStreamState,
     NotStreamableError,
     check_streamable,
     init_state,
@@ -216,6 +217,12 @@ def test_cuda_graphs_of_the_step_equal_the_eager_step(precision):
 
 
 def test_graphed_step_refuses_a_batch_above_its_largest_size_and_scalar_positions():
+    from dataclasses import fields
+
+    from usmkit.streaming.graphed_step import _BATCH_DIM
+
+    state_tensors = {f.name for f in fields(EncoderStreamState)} - {"chunk_size", "left_chunks", "subsampling_factor"}
+    assert set(_BATCH_DIM) == state_tensors, "every state tensor is padded and trimmed along its row axis"
     enc = _encoder()
     step = GraphedStreamStep(max_batch=2, capture=False)
     assert step.sizes == [1, 2] and GraphedStreamStep(max_batch=24, capture=False).sizes == [1, 2, 4, 8, 16, 24]
