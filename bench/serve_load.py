@@ -416,9 +416,17 @@ def stats_of(url: str) -> dict:
         return json.loads(r.read())
 
 
-def start_server(checkpoint: Path, flags: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(
+    checkpoint: Path, flags: list[str], log: Path, switch_interval: float | None = None
+) -> tuple[subprocess.Popen, str]:
     repo = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "usmkit.cli.serve", "--checkpoint", str(checkpoint), "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "usmkit.cli.serve"]
+    if switch_interval is not None:
+        program = (
+            f"import sys; sys.setswitchinterval({switch_interval}); from usmkit.cli.serve import main; sys.exit(main())"
+        )
+        cmd = [sys.executable, "-c", program]
+    cmd += ["--checkpoint", str(checkpoint), "--host", "127.0.0.1"]
     cmd += ["--port", "0", "--max-connections", "1024", "--max-batch", "512", *flags]
     proc = subprocess.Popen(
         cmd,
@@ -518,7 +526,11 @@ STEP_FLAGS = {  # a variant's server flags besides --device / --quantize
     "eager": ["--step", "eager"],
     "graphs": ["--step", "graphs"],
     "graphs_bf16": ["--step", "graphs", "--bf16"],
+    "graphs_si1": ["--step", "graphs"],
 }
+# Variants whose server runs in a Python with another thread switch interval (s; Python's default is 0.005):
+# how long the event loop's thread and the model's worker thread wait for each other's turn with the GIL.
+SWITCH_INTERVAL = {"graphs_si1": 0.001}
 
 
 def main() -> None:
@@ -534,8 +546,9 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="int8,fp32",
-        help="int8 (CPU only), fp32 (the traced step), eager (fp32, --step eager), graphs (CUDA graphs, --step graphs), "
-        "graphs_bf16 (--step graphs --bf16)",
+        help="int8 (CPU only), fp32 (the default step: traced on a CPU, CUDA graphs on a GPU), eager (fp32, --step "
+        "eager), graphs (CUDA graphs, --step graphs), graphs_bf16 (--step graphs --bf16), graphs_si1 (--step graphs in "
+        "a Python whose thread switch interval is 1 ms instead of 5)",
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
@@ -592,7 +605,7 @@ def main() -> None:
             flags += ["--threads", str(threads)] if threads else []
             flags += ["--max-batch", str(args.max_batch)] if args.max_batch else []
             name = f"{variant}_threads{threads or 'default'}" if args.device == "cpu" else variant
-            proc, url = start_server(checkpoint, flags, tmp / f"server_{name}.log")
+            proc, url = start_server(checkpoint, flags, tmp / f"server_{name}.log", SWITCH_INTERVAL.get(variant))
             rows = []
             try:
                 for n in (n for n in SEARCH if args.min_clients <= n <= args.max_clients):
@@ -610,6 +623,7 @@ def main() -> None:
             passing = [r["clients"] for r in rows if r["real_time"]]
             results["variants"][name] = {
                 "server_flags": flags,
+                "switch_interval_s": SWITCH_INTERVAL.get(variant, sys.getswitchinterval()),
                 "max_real_time_streams": max(passing) if passing else 0,
                 "runs": rows,
             }

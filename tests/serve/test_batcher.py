@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
+
 from usmkit.serve.batcher import AHEAD_S, BACKLOG_ROWS, choose
 
 
@@ -130,3 +132,37 @@ def test_streams_batched_through_the_graphed_step_decode_as_through_the_eager_on
         build_recognizer(build_parser().parse_args(["--checkpoint", str(audio_ckpt), "--step", "graphs"]))
     with pytest.raises(UsageError, match="--bf16 is for --step graphs"):
         build_recognizer(build_parser().parse_args(["--checkpoint", str(audio_ckpt), "--bf16"]))
+
+
+def _featurized_alone_and_together(checkpoint, device: str) -> None:
+    """Three streams' audio: each stream's own ``feed`` (its CPU features, copied to the device) against the
+    windows of all three featurized at once by ``Recognizer.featurize`` (one copy, one computation on the device)."""
+    import numpy as np
+    import torch
+    from serve_helpers import recognizer_for, speechlike
+
+    from usmkit.serve.session import _Inbox
+
+    recognizer = recognizer_for(checkpoint, "--step", "eager", "--device", device)
+    audio = [speechlike(s, seed=k, level=0.2) for k, s in enumerate((0.9, 1.7, 0.02))]
+    pcm = [(np.clip(x, -1, 1) * 32767).astype("<i2").tobytes() for x in audio]
+    alone, windows = [], []
+    for p in pcm:
+        a, b = recognizer.new_stream(), recognizer.new_stream()
+        alone.append(a.transcriber.feed(a._pcm(p)))  # (1, t, F)
+        windows.append(b.windows(_Inbox(pcm=p)))  # (t, L)
+    together = recognizer.featurize(windows)
+    assert [f.shape for f in together] == [f.shape for f in alone]
+    assert together[2].shape[1] == 0  # 20 ms: shorter than one window, no frame before the end
+    for f, g in zip(together, alone, strict=True):
+        assert f.device == recognizer.device
+        torch.testing.assert_close(f, g, atol=1e-4, rtol=1e-4)
+
+
+def test_a_round_featurizes_every_stream_at_once_as_each_alone(audio_ckpt):
+    _featurized_alone_and_together(audio_ckpt, "cpu")
+
+
+@pytest.mark.gpu
+def test_a_round_featurizes_every_stream_on_the_gpu_as_each_alone_on_the_cpu(audio_ckpt):
+    _featurized_alone_and_together(audio_ckpt, "cuda")

@@ -129,11 +129,12 @@ def test_an_exported_step_runs_streams_at_different_positions_like_pytorch(lexic
             torch.testing.assert_close(g.reshape(w.shape), w, atol=1e-4, rtol=1e-4)
 
 
-def test_the_default_step_is_traced_on_a_cpu_and_plain_on_a_gpu():
+def test_the_default_step_is_traced_on_a_cpu_and_cuda_graphs_on_a_gpu():
     import torch
 
     from usmkit.cli.serve import chosen_step
 
     assert chosen_step("auto", torch.device("cpu")) == "jit"
-    assert chosen_step("auto", torch.device("cuda", 0)) == "eager"
+    assert chosen_step("auto", torch.device("cuda", 0)) == "graphs"
+    assert chosen_step("auto", torch.device("mps")) == "eager"
     assert chosen_step("jit", torch.device("cuda", 0)) == "jit"

@@ -56,13 +56,13 @@ class FeedLog:
 @pytest.fixture
 def feeds(monkeypatch) -> FeedLog:
     log = FeedLog()
-    feed = StreamingTranscriber.feed
+    feed = StreamingTranscriber.feed_windows  # the server's streams cut their windows here, then featurize together
 
     def counted(self, samples):
         log.calls.append((id(self), samples.size, log.batcher.stats.rounds if log.batcher else -1))
         return feed(self, samples)
 
-    monkeypatch.setattr(StreamingTranscriber, "feed", counted)
+    monkeypatch.setattr(StreamingTranscriber, "feed_windows", counted)
     return log
 
 

@@ -69,6 +69,33 @@ def test_normalized_with_the_global_stats():
     assert fb.num_samples == 8000 and fb.num_frames == 50
 
 
+def test_the_windows_of_several_streams_featurized_in_one_call_equal_each_stream_alone():
+    """A server cuts each stream's windows (``accept_windows`` / ``flush_windows``) and computes the frames of all of
+    them at once (``frames``): each stream's share equals its own ``accept`` / ``flush``, and the offline frames."""
+    stats = FeatureStats(mean=torch.linspace(-5, 5, 80), std=torch.linspace(0.5, 2, 80))
+    signals = [_signal(n, seed=n) for n in (3000, 5210, 401)]
+    blocks = (640, 1000, 97)
+    shared = StreamingFbank(CFG, stats)  # computes the frames of every stream's windows
+    cutters = [StreamingFbank(CFG, stats) for _ in signals]
+    got: list[list[torch.Tensor]] = [[] for _ in signals]
+    pieces = [list(x.split(b)) for x, b in zip(signals, blocks, strict=True)]
+    for r in range(max(len(p) for p in pieces) + 1):  # rounds: every stream's next block (then its end) at once
+        windows = []
+        for fb, p in zip(cutters, pieces, strict=True):
+            windows.append(fb.accept_windows(p[r]) if r < len(p) else fb.flush_windows() if r == len(p) else None)
+        live = [w for w in windows if w is not None]
+        frames = shared.frames(torch.cat(live)).split([w.shape[0] for w in live])
+        it = iter(frames)
+        for i, w in enumerate(windows):
+            if w is not None:
+                got[i].append(next(it))
+    for x, b, parts in zip(signals, blocks, got, strict=True):
+        alone = _streamed(StreamingFbank(CFG, stats), x, b)
+        torch.testing.assert_close(torch.cat(parts), alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(torch.cat(parts), (_offline(x) - stats.mean) / stats.std, atol=1e-4, rtol=1e-5)
+    assert [fb.num_frames for fb in cutters] == [(x.numel() + 80) // 160 for x in signals]
+
+
 def test_shorter_than_a_window_gives_no_frames():
     fb = StreamingFbank(CFG)
     assert fb.accept(np.zeros(0, np.float32)).shape == (0, 80)

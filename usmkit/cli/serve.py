@@ -105,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--step",
         choices=("auto", "jit", "eager", "graphs"),
         default="auto",
-        help="encoder step of a --checkpoint: traced graph or plain PyTorch; auto: traced on a CPU, plain on a GPU, "
-        "where it serves changing batch sizes faster; graphs (GPU): plain PyTorch recorded as one CUDA graph per "
-        "batch size up to --max-batch (an export runs its engine)",
+        help="encoder step of a --checkpoint: traced graph, plain PyTorch, or (GPU) plain PyTorch recorded as one "
+        "CUDA graph per batch size up to --max-batch; auto: traced on a CPU, graphs on a GPU (an export runs its "
+        "engine)",
     )
     p.add_argument("--bf16", action="store_true", help="--step graphs under bf16 autocast (GPU)")
     p.add_argument("--quantize", choices=("none", "int8"), default="none", help="int8 linear weights (CPU only)")
@@ -119,6 +119,10 @@ def build_recognizer(args) -> Recognizer:
     device = device_arg(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    elif device.type == "cuda":
+        # The host's share of a GPU server is small per-stream work (framing, decoding) between the steps: a pool of
+        # threads would only wait on itself and crowd the event loop's core.
+        torch.set_num_threads(1)
     decoder_cfg = decoder_config(args)
     check_model_choice(args)
     if args.engine != "torch":
@@ -151,10 +155,10 @@ def build_recognizer(args) -> Recognizer:
 
 
 def chosen_step(step: str, device: torch.device) -> str:
-    """``--step``, with ``auto`` resolved: the traced graph on a CPU, plain PyTorch on a GPU."""
+    """``--step``, with ``auto`` resolved: the traced graph on a CPU, CUDA graphs on a CUDA GPU, else plain PyTorch."""
     if step != "auto":
         return step
-    return "jit" if device.type == "cpu" else "eager"
+    return {"cpu": "jit", "cuda": "graphs"}.get(device.type, "eager")
 
 
 def main(argv: list[str] | None = None) -> int:

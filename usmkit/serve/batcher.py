@@ -3,7 +3,7 @@
 The event loop never runs the model. ``Batcher.run`` (a task on the loop) waits until some stream
 has news (audio that completes a chunk, the end), hands each such stream what it queued, and runs a
 *round* in one worker
-thread: features of the new audio; one chunk from every stream that has a chunk ready, their states
+thread: features of the new audio (each stream cuts its windows, one computation for all of them); one chunk from every stream that has a chunk ready, their states
 stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batches of at most
 ``max_batch`` rows, one step per batch, the CTC head over the whole batch with one copy to the host,
 each row's output, state and log-probs given back to its stream, which decodes them; then the end of
@@ -171,15 +171,7 @@ class Batcher:
         start = time.perf_counter()
         events: dict[ServerStream, list[Event | Error]] = {stream: [] for stream, _ in work}
         with torch.no_grad():
-            ready = []
-            for stream, inbox in work:
-                try:
-                    stream.take(inbox)
-                except Exception as e:  # noqa: BLE001 - one stream's failure must not take the others down
-                    self._fail(stream, events, e)
-                    continue
-                if stream.has_chunk:
-                    ready.append(stream)
+            ready = [stream for stream in self._take(work, events) if stream.has_chunk]
             rows = []  # (stream, (chunk (1, 4C, F), lengths (1,)))
             now = time.monotonic()
             chosen = choose(ready, now, real_time_attached)
@@ -205,6 +197,31 @@ class Batcher:
         self.stats.rounds += 1
         self.stats.busy_s += time.perf_counter() - start
         return list(events.items()), backlog_only
+
+    def _take(self, work: list[tuple[ServerStream, object]], events: dict) -> list[ServerStream]:
+        """Each stream's collected audio into its encoder's buffer, the features of all of them computed at once;
+        the streams that did not fail."""
+        windowed = []  # (stream, raw feature windows (t, L))
+        for stream, inbox in work:
+            try:
+                windowed.append((stream, stream.windows(inbox)))
+            except Exception as e:  # noqa: BLE001 - one stream's failure must not take the others down
+                self._fail(stream, events, e)
+        try:
+            frames = self.recognizer.featurize([w for _, w in windowed])
+        except Exception as e:  # noqa: BLE001 - the features of one stream's windows cannot fail alone
+            for stream, _ in windowed:
+                self._fail(stream, events, e, what="the features")
+            return []
+        taken = []
+        for (stream, _), f in zip(windowed, frames, strict=True):
+            try:
+                stream.take_frames(f)
+            except Exception as e:  # noqa: BLE001
+                self._fail(stream, events, e)
+                continue
+            taken.append(stream)
+        return taken
 
     def _step(self, rows: list, events: dict[ServerStream, list[Event | Error]]) -> None:
         """One batched encoder step over rows [(stream, (chunk, lengths))], then each row's decoding."""

@@ -102,7 +102,10 @@ class Recognizer:
         self.chunk_size, self.left_chunks = chunk_size, left_chunks
         self.silence_db = silence_db
         self.device = next(self.model.parameters()).device
-        framing = StreamingFbank(self.features)  # its window and hop, in samples
+        # Computes the features of every stream's windows of a round at once, on the model's device (the framing is
+        # each stream's own, on the CPU).
+        self.fbank = StreamingFbank(self.features, self.stats).to(self.device)
+        framing = self.fbank  # its window and hop, in samples
         chunk_frames = self.model.encoder.subsampling_factor * chunk_size  # feature frames per chunk
         self.one_position = False  # whether the step takes one position for all its rows (``_run_by_position``)
         # The most audio one round featurizes for a stream: two chunks (and the first window).
@@ -178,6 +181,14 @@ class Recognizer:
                 outs[i], frames[i], new_states[i] = out[j : j + 1], int(out_lens[j]), row_state
         return torch.cat(outs), frames, new_states
 
+    def featurize(self, windows: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The streams' raw feature windows (t_i, L) each -> their normalized frames (1, t_i, F) on the model's device:
+        one copy to the device and one feature computation there for all of them (per stream, the fixed cost of
+        each small computation and copy would be most of the time)."""
+        counts = [w.shape[0] for w in windows]
+        frames = self.fbank.frames(torch.cat(windows).to(self.device))  # (sum t_i, F)
+        return [f[None] for f in frames.split(counts)]
+
     def log_probs(self, out: torch.Tensor) -> torch.Tensor:
         """The CTC head over a step's rows at once: out (B, C, D) -> log-probs (B, C, V), fp32 on the CPU, in one
         transfer (per stream, each row's head and copy would cost a device round trip on a GPU)."""
@@ -216,6 +227,7 @@ class ServerStream:
 
     def __init__(self, recognizer: Recognizer, nbest: int = 1, continuous: bool = False) -> None:
         r = recognizer
+        self.recognizer = recognizer
         self.nbest = nbest
         self.continuous = continuous
         self.transcriber = StreamingTranscriber(
@@ -254,6 +266,7 @@ class ServerStream:
         self._samples_fed = 0
         self._end_fed = False
         self._tail_taken = False
+        self._end_collected_now = False  # the audio of the round's ``windows`` was the last
         self._frames_encoded = 0  # feature frames the encoder has consumed (s - 1 + s C per whole chunk)
 
     # ------------------------------------------------------------------ event loop side
@@ -324,12 +337,24 @@ class ServerStream:
 
     def take(self, inbox: _Inbox) -> None:
         """Features of the collected audio into the encoder's buffer: one feed for all of it."""
-        t = self.transcriber
+        self.take_frames(self.recognizer.featurize([self.windows(inbox)])[0])
+
+    def windows(self, inbox: _Inbox) -> torch.Tensor:
+        """``take``'s first half: the collected audio decoded, its levels noted, and the raw windows (t, L) of the
+        feature frames it completes (the batcher computes every stream's at once: ``Recognizer.featurize``)."""
         samples = self._pcm(inbox.pcm)  # (N,)
-        if samples.size:
-            t.encoder.queue(t.feed(samples))
-            self._samples_fed += samples.size
-        if inbox.ended and not self._end_fed:
+        self._end_collected_now = inbox.ended
+        if not samples.size:
+            return self.transcriber.fbank.accept_windows(samples)  # (0, L)
+        self._samples_fed += samples.size
+        return self.transcriber.feed_windows(samples)
+
+    def take_frames(self, frames: torch.Tensor) -> None:
+        """``take``'s second half: the frames (1, t, F) of ``windows`` into the encoder's buffer, then the end's."""
+        t = self.transcriber
+        if frames.shape[1]:
+            t.encoder.queue(frames)
+        if self._end_collected_now and not self._end_fed:
             t.encoder.queue(t.feed_end())
             self._end_fed = True
 

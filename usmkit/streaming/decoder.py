@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+import numpy as np
 import torch
 
 from usmkit.decoding import Hypothesis, PrefixBeamState, attention_rescore
@@ -121,29 +122,31 @@ class GreedySearch:
         self._score = 0.0
 
     def advance(self, log_probs: torch.Tensor) -> GreedySearch:
-        """log_probs (t, V) of the next t frames."""
+        """log_probs (t, V) of the next t frames (on the CPU)."""
         if log_probs.shape[0] == 0:
             return self
-        best, ids = log_probs.max(dim=-1)  # (t,) each
-        prev = torch.cat([ids.new_tensor([self._last]), ids[:-1]])  # (t,)
+        x = log_probs.detach().float().numpy()  # (t, V); a chunk's few frames: numpy's per-call cost is lower
+        ids = x.argmax(axis=-1)  # (t,)
+        best = np.take_along_axis(x, ids[:, None], axis=-1)[:, 0]  # (t,)
+        prev = np.concatenate([[self._last], ids[:-1]])  # (t,)
         emit = (ids != self.blank) & (ids != prev)  # (t,): a new token starts here
         self._tokens += ids[emit].tolist()
-        self._times += (torch.nonzero(emit).flatten() + self.frames).tolist()
+        self._times += (np.flatnonzero(emit) + self.frames).tolist()
         self._score += float(best.sum())
         self._last = int(ids[-1])
-        self.frames += log_probs.shape[0]
+        self.frames += x.shape[0]
         return self
 
     def nbest(self, n: int | None = None) -> list[Hypothesis]:
         return [Hypothesis(tuple(self._tokens), self._score, ctc_score=self._score, timestamps=tuple(self._times))]
 
 
-def _run_lengths(flags: torch.Tensor, carry: int) -> torch.Tensor:
-    """Length of the run of True ending at each frame: flags (t,) bool -> (t,) long; ``carry`` = the run
+def _run_lengths(flags: np.ndarray, carry: int) -> np.ndarray:
+    """Length of the run of True ending at each frame: flags (t,) bool -> (t,) int; ``carry`` = the run
     length before the first frame."""
-    idx = torch.arange(flags.shape[0])
-    last_false = torch.cummax(torch.where(flags, -1, idx), dim=0).values  # (t,): last False at or before i
-    return torch.where(last_false >= 0, idx - last_false, idx + 1 + carry)
+    idx = np.arange(flags.shape[0])
+    last_false = np.maximum.accumulate(np.where(flags, -1, idx))  # (t,): last False at or before i
+    return np.where(last_false >= 0, idx - last_false, idx + 1 + carry)
 
 
 class StreamingDecoder:
@@ -218,22 +221,24 @@ class StreamingDecoder:
         if silent is not None and silent.shape != (t,):
             raise ValueError(f"silent must be (t,) = ({t},) flags, got shape {tuple(silent.shape)}")
         log_probs = log_probs.detach().float().cpu()
-        silent = torch.zeros(t, dtype=torch.bool) if silent is None else silent.cpu().bool()
-        blank_dom = log_probs.argmax(dim=-1) == self.blank  # (t,)
+        # The endpoint bookkeeping of a chunk's few frames in numpy, whose per-call cost is a fraction of torch's.
+        silent = np.zeros(t, dtype=bool) if silent is None else silent.cpu().bool().numpy()
+        blank_dom = log_probs.numpy().argmax(axis=-1) == self.blank  # (t,)
         finals: list[Segment] = []
         i = 0
         while i < t:
             lp, b, s = log_probs[i:], blank_dom[i:], silent[i:]
             blank_run = _run_lengths(b, self._blank_run)  # (n,)
             silence_run = _run_lengths(s, self._silence_run)  # (n,)
-            nonblank = torch.cummax((~b).int(), dim=0).values.bool() | self._nonblank  # (n,)
-            seg_len = torch.arange(1, lp.shape[0] + 1) + (self.frames - self._seg_start)  # (n,)
+            nonblank = np.maximum.accumulate(~b) | self._nonblank  # (n,)
+            seg_len = np.arange(1, lp.shape[0] + 1) + (self.frames - self._seg_start)  # (n,)
             end = (
                 (nonblank & (blank_run >= self._blank_frames))
                 | (nonblank & (silence_run >= self._silence_frames))
                 | (seg_len >= self._max_frames)
             )
-            stop = int(torch.nonzero(end)[0]) + 1 if bool(end.any()) else lp.shape[0]  # frames taken now
+            hits = np.flatnonzero(end)
+            stop = int(hits[0]) + 1 if hits.size else lp.shape[0]  # frames taken now
             self._search.advance(lp[:stop])
             if self.las is not None:
                 self._enc.append(enc[i : i + stop].detach())

@@ -21,6 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# lhotse's streaming framing, the first half of its ``online_inference``: cutting the windows apart from the
+# features lets one call compute the frames of many streams' windows (``StreamingFbank.frames``).
+from lhotse.features.kaldi.layers import _get_strided_batch_streaming
+
 from usmkit.checkpointing.checkpoint import CheckpointError, run_dir
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import fbank_extractor
@@ -108,58 +112,91 @@ class StreamingFbank:
         self._buffer = torch.zeros(1, 0)  # (1, n): before the start, all samples; after, lhotse's remainder
         self._tail = torch.zeros(0)  # the last `window` samples of the signal, for the end reflection
 
-    def _finish(self, frames: torch.Tensor) -> torch.Tensor:
-        """(t, F) raw log-mel -> normalized (t, F); counts them."""
-        self.num_frames += frames.shape[0]
+    def _empty(self) -> torch.Tensor:
+        return torch.zeros(0, self.cfg.num_mel_bins, device=self.device)
+
+    @property
+    def device(self) -> torch.device:
+        """Where ``frames`` computes (the windows it takes must be there)."""
+        return self._fbank.extractor.wav2win._window.device
+
+    def to(self, device: torch.device | str) -> StreamingFbank:
+        """Compute ``frames`` on ``device`` (a server's GPU: the frames of all streams' windows in one call there).
+        Cutting windows (``accept_windows``) stays on the CPU; ``accept`` / ``flush`` need the CPU."""
+        self._fbank.extractor.to(device)
+        if self.stats is not None:
+            self.stats = FeatureStats(mean=self.stats.mean.to(device), std=self.stats.std.to(device))
+        return self
+
+    def frames(self, windows: torch.Tensor) -> torch.Tensor:
+        """windows (t, L) -> their (t, F) log-mel frames, normalized with ``stats``. Pure: each frame depends only
+        on its own window, so the windows of many streams (sharing the config and stats) can go in one call."""
+        if windows.shape[0] == 0:
+            return self._empty()
+        extractor = self._fbank.extractor  # lhotse's Wav2LogFilterBank: window processing, then FFT and mel
+        with torch.no_grad():
+            frames = extractor._forward_strided(*extractor.wav2win._forward_strided(windows[None]))[0]  # (t, F)
         if self.stats is None:
             return frames
         return (frames - self.stats.mean) / self.stats.std
 
-    def _empty(self) -> torch.Tensor:
-        return torch.zeros(0, self.cfg.num_mel_bins)
-
     def accept(self, samples: torch.Tensor | np.ndarray) -> torch.Tensor:
         """samples (N,) -> the (t, F) frames completed by them (t may be 0)."""
+        return self.frames(self.accept_windows(samples))
+
+    def flush(self) -> torch.Tensor:
+        """The last frames (t, F): those whose window reaches into the end reflection; ``reset()`` before a new stream."""
+        return self.frames(self.flush_windows())
+
+    def _cut(self, x: torch.Tensor, context: torch.Tensor | None) -> torch.Tensor:
+        """Windows (t, L) of the samples x (1, N) after ``context`` (1, n) (None: the start, reflected), as lhotse's
+        ``online_inference`` cuts them (its first half; ``frames`` is its second); keeps the remainder."""
+        dither = self._fbank.extractor.wav2win.dither
+        if dither != 0.0:
+            x = x + dither * torch.randn(x.shape)
+        windows, self._buffer = _get_strided_batch_streaming(x, self.shift, self.window, context, snip_edges=False)
+        self.num_frames += windows.shape[1]
+        return windows[0]  # (t, L)
+
+    def _no_windows(self) -> torch.Tensor:
+        return torch.zeros(0, self.window)
+
+    def accept_windows(self, samples: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """samples (N,) -> the raw windows (t, L) of the frames they complete (``frames`` turns them into features)."""
         x = torch.as_tensor(samples, dtype=torch.float32)
         if x.dim() != 1:
             raise ValueError(f"samples must be one channel (N,), got shape {tuple(x.shape)}")
         if x.numel() == 0:
-            return self._empty()
+            return self._no_windows()
         self.num_samples += x.numel()
         self._tail = torch.cat([self._tail, x])[-self.window :]
         if not self._started:
             self._buffer = torch.cat([self._buffer, x[None]], dim=1)  # (1, n)
             if self._buffer.shape[1] < self.window:  # the start reflection and the first window need this much
-                return self._empty()
-            x, context = self._buffer, None
+                return self._no_windows()
             self._started = True
-        else:
-            x, context = x[None], self._buffer  # (1, N), (1, n)
-            if self._new_frames(context.shape[1] + x.shape[1]) == 0:  # lhotse fails on zero frames
-                self._buffer = torch.cat([context, x], dim=1)
-                return self._empty()
-        with torch.no_grad():
-            frames, self._buffer = self._fbank.extractor.online_inference(x, context)  # (1, t, F), (1, n)
-        return self._finish(frames[0])
+            return self._cut(self._buffer, None)
+        if self._new_frames(self._buffer.shape[1] + x.shape[0]) == 0:
+            self._buffer = torch.cat([self._buffer, x[None]], dim=1)
+            return self._no_windows()
+        return self._cut(x[None], self._buffer)
 
     def _new_frames(self, buffered: int) -> int:
-        """Frames ``online_inference`` cuts from ``buffered`` samples (after the start)."""
+        """Frames lhotse cuts from ``buffered`` samples (after the start)."""
         return max(0, (buffered - (self.window - self.shift)) // self.shift)
 
-    def flush(self) -> torch.Tensor:
-        """The last frames (t, F): those whose window reaches into the end reflection; ``reset()`` before a new stream."""
+    def flush_windows(self) -> torch.Tensor:
+        """The windows (t, L) of the last frames, those that reach into the end reflection."""
         total = (self.num_samples + self.shift // 2) // self.shift  # lhotse's frame count for the whole signal
         if not self._started:
             # Shorter than one window (25 ms): lhotse's reflection would read past the signal; no frames.
-            return self._empty()
-        else:
-            pad_left = (self.window - self.shift) // 2
-            pad_right = (total - 1) * self.shift + self.window - self.num_samples - pad_left
-            frames = self._empty()
-            if pad_right > 0 and self._new_frames(self._buffer.shape[1] + pad_right) > 0:
-                reflection = torch.flip(self._tail[-pad_right:], (0,))  # as lhotse's _get_strided_batch pads
-                with torch.no_grad():
-                    frames, _ = self._fbank.extractor.online_inference(reflection[None], self._buffer)
-                frames = frames[0]
-            out = self._finish(frames[: total - self.num_frames])
-        return out
+            return self._no_windows()
+        pad_left = (self.window - self.shift) // 2
+        pad_right = (total - 1) * self.shift + self.window - self.num_samples - pad_left
+        if pad_right <= 0 or self._new_frames(self._buffer.shape[1] + pad_right) == 0:
+            return self._no_windows()
+        before = self.num_frames
+        reflection = torch.flip(self._tail[-pad_right:], (0,))  # as lhotse's _get_strided_batch pads
+        windows = self._cut(reflection[None], self._buffer)[: total - before]
+        self.num_frames = before + windows.shape[0]
+        return windows

@@ -221,9 +221,14 @@ class StreamingTranscriber:
 
     def feed(self, samples: np.ndarray) -> torch.Tensor:
         """The next samples (N,) -> their feature frames (1, t, F) on the model's device (levels noted for the endpointer)."""
+        return self.fbank.frames(self.feed_windows(samples))[None].to(self.device)
+
+    def feed_windows(self, samples: np.ndarray) -> torch.Tensor:
+        """``feed`` up to the features: the raw windows (t, L) of the frames the samples complete
+        (``fbank.frames`` computes them, for many streams at once on a server)."""
         self.frames.audio(samples)
         self.stats.audio_s += samples.size / self.fbank.cfg.sample_rate
-        return self.fbank.accept(samples)[None].to(self.device)
+        return self.fbank.accept_windows(samples)
 
     def feed_end(self) -> torch.Tensor:
         """End of the audio -> the last feature frames (1, t, F)."""
