@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 SUMMARY = re.compile(
     r"transcribed (\d+) inputs \(([\d.]+) h of audio\) in ([\d.]+) s: RTFx ([\d.]+) \(after ([\d.]+) s of setup\)"
 )
+LOADER_WAIT = re.compile(r"([\d.]+) s waiting for the loader's workers")
 
 
 # ---------------------------------------------------------------------------------------------- audio
@@ -193,6 +194,7 @@ def usmkit_row(args, name: str, exp: Path, audio: Path, seconds: float, gpus: in
         "process_s": round(wall, 1),
         "rtfx": float(rtfx),
         "rtfx_end_to_end": round(seconds / wall, 1),
+        "loader_wait_s": float(LOADER_WAIT.search(done.stderr).group(1)) if LOADER_WAIT.search(done.stderr) else None,
     }
 
 

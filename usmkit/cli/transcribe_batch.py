@@ -64,7 +64,8 @@ def print_summary(summary) -> None:
         print(
             f"transcribed {summary.transcribed} inputs ({summary.audio_seconds / 3600:.2f} h of audio) in "
             f"{summary.wall_seconds:.1f} s: RTFx {summary.rtfx:.1f} (after {summary.setup_seconds:.1f} s of setup); "
-            f"{summary.already_done} were already in {summary.out}",
+            f"{summary.already_done} were already in {summary.out}; "
+            f"{summary.loader_wait_seconds:.1f} s waiting for the loader's workers (more num_workers if that is most)",
             file=sys.stderr,
         )
     else:

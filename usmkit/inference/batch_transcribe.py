@@ -168,6 +168,7 @@ class BatchSummary:
     wall_seconds: float  # from the first batch to the last line written (the slowest rank's)
     records: int = 0  # lines of ``out`` after the run (rank 0)
     setup_seconds: float = 0.0  # loading the checkpoint and compiling the encoder, before the first batch
+    loader_wait_seconds: float = 0.0  # of wall_seconds, waiting for the loader's workers (the slowest rank's)
 
     @property
     def rtfx(self) -> float:
@@ -309,7 +310,7 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
             prefetch_factor=4 if workers else None,
         )
         start = sink.start = time.perf_counter()  # RTFx counts from the first batch on
-        failures = _transcribe(loader, runner, sink, writer)
+        failures, loader_wait = _transcribe(loader, runner, sink, writer)
     finally:
         writer.close()
         sink.close()
@@ -318,8 +319,9 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
     setup = start - setup_start
     wall = time.perf_counter() - start
     mine = BatchSummary(
-        out, sink.count, plan.already_done, ValidationReport(problems=failures), sink.seconds, wall, setup_seconds=setup
-    )
+        out, sink.count, plan.already_done, ValidationReport(problems=failures), sink.seconds, wall, setup_seconds=setup,
+        loader_wait_seconds=loader_wait,
+    )  # fmt: skip
     everyone = ranks.gather(mine)
     if ranks.rank != 0:
         return mine
@@ -334,6 +336,7 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
         sum(s.audio_seconds for s in everyone),
         max(s.wall_seconds for s in everyone),
         setup_seconds=max(s.setup_seconds for s in everyone),
+        loader_wait_seconds=max(s.loader_wait_seconds for s in everyone),
     )
     summary.records = merge(out)
     if cfg.ctm:
@@ -342,11 +345,19 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
     return summary
 
 
-def _transcribe(loader, runner: DeviceRunner, sink: _Sink, writer: JournalWriter) -> list[Problem]:
-    """Everything the loader yields through the runner into the sink; returns the inputs that failed."""
+def _transcribe(loader, runner: DeviceRunner, sink: _Sink, writer: JournalWriter) -> tuple[list[Problem], float]:
+    """Everything the loader yields through the runner into the sink; returns the inputs that failed and the
+    seconds spent waiting for the loader."""
     failures: list[Problem] = []
     finish_previous = None
-    for x in loader:
+    waited = 0.0
+    batches = iter(loader)
+    while True:
+        asked = time.perf_counter()
+        x = next(batches, None)
+        waited += time.perf_counter() - asked
+        if x is None:
+            break
         if isinstance(x, AudioBatch):
             failures += [sink.fail(f) for f in x.failed]
             finish = runner.batch(x)  # launched on the device; the previous batch is finished meanwhile
@@ -364,7 +375,7 @@ def _transcribe(loader, runner: DeviceRunner, sink: _Sink, writer: JournalWriter
         finish_previous()
     runner.poll(wait=True)
     writer.flush()
-    return failures
+    return failures, waited
 
 
 def _seconds(unit: BatchUnit | LongUnit) -> float:
