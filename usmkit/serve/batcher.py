@@ -2,14 +2,16 @@
 
 The event loop never runs the model. ``Batcher.run`` (a task on the loop) waits until some stream
 has news (audio that completes a chunk, the end), hands each such stream what it queued, and runs a
-*round* in one worker
-thread: features of the new audio (each stream cuts its windows, one computation for all of them); one chunk from every stream that has a chunk ready, their states
-stacked along the batch axis (``usmkit.streaming.step.stack_states``) into batches of at most
-``max_batch`` rows, one step per batch, the CTC head over the whole batch with one copy to the host,
-each row's output, state and log-probs given back to its stream, which decodes them; then the end of
-streams whose audio ended. The events go back to each stream's sink on the loop (every stream of the round gets a call, with no events if it has none: the server
-learns there that the stream's buffer has room again). Audio keeps arriving while a round runs, and
-what is ready when it ends forms the next round, so batches grow with the load.
+*round* in one worker thread: features of the new audio (each stream cuts its own feature windows;
+one computation on the model's device makes the frames of all of them); one chunk from every stream
+that has a chunk ready, their states stacked along the batch axis
+(``usmkit.streaming.step.stack_states``) into batches of at most ``max_batch`` rows, one step per
+batch, the CTC head over the whole batch with one copy to the host, each row's output, state and
+log-probs given back to its stream, which decodes them; then the end of streams whose audio ended.
+The events go back to each stream's sink on the loop (every stream of the round gets a call, with no
+events if it has none: the server learns there that the stream's buffer has room again). Audio keeps
+arriving while a round runs, and what is ready when it ends forms the next round, so batches grow
+with the load.
 
 A stream with more chunks buffered gives one per round, and has its audio featurized only as its
 chunks are needed (``ServerStream.collect``). Streams whose audio came more than ``AHEAD_S`` ahead of

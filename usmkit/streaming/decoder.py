@@ -122,10 +122,10 @@ class GreedySearch:
         self._score = 0.0
 
     def advance(self, log_probs: torch.Tensor) -> GreedySearch:
-        """log_probs (t, V) of the next t frames (on the CPU)."""
+        """log_probs (t, V) of the next t frames."""
         if log_probs.shape[0] == 0:
             return self
-        x = log_probs.detach().float().numpy()  # (t, V); a chunk's few frames: numpy's per-call cost is lower
+        x = log_probs.detach().float().cpu().numpy()  # (t, V); a chunk's few frames: numpy's per-call cost is lower
         ids = x.argmax(axis=-1)  # (t,)
         best = np.take_along_axis(x, ids[:, None], axis=-1)[:, 0]  # (t,)
         prev = np.concatenate([[self._last], ids[:-1]])  # (t,)
