@@ -151,3 +151,40 @@ def test_an_lm_path_that_is_missing_or_not_an_lm_is_one_line(tmp_path, tokenizer
     garbage.write_text("these are my notes, not a language model\n")
     with pytest.raises(UsageError, match=f"lexicon.lm_path={garbage} cannot be read as an ARPA or KenLM binary LM"):
         LexiconDecoder.build(TEXTS, tokenizer, tmp_path / "b", LexiconConfig(order=2, lm_path=str(garbage)))
+
+
+def test_scored_nbest_is_the_nbest_with_decreasing_scores(tmp_path, tokenizer):
+    decoder = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=1, beam_size=50, nbest=5))
+    exact = emissions_for(tokenizer, "they should win the game")
+    lengths = torch.tensor([exact.shape[1]])
+    (scored,) = decoder.scored_nbest(exact, lengths)
+    assert [t for t, _ in scored] == decoder.nbest(exact, lengths)[0]
+    scores = [s for _, s in scored]
+    assert scores == sorted(scores, reverse=True) and all(math.isfinite(s) for s in scores)
+
+
+def test_attention_rescoring_of_the_lexicon_nbest(tmp_path, tokenizer):
+    """``rescore_lexicon_nbest``: with ctc_weight 1 the lexicon's own first; with 0 the transcript the attention
+    decoder scores best (checked against ``LASDecoder.score`` on each); an empty list gives ""."""
+    from usmkit.decoding.rescoring import rescore_lexicon_nbest
+    from usmkit.models.las import LASConfig, LASDecoder
+
+    decoder = LexiconDecoder.build(TEXTS, tokenizer, tmp_path, LexiconConfig(order=1, beam_size=50, nbest=5))
+    exact = emissions_for(tokenizer, "they should win the game")
+    (scored,) = decoder.scored_nbest(exact, torch.tensor([exact.shape[1]]))
+    torch.manual_seed(0)
+    las = LASDecoder(encoder_dim=16, vocab_size=tokenizer.vocab_size, cfg=LASConfig(num_layers=1, num_heads=2)).eval()
+    enc, enc_lens = torch.randn(2, 9, 16), torch.tensor([9, 7])
+    nbests = [scored, []]
+    assert rescore_lexicon_nbest(las, tokenizer, enc, enc_lens, nbests, ctc_weight=1.0) == [scored[0][0], ""]
+    with torch.no_grad():
+        att = las.score(enc[:1].expand(len(scored), -1, -1), enc_lens[:1].expand(len(scored)),
+                        [tuple(tokenizer.encode(t)) for t, _ in scored])  # fmt: skip
+    favourite = scored[int(att.argmax())][0]
+    assert favourite != scored[0][0]  # the two passes disagree here, so the weight decides
+    assert rescore_lexicon_nbest(las, tokenizer, enc, enc_lens, nbests, ctc_weight=0.0) == [favourite, ""]
+    mixed = [0.5 * s + 0.5 * float(a) for (_, s), a in zip(scored, att, strict=True)]
+    assert (
+        rescore_lexicon_nbest(las, tokenizer, enc, enc_lens, nbests, ctc_weight=0.5)[0]
+        == scored[max(range(len(scored)), key=mixed.__getitem__)][0]
+    )

@@ -19,6 +19,7 @@ from usmkit.cli.prepare import main as prepare_main
 from usmkit.data.corpora.librispeech import prepare_librispeech
 from usmkit.data.manifests import load_cuts
 from usmkit.data.validate import BadInputError
+from usmkit.decoding.ctc_lexicon import LexiconConfig
 from usmkit.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,10 +41,19 @@ def test_misspelled_test_set_is_refused_before_decoding(ctc_ckpt, corpus, monkey
 
 def test_las_decoding_of_a_ctc_model_is_refused_before_decoding(ctc_ckpt, corpus, monkeypatch):
     monkeypatch.setattr(ev, "transcribe_batches", lambda *a, **k: pytest.fail("decoding started"))
-    for mode in ("las_beam", "rescore"):
-        cfg = ev.EvalConfig(checkpoint=str(ctc_ckpt), decode=mode, manifest_dir=str(corpus))
+    for mode in ("las_beam", "rescore", "lexicon_rescore"):
+        cfg = ev.EvalConfig(
+            checkpoint=str(ctc_ckpt), decode=mode, manifest_dir=str(corpus), lexicon=LexiconConfig(nbest=10)
+        )
         with pytest.raises(UsageError, match=rf"decode={mode} needs an attention \(LAS\) decoder"):
             ev.evaluate(cfg)
+
+
+def test_lexicon_rescoring_needs_an_nbest_list_and_a_weight_in_range():
+    with pytest.raises(ValueError, match=r"lexicon_rescore .* set lexicon.nbest=10"):
+        ev.EvalConfig(checkpoint="x", decode="lexicon_rescore")
+    with pytest.raises(ValueError, match=r"rescore_ctc_weight must be in \[0, 1\]"):
+        ev.EvalConfig(checkpoint="x", decode="rescore", rescore_ctc_weight=1.5)
 
 
 def test_each_set_is_written_as_it_finishes(ctc_ckpt, corpus, monkeypatch, tmp_path):

@@ -259,11 +259,21 @@ class LexiconDecoder:
 
     def nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[str]]:
         """Like ``__call__``, but up to ``cfg.nbest`` distinct transcripts per utterance, best first."""
+        return [[text for text, _ in scored] for scored in self.scored_nbest(log_probs, lengths)]
+
+    def scored_nbest(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[tuple[str, float]]]:
+        """``nbest`` with each transcript's search score (CTC path log-prob, weighted LM and word scores), best
+        first: what attention rescoring of the lexicon's n-best (``usmkit.decoding.rescoring``) combines."""
         if log_probs.dim() != 3 or lengths.shape != log_probs.shape[:1]:
             raise ValueError(
                 f"need log_probs (B, T, V) and lengths (B,), got {tuple(log_probs.shape)} and {tuple(lengths.shape)}"
             )
         emissions = log_probs.detach().float().cpu().contiguous()
         results = self._decoder(emissions, lengths.detach().cpu().to(torch.int32))
-        texts = [[" ".join(w for w in hyp.words if w != UNK_WORD) for hyp in hyps] for hyps in results]
-        return [list(dict.fromkeys(t)) for t in texts]  # alignments of the same words count once
+        out = []
+        for hyps in results:
+            scored: dict[str, float] = {}  # alignments of the same words count once, at their best score
+            for hyp in hyps:
+                scored.setdefault(" ".join(w for w in hyp.words if w != UNK_WORD), float(hyp.score))
+            out.append(list(scored.items()))
+        return out

@@ -9,6 +9,10 @@ sum of log p(token | prefix, audio) plus </s>) and ranks by
     score = ctc_weight * ctc_score + (1 - ctc_weight) * att_score
 
 so ``ctc_weight=1`` keeps the CTC ranking and ``ctc_weight=0`` trusts the decoder alone.
+
+``rescore_lexicon_nbest`` does the same for the lexicon decoder's n-best (``LexiconDecoder.scored_nbest``),
+whose first-pass score also holds the word LM: transcripts spelled with lexicon words, ranked with the
+attention decoder's view of them (ESPnet's and WeNet's second pass, over a word-constrained first pass).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 from usmkit.decoding.hypothesis import Hypothesis
 
 if TYPE_CHECKING:
+    from usmkit.data.tokenizer import Tokenizer
     from usmkit.models.las import LASDecoder
 
 
@@ -79,3 +84,30 @@ def attention_rescore(
             f"attention_rescore takes one utterance, enc (1, T, E); got {tuple(enc.shape)} (use attention_rescore_batch)"
         )
     return attention_rescore_batch(decoder, enc, enc_lens, [nbest], ctc_weight)[0]
+
+
+@torch.no_grad()
+def rescore_lexicon_nbest(
+    decoder: LASDecoder,
+    tokenizer: Tokenizer,
+    enc: torch.Tensor,
+    enc_lens: torch.Tensor,
+    nbests: list[list[tuple[str, float]]],
+    ctc_weight: float = 0.3,
+) -> list[str]:
+    """Best transcript per utterance of enc (B, T, E), enc_lens (B,) out of its lexicon n-best [(text, score)]
+    (``LexiconDecoder.scored_nbest``), by ``ctc_weight * score + (1 - ctc_weight) * att_score``; "" for an
+    utterance whose list is empty (no word fits)."""
+    keep = [b for b, nbest in enumerate(nbests) if nbest]
+    if not keep:
+        return [""] * len(nbests)
+    rows = torch.tensor(keep, device=enc.device)
+    lists = [[Hypothesis(tuple(tokenizer.encode(t)), s, ctc_score=s) for t, s in nbests[b]] for b in keep]
+    best = attention_rescore_batch(
+        decoder, enc.index_select(0, rows), enc_lens.index_select(0, rows), lists, ctc_weight
+    )
+    texts = [""] * len(nbests)
+    for b, hyps, chosen in zip(keep, lists, best, strict=True):
+        i = next(i for i, h in enumerate(hyps) if h.tokens == chosen.tokens)  # the first: ties keep the lexicon order
+        texts[b] = nbests[b][i][0]
+    return texts

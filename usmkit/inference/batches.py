@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 
+from usmkit.decoding.rescoring import rescore_lexicon_nbest
 from usmkit.metrics import TextNormConfig, normalize_text, score
 from usmkit.models.ensemble import CtcEnsemble
 
@@ -24,11 +25,14 @@ def transcribe_batches(
     max_batches: int = 0,
     norm: TextNormConfig | None = None,
     word_decoder: Callable[[torch.Tensor, torch.Tensor], list[str]] | None = None,
+    rescore_ctc_weight: float = 0.3,
 ) -> tuple[list[dict], float]:
     """Decode every batch; returns per-utterance records and the decoding wall time in seconds.
 
     ``word_decoder`` (e.g. ``usmkit.decoding.ctc_lexicon.LexiconDecoder``) maps CTC log-probs
-    (B, T', V) and lengths to transcripts; when given, it replaces ``mode``.
+    (B, T', V) and lengths to transcripts; when given, it replaces ``mode``, except ``mode="lexicon_rescore"``:
+    its scored n-best is rescored with the model's attention decoder (``rescore_lexicon_nbest``).
+    ``rescore_ctc_weight``: the first pass's share of the score in ``rescore`` and ``lexicon_rescore``.
     """
     norm = norm or TextNormConfig()
     device = device or next(module.parameters()).device
@@ -44,14 +48,22 @@ def transcribe_batches(
                 texts = module.transcribe(
                     batch.features, batch.feature_lens, tokenizer, mode, beam_size, word_decoder=word_decoder
                 )
+            elif mode == "lexicon_rescore":
+                enc, enc_lens = module.encode(batch.features, batch.feature_lens)
+                nbests = word_decoder.scored_nbest(module.ctc(enc), enc_lens)
+                texts = rescore_lexicon_nbest(module.las, tokenizer, enc, enc_lens, nbests, rescore_ctc_weight)
             elif word_decoder is not None:
                 enc, enc_lens = module.encode(batch.features, batch.feature_lens)
                 texts = word_decoder(module.ctc(enc), enc_lens)
             else:
-                texts = [
-                    tokenizer.decode(hyp_ids)
-                    for hyp_ids in module.decode(batch.features, batch.feature_lens, mode=mode, beam_size=beam_size)
-                ]
+                hyps = module.decode(
+                    batch.features,
+                    batch.feature_lens,
+                    mode=mode,
+                    beam_size=beam_size,
+                    rescore_ctc_weight=rescore_ctc_weight,
+                )
+                texts = [tokenizer.decode(hyp_ids) for hyp_ids in hyps]
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - start

@@ -32,7 +32,9 @@ from usmkit.streaming.features import checkpoint_feature_stats
 
 log = logging.getLogger(__name__)
 
-DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore", "ctc_lexicon")
+DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore", "ctc_lexicon", "lexicon_rescore")
+LEXICON_MODES = ("ctc_lexicon", "lexicon_rescore")  # the modes that build a lexicon decoder
+ATTENTION_MODES = ("las_beam", "rescore", "lexicon_rescore")  # the modes that need a LAS decoder
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,18 @@ class EvalConfig:
     norm: TextNormConfig = field(default_factory=TextNormConfig)
     lexicon: LexiconConfig = field(default_factory=LexiconConfig)
     ensemble: tuple[str, ...] = ()  # more checkpoints, combined with checkpoint per hypothesis (models/ensemble.py)
+    # rescore / lexicon_rescore: the first pass's share of the combined score (the attention decoder's: 1 - it)
+    rescore_ctc_weight: float = 0.3
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
+        if not 0.0 <= self.rescore_ctc_weight <= 1.0:
+            raise ValueError(f"rescore_ctc_weight must be in [0, 1], got {self.rescore_ctc_weight}")
+        if self.decode == "lexicon_rescore" and self.lexicon.nbest < 2:
+            raise ValueError(
+                "decode=lexicon_rescore rescores the lexicon decoder's n-best list: set lexicon.nbest=10 (2 or more)"
+            )
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
         if not self.max_duration > 0:
@@ -92,7 +102,7 @@ def load_for_eval(cfg: EvalConfig) -> LoadedModel:
     module, train_cfg, tokenizer, ckpt = load_trained(cfg.checkpoint, device, **changes)
     if tokenizer is None:
         raise UsageError(f"{ckpt} is a {train_cfg.task.kind} checkpoint with no ASR head: fine-tune it first")
-    if cfg.decode in ("las_beam", "rescore") and getattr(module, "las", None) is None:
+    if cfg.decode in ATTENTION_MODES and getattr(module, "las", None) is None:
         raise UsageError(
             f"decode={cfg.decode} needs an attention (LAS) decoder, but {ckpt} is a {train_cfg.task.kind} model "
             "without one; use decode=ctc_greedy, ctc_beam or ctc_lexicon"
@@ -121,13 +131,14 @@ def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
     ``on_set(results)`` (optional) is called after each set is scored, with the results so far."""
     loaded = load_for_eval(cfg)
     module, tokenizer, data, stats, device = loaded.module, loaded.tokenizer, loaded.data, loaded.stats, loaded.device
-    word_decoder = build_word_decoder(cfg, loaded.train_cfg, tokenizer) if cfg.decode == "ctc_lexicon" else None
+    word_decoder = build_word_decoder(cfg, loaded.train_cfg, tokenizer) if cfg.decode in LEXICON_MODES else None
     results: dict[str, Any] = {
         "checkpoint": str(loaded.checkpoint),
         **({"ensemble": [str(m) for m in loaded.members]} if loaded.members else {}),
         "decode": cfg.decode,
         "beam_size": cfg.beam_size,
-        **({"lexicon": asdict(cfg.lexicon)} if cfg.decode == "ctc_lexicon" else {}),
+        **({"lexicon": asdict(cfg.lexicon)} if cfg.decode in LEXICON_MODES else {}),
+        **({"rescore_ctc_weight": cfg.rescore_ctc_weight} if cfg.decode in ("rescore", "lexicon_rescore") else {}),
         "chunk_size": first_encoder_chunk(module),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -146,6 +157,7 @@ def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
             device=device,
             norm=cfg.norm,
             word_decoder=word_decoder,
+            rescore_ctc_weight=cfg.rescore_ctc_weight,
         )
         audio_s = sum(r["frames"] for r in records) * data.features.frame_shift_ms / 1000
         entry = score([r["ref"] for r in records], [r["hyp"] for r in records]).as_dict()
