@@ -16,7 +16,8 @@ No stage named: all four, in order.
   only, up to ``--jobs`` runs side by side (one GPU serves several runs of a model this small).
 - decode: per fine-tuned run, CTC greedy on dev and test; the lexicon settings (LM order, weight, word
   score, over ``--lm-orders`` x ``--lm-weights`` x ``--word-scores``) chosen on dev
-  (``python -m usmkit.cli.tune_lexicon``), then test once with them; LAS rescoring for ``las``. Each
+  (``python -m usmkit.cli.tune_lexicon``), then test once with them; for ``las`` also attention rescoring of
+  the CTC prefix beam's n-best, and of the lexicon's n-best (the weight of the two passes chosen on dev). Each
   variant's runs together as one ensemble (``--ensembles``) the same way. Every test score is also taken
   on ``test_8k``, the test set resampled to 8 kHz and back (telephone band; ``--no-narrowband-test``: not).
 - report: mean +- standard deviation over the seeds per variant and decoding, ensembles apart, and how
@@ -319,8 +320,16 @@ def _encoder_step(s: Settings, encoder: str, pretrain_seed: int | None) -> tuple
     return () if encoder in s.stage1 else (f"bestrq_{encoder}_p{pretrain_seed}",)
 
 
+# lexicon_rescore (``las`` runs): the lexicon decoder's n-best, with the lexicon settings chosen on dev, rescored by the
+# attention decoder; the lexicon score's share of the combined score is chosen on dev among these.
+RESCORE_WEIGHTS = (0.3, 0.5, 0.7, 0.9)
+RESCORE_NBEST = 10
+
+
 def decodes_of(variant: str) -> tuple[str, ...]:
-    return ("ctc_greedy", "ctc_lexicon", "rescore") if variant == "las" else ("ctc_greedy", "ctc_lexicon")
+    if variant == "las":
+        return ("ctc_greedy", "ctc_lexicon", "rescore", "lexicon_rescore")
+    return ("ctc_greedy", "ctc_lexicon")
 
 
 def ensembles_of(s: Settings) -> dict[str, list[Run]]:
@@ -344,7 +353,7 @@ def decode_steps(s: Settings) -> list[Step]:
         if len(runs) > 1:
             model["ensemble"] = [s.runs_dir / r.name for r in runs[1:]]
         for decode in decodes:
-            if decode == "ctc_lexicon":
+            if decode in ("ctc_lexicon", "lexicon_rescore"):
                 continue
             evaluate = {**model, "test_sets": ["dev", *tests], "decode": decode, "output": out / f"{decode}.json"}
             steps.append(Step(f"{decode}_{name}", "usmkit.cli.evaluate", evaluate, deps))
@@ -366,7 +375,60 @@ def decode_steps(s: Settings) -> list[Step]:
                 (f"tune_lexicon_{name}", *deps[1:]),
             )
         )
+        if "lexicon_rescore" in decodes:
+            steps += lexicon_rescore_steps(name, model, tuned, out, tests, deps)
     return steps
+
+
+def lexicon_rescore_steps(name: str, model: dict, tuned: Path, out: Path, tests: list[str], deps) -> list[Step]:
+    """Dev with each of ``RESCORE_WEIGHTS`` (the lexicon settings chosen on dev), then the test sets once with
+    the weight best on dev."""
+    steps, dev_steps = [], []
+    for w in RESCORE_WEIGHTS:
+        dev_steps.append(f"lexicon_rescore_dev_w{w}_{name}")
+        steps.append(
+            Step(
+                dev_steps[-1],
+                "usmkit.cli.evaluate",
+                lambda w=w: {
+                    **model,
+                    "test_sets": ["dev"],
+                    "decode": "lexicon_rescore",
+                    **chosen_lexicon(tuned),
+                    "lexicon.nbest": RESCORE_NBEST,
+                    "rescore_ctc_weight": w,
+                    "output": out / f"lexicon_rescore_dev_w{w}.json",
+                },
+                (f"tune_lexicon_{name}", *deps[1:]),
+            )
+        )
+    steps.append(
+        Step(
+            f"lexicon_rescore_{name}",
+            "usmkit.cli.evaluate",
+            lambda: {
+                **model,
+                "test_sets": tests,
+                "decode": "lexicon_rescore",
+                **chosen_lexicon(tuned),
+                "lexicon.nbest": RESCORE_NBEST,
+                "rescore_ctc_weight": chosen_rescore(out)[0],
+                "output": out / "lexicon_rescore.json",
+            },
+            tuple(dev_steps),
+        )
+    )
+    return steps
+
+
+def chosen_rescore(out: Path) -> tuple[float, float]:
+    """The rescoring weight with the lowest dev WER (the first of equals) and that WER, from the dev files in ``out``."""
+    dev = {
+        w: json.loads((out / f"lexicon_rescore_dev_w{w}.json").read_text())["sets"]["dev"]["wer"]
+        for w in RESCORE_WEIGHTS
+    }
+    best = min(RESCORE_WEIGHTS, key=dev.__getitem__)
+    return best, dev[best]
 
 
 def chosen_lexicon(tuning_json: Path) -> dict[str, Any]:
@@ -423,6 +485,12 @@ def scores(s: Settings, name: str, decode: str) -> dict[str, Any] | None:
             return None
         lexicon = {k: tuning["best"][k] for k in ("order", "lm_weight", "word_score")}
         return {"dev_wer": tuning["best"]["wer"], **_test(test), "lexicon": lexicon}
+    if decode == "lexicon_rescore":
+        test = _read(folder / "lexicon_rescore.json")
+        if test is None:
+            return None
+        weight, dev_wer = chosen_rescore(folder)
+        return {"dev_wer": dev_wer, **_test(test), "rescore_ctc_weight": weight}
     result = _read(folder / f"{decode}.json")
     return None if result is None else {"dev_wer": result["sets"]["dev"]["wer"], **_test(result)}
 

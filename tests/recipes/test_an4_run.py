@@ -134,6 +134,33 @@ def test_the_commands_compose_into_the_configs_usmkit_reads(an4_run, tmp_path):
     assert from_dict(EvalConfig, evaluate).decode == "rescore"
 
 
+def test_lexicon_rescoring_of_las_runs_tests_once_with_the_weight_best_on_dev(an4_run, tmp_path):
+    """A ``las`` run's lexicon n-best is rescored on dev at each weight, then on test once at the weight best
+    on dev; the report's row carries that weight and its dev WER."""
+    s = an4_run.Settings(out=tmp_path, variants=("las",), seeds=(0,), pretrain_seeds=(0,), narrowband_test=False)
+    steps = _by_name(an4_run.decode_steps(s))
+    out = tmp_path / "decode" / "las_p0_s0"
+    out.mkdir(parents=True)
+    (out / "lexicon_tuning_dev.json").write_text(
+        json.dumps({"best": {"order": 2, "lm_weight": 0.5, "word_score": 1.0, "wer": 0.1}})
+    )
+    dev_wers = dict(zip(an4_run.RESCORE_WEIGHTS, (0.12, 0.08, 0.08, 0.11), strict=True))
+    for w, wer in dev_wers.items():
+        dev = _by_name(an4_run.decode_steps(s))[f"lexicon_rescore_dev_w{w}_las_p0_s0"]
+        cfg = from_dict(EvalConfig, compose_yaml("evaluate", dev.argv(), command="t"))
+        assert cfg.decode == "lexicon_rescore" and cfg.test_sets == ("dev",) and cfg.rescore_ctc_weight == w
+        assert cfg.lexicon.nbest == an4_run.RESCORE_NBEST and cfg.lexicon.order == 2 and cfg.lexicon.word_score == 1.0
+        (out / f"lexicon_rescore_dev_w{w}.json").write_text(json.dumps({"sets": {"dev": {"wer": wer}}}))
+    test = steps["lexicon_rescore_las_p0_s0"]
+    assert set(test.deps) == {f"lexicon_rescore_dev_w{w}_las_p0_s0" for w in an4_run.RESCORE_WEIGHTS}
+    cfg = from_dict(EvalConfig, compose_yaml("evaluate", test.argv(), command="t"))
+    assert cfg.test_sets == ("test",) and cfg.rescore_ctc_weight == 0.5  # the first of the two best on dev
+    (out / "lexicon_rescore.json").write_text(json.dumps({"sets": {"test": {"wer": 0.07, "cer": 0.03}}}))
+    assert an4_run.scores(s, "las_p0_s0", "lexicon_rescore") == {
+        "dev_wer": 0.08, "test_wer": 0.07, "test_cer": 0.03, "rescore_ctc_weight": 0.5
+    }  # fmt: skip
+
+
 def test_every_model_is_also_scored_on_the_narrowband_test_set_unless_turned_off(an4_run, tmp_path):
     """test_8k (test through an 8 kHz channel) is prepared beside test and scored with the same decoding and
     the lexicon settings chosen on wideband dev; --no-narrowband-test leaves both out."""
