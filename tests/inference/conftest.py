@@ -25,13 +25,25 @@ from usmkit.tasks import build_task
 @pytest.fixture(scope="session")
 def teacher(synth_corpus, tmp_path_factory) -> Path:
     """The checkpoint directory (``<exp>/checkpoints/step-000005``) described in the module docstring."""
+    return speaking_checkpoint(synth_corpus, tmp_path_factory.mktemp("batch_teacher") / "exp", TaskConfig(kind="ctc"))
+
+
+@pytest.fixture(scope="session")
+def las_teacher(synth_corpus, tmp_path_factory) -> Path:
+    """The same as ``teacher`` for a joint CTC/LAS model (``task.kind=las``, CTC weight 0.3)."""
+    task = TaskConfig(kind="las", ctc_weight=0.3)
+    return speaking_checkpoint(synth_corpus, tmp_path_factory.mktemp("las_teacher") / "exp", task)
+
+
+def speaking_checkpoint(corpus: Path, exp: Path, task: TaskConfig) -> Path:
+    """A run of ``task`` trained 4 steps on ``corpus`` into ``exp``, then its step 5: the same architecture
+    re-initialized from a fixed seed with the CTC head of the module docstring."""
     from usmkit.training.recipe import run
 
-    exp = tmp_path_factory.mktemp("batch_teacher") / "exp"
     cfg = TrainConfig(
-        task=TaskConfig(kind="ctc"),
+        task=task,
         model=ModelSection(preset="tiny", overrides={"d_model": 64, "num_layers": 2, "num_heads": 2}),
-        data=DataConfig(manifest_dir=str(synth_corpus), max_duration=20.0, num_workers=0),
+        data=DataConfig(manifest_dir=str(corpus), max_duration=20.0, num_workers=0),
         optim=OptimConfig(warmup_steps=2, schedule="constant"),
         trainer=TrainerConfig(
             exp_dir=str(exp), max_steps=4, eval_every=0, save_every=4, progress=False, device="cpu", log_every=1
