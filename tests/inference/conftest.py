@@ -1,4 +1,4 @@
-"""Fixtures of the inference tests: a tiny CTC checkpoint whose greedy transcripts have words.
+"""Fixtures of the inference tests: tiny CTC and joint CTC/LAS checkpoints whose greedy transcripts have words.
 
 A CTC model trained a few steps on the embedded corpus emits only blank, so its transcripts are all
 empty and would match anything. ``teacher`` trains one 4 steps (the real run: tokenizer, feature
