@@ -203,22 +203,22 @@ class Batcher:
     def _take(self, work: list[tuple[ServerStream, object]], events: dict) -> list[ServerStream]:
         """Each stream's collected audio into its encoder's buffer, the features of all of them computed at once;
         the streams that did not fail."""
-        windowed = []  # (stream, raw feature windows (t, L))
+        windowed = []  # (stream, its inbox, raw feature windows (t, L))
         for stream, inbox in work:
             try:
-                windowed.append((stream, stream.windows(inbox)))
+                windowed.append((stream, inbox, stream.windows(inbox)))
             except Exception as e:  # noqa: BLE001 - one stream's failure must not take the others down
                 self._fail(stream, events, e)
         try:
-            frames = self.recognizer.featurize([w for _, w in windowed])
+            frames = self.recognizer.featurize([w for _, _, w in windowed])
         except Exception as e:  # noqa: BLE001 - the features of one stream's windows cannot fail alone
-            for stream, _ in windowed:
+            for stream, _, _ in windowed:
                 self._fail(stream, events, e, what="the features")
             return []
         taken = []
-        for (stream, _), f in zip(windowed, frames, strict=True):
+        for (stream, inbox, _), f in zip(windowed, frames, strict=True):
             try:
-                stream.take_frames(f)
+                stream.take_frames(f, inbox.ended)
             except Exception as e:  # noqa: BLE001
                 self._fail(stream, events, e)
                 continue

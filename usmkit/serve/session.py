@@ -105,11 +105,10 @@ class Recognizer:
         # Computes the features of every stream's windows of a round at once, on the model's device (the framing is
         # each stream's own, on the CPU).
         self.fbank = StreamingFbank(self.features, self.stats).to(self.device)
-        framing = self.fbank  # its window and hop, in samples
         chunk_frames = self.model.encoder.subsampling_factor * chunk_size  # feature frames per chunk
         self.one_position = False  # whether the step takes one position for all its rows (``_run_by_position``)
         # The most audio one round featurizes for a stream: two chunks (and the first window).
-        self.round_samples = 2 * chunk_frames * framing.shift + framing.window
+        self.round_samples = 2 * chunk_frames * self.fbank.shift + self.fbank.window
         if step == "jit":
             from usmkit.streaming.traced_step import TracedStreamStep
 
@@ -266,7 +265,6 @@ class ServerStream:
         self._samples_fed = 0
         self._end_fed = False
         self._tail_taken = False
-        self._end_collected_now = False  # the audio of the round's ``windows`` was the last
         self._frames_encoded = 0  # feature frames the encoder has consumed (s - 1 + s C per whole chunk)
 
     # ------------------------------------------------------------------ event loop side
@@ -337,24 +335,24 @@ class ServerStream:
 
     def take(self, inbox: _Inbox) -> None:
         """Features of the collected audio into the encoder's buffer: one feed for all of it."""
-        self.take_frames(self.recognizer.featurize([self.windows(inbox)])[0])
+        self.take_frames(self.recognizer.featurize([self.windows(inbox)])[0], inbox.ended)
 
     def windows(self, inbox: _Inbox) -> torch.Tensor:
         """``take``'s first half: the collected audio decoded, its levels noted, and the raw windows (t, L) of the
         feature frames it completes (the batcher computes every stream's at once: ``Recognizer.featurize``)."""
         samples = self._pcm(inbox.pcm)  # (N,)
-        self._end_collected_now = inbox.ended
         if not samples.size:
             return self.transcriber.fbank.accept_windows(samples)  # (0, L)
         self._samples_fed += samples.size
         return self.transcriber.feed_windows(samples)
 
-    def take_frames(self, frames: torch.Tensor) -> None:
-        """``take``'s second half: the frames (1, t, F) of ``windows`` into the encoder's buffer, then the end's."""
+    def take_frames(self, frames: torch.Tensor, ended: bool) -> None:
+        """``take``'s second half: the frames (1, t, F) of ``windows`` into the encoder's buffer, then, if the inbox
+        held the end (``ended``), the last frames."""
         t = self.transcriber
         if frames.shape[1]:
             t.encoder.queue(frames)
-        if self._end_collected_now and not self._end_fed:
+        if ended and not self._end_fed:
             t.encoder.queue(t.feed_end())
             self._end_fed = True
 
