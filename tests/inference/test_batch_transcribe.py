@@ -26,7 +26,7 @@ from usmkit.data.manifests import load_cuts, manifest_path
 from usmkit.decoding.ctc_lexicon import LexiconConfig
 from usmkit.inference import batch_inputs, batch_runner, subtitles, transcript_journal, word_alignment
 from usmkit.inference.batch_inputs import AudioItem, LongUnit, plan_units
-from usmkit.inference.batch_transcribe import BatchConfig, transcribe_batch
+from usmkit.inference.batch_transcribe import BatchConfig, largest_batch, transcribe_batch
 from usmkit.inference.batches import transcribe_batches
 from usmkit.inference.evaluate import EvalConfig, build_word_decoder, load_for_eval
 from usmkit.inference.lexicon_pool import lexicon_transcript
@@ -118,6 +118,37 @@ def test_features_on_the_device_and_a_compiled_encoder_give_the_same_transcripts
     assert {k: r["text"] for k, r in records.items()} == {k: r["text"] for k, r in greedy_run.items()}
     for k, r in records.items():
         assert r["confidence"] == pytest.approx(greedy_run[k]["confidence"], abs=1e-3)
+
+
+@pytest.mark.parametrize("features", ["workers", "device"])
+def test_a_compiled_encoder_compiles_in_the_warm_up_only(teacher, test_manifest, tmp_path, aot_eager, monkeypatch, features):
+    """Every graph is made before the clock starts: batches of other shapes, and features made in the workers
+    (ordinary tensors, where the warm-up's are inference tensors), reuse the warm-up's graphs."""
+    from torch._dynamo.utils import counters
+
+    after_warm_up = []
+    warm_up = batch_runner.DeviceRunner.warm_up
+
+    def counted(self, *args):
+        warm_up(self, *args)
+        after_warm_up.append(counters["stats"]["unique_graphs"])
+
+    monkeypatch.setattr(batch_runner.DeviceRunner, "warm_up", counted)
+    out = tmp_path / "out.jsonl"
+    transcribe_batch(_cfg(teacher, test_manifest, out, features=features, compile=True, batch_seconds=10.0))
+    assert len(_records(out)) > 3 and after_warm_up[0] > 0
+    assert counters["stats"]["unique_graphs"] == after_warm_up[0]
+
+
+def test_the_warm_up_shape_is_the_batch_with_the_most_padded_audio():
+    item = lambda i, d: AudioItem(f"f{i}", f"f{i}.flac", d)  # noqa: E731
+    units = [
+        batch_inputs.BatchUnit((item(0, 9.0), item(1, 8.0))),  # 2 rows x 9 s = 18 s
+        batch_inputs.BatchUnit(tuple(item(2 + i, 4.0) for i in range(5))),  # 5 x 4 s = 20 s
+        LongUnit(item(9, 3600.0)),  # one row of at most long_seconds
+    ]
+    assert largest_batch(units, long_seconds=15.0) == (5, 4.0)
+    assert largest_batch(units, long_seconds=60.0) == (1, 60.0)
 
 
 def test_a_folder_in_loader_workers_with_srt_and_ctm(teacher, synth_corpus, greedy_run, tmp_path):

@@ -101,18 +101,26 @@ class DeviceRunner:
         stack.enter_context(autocast_context(self.device, self.precision))
         return stack
 
-    def warm_up(self, frames: int, num_bins: int) -> None:
-        """The encoder and CTC once on zeros of 2 rows, then 1 row, of ``frames`` feature frames: a compiled
-        encoder (``compile_encoder``) compiles here, before the clock starts, not in the first batches (one
-        graph with dynamic shapes, and the one torch specializes for a single row)."""
-        for rows in (2, 1):
-            with self._context():
-                feats = torch.zeros(rows, frames, num_bins, device=self.device)
-                lens = torch.full((rows,), frames, device=self.device)
-                enc, _ = self.model.encoder(feats, lens, self.C, self.K)
-                self.model.ctc(enc).max(dim=-1)
+    def warm_up(self, rows: int, frames: int, num_bins: int) -> None:
+        """The encoder and CTC on zeros of the largest batch's shape (``rows`` x ``frames`` feature frames), then
+        of one row: a compiled encoder (``compile_encoder``) compiles here, before the clock starts, not in the
+        first batches (one graph with dynamic shapes, and the one torch specializes for a single row), and the
+        device's memory cache already holds blocks as large as any batch needs."""
+        for n in (max(rows, 2), 1):
+            with torch.inference_mode():
+                feats = torch.zeros(n, frames, num_bins, device=self.device)
+                lens = torch.full((n,), frames, device=self.device)
+            self._encode(feats, lens)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _encode(self, feats: torch.Tensor, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features (B, T, F) and their frames (B,), made under inference mode (a compiled encoder's guards
+        tell inference tensors from others: a batch made otherwise would compile again) -> CTC log-probs
+        (B, T', V) float32 and encoder frames (B,)."""
+        with self._context():
+            enc, enc_lens = self.model.encoder(feats, lens, self.C, self.K)  # (B, T', D), (B,)
+            return self.model.ctc(enc), enc_lens
 
     # ------------------------------------------------------------------------------------------ batches
     def batch(self, batch: AudioBatch) -> Callable[[], None]:
@@ -123,12 +131,11 @@ class DeviceRunner:
             if batch.features is None:
                 waves = batch.waves.to(self.device, non_blocking=True)
                 feats, lens = self.front_end(waves, batch.num_samples)  # (B, T, F), (B,)
-            else:
-                feats = batch.features.to(self.device, non_blocking=True)
-                lens = batch.feature_lens.to(self.device, non_blocking=True)
+            else:  # copies even on the CPU: inference tensors, as the warm-up's
+                feats = batch.features.to(self.device, non_blocking=True, copy=True)
+                lens = batch.feature_lens.to(self.device, non_blocking=True, copy=True)
+        log_probs, enc_lens = self._encode(feats, lens)  # (B, T', V), (B,)
         with self._context():
-            enc, enc_lens = self.model.encoder(feats, lens, self.C, self.K)  # (B, T', D), (B,)
-            log_probs = self.model.ctc(enc)  # (B, T', V) float32
             if self.pool is None:
                 best, ids = log_probs.max(dim=-1)  # (B, T') each, on the device
                 host = _HostCopy(best.exp(), ids.to(torch.int32), enc_lens)

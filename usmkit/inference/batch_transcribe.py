@@ -84,6 +84,7 @@ class BatchConfig:
     - ``long_seconds``: longer files are encoded alone, window by window (chunk-wise models).
     - ``chunk_size`` / ``left_chunks``: ``default`` = the checkpoint's mask; another one (``null`` = full
       attention) decodes the same weights under it (an approximation).
+    - ``pin_memory``: on CUDA, the loader page-locks each batch so that its copy to the device does not wait.
     - ``lexicon_workers``: CPU processes for ``decode=ctc_lexicon`` (0: in the main process).
     - ``bias_phrases``: with ``decode=ctc_lexicon``, a file of phrases to favour, ``phrase[<TAB>boost]`` a
       line (contextual biasing, ``usmkit.decoding.biasing``).
@@ -105,6 +106,7 @@ class BatchConfig:
     batch_seconds: float = 600.0
     max_batch_size: int = 128
     num_workers: int = 2
+    pin_memory: bool = True
     features: str = "auto"
     long_seconds: float = 60.0
     window_chunks: int | None = None
@@ -296,9 +298,9 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
             window_chunks=cfg.window_chunks,
         )
         if cfg.compile and units:
-            longest = max(u.item.duration if isinstance(u, LongUnit) else u.items[0].duration for u in units)
-            frames = round(min(longest, cfg.long_seconds) * 1000 / features.frame_shift_ms)
-            runner.warm_up(max(frames, 100), features.num_mel_bins)
+            rows, seconds = largest_batch(units, cfg.long_seconds)
+            frames = round(seconds * 1000 / features.frame_shift_ms)
+            runner.warm_up(rows, max(frames, 100), features.num_mel_bins)
         workers = min(cfg.num_workers, len(units))
         loader = torch.utils.data.DataLoader(
             BatchAudioDataset(
@@ -306,7 +308,7 @@ def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:
             ),
             batch_size=None,
             num_workers=workers,
-            pin_memory=device.type == "cuda",
+            pin_memory=cfg.pin_memory and device.type == "cuda",
             prefetch_factor=4 if workers else None,
         )
         start = sink.start = time.perf_counter()  # RTFx counts from the first batch on
@@ -376,6 +378,18 @@ def _transcribe(loader, runner: DeviceRunner, sink: _Sink, writer: JournalWriter
     runner.poll(wait=True)
     writer.flush()
     return failures, waited
+
+
+def largest_batch(units: list[BatchUnit | LongUnit], long_seconds: float) -> tuple[int, float]:
+    """Rows and padded seconds (the longest row's) of the batch with the most padded audio; a long file's
+    pieces count as one row of at most ``long_seconds``."""
+
+    def shape(unit: BatchUnit | LongUnit) -> tuple[int, float]:
+        if isinstance(unit, LongUnit):
+            return 1, min(unit.item.duration, long_seconds)
+        return len(unit.items), max(i.duration for i in unit.items)
+
+    return max((shape(u) for u in units), key=lambda s: s[0] * s[1])
 
 
 def _seconds(unit: BatchUnit | LongUnit) -> float:
