@@ -165,7 +165,7 @@ def usmkit_row(args, name: str, exp: Path, audio: Path, seconds: float, gpus: in
     overrides = [
         f"checkpoint={exp}", f"inputs={audio}", f"out={out}", f"device={args.device}", f"precision={args.precision}",
         f"compile={str(args.compile).lower()}", f"batch_seconds={args.batch_seconds}", f"num_workers={args.num_workers}",
-        "progress=false",
+        "progress=false", *args.extra,
     ]  # fmt: skip
     module = ["-m", "usmkit.cli.transcribe_batch", *overrides]
     if gpus > 1:
@@ -316,6 +316,7 @@ def main() -> None:
     p.add_argument("--blank-bias", type=float, default=8.0)
     p.add_argument("--corpus", help="an embedded-corpus folder (default: the tiny one, built into --work)")
     p.add_argument("--work", help="audio, checkpoints and outputs (default: a temporary folder)")
+    p.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more keys of every usmkit row")
     p.add_argument("--variant", help="result file suffix")
     p.add_argument("--cpu-plumbing", action="store_true", help="tiny rows on the CPU: the plumbing, not a result")
     args = p.parse_args()
@@ -354,6 +355,7 @@ def main() -> None:
         file_seconds=[args.min_seconds, args.max_seconds],
         batch_seconds=args.batch_seconds,
         num_workers=args.num_workers,
+        extra=args.extra,
         compile=args.compile,
         precision=args.precision,
         blank_bias=args.blank_bias,
