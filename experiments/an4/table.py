@@ -57,6 +57,13 @@ ROWS = (
         "las_ctc03", "joint CTC/LAS from that encoder, CTC weight 0.3", ("an4_las_cpu.json",), "las", "lexicon_rescore"
     ),
     Row(
+        "las_ctc07",
+        "joint CTC/LAS from that encoder, CTC weight 0.7",
+        ("an4_las07_cpu.json",),
+        "las",
+        "lexicon_rescore",
+    ),
+    Row(
         "scratch_aug",
         "from scratch, waveform augmentation (narrowband, low-pass, reverb) from epoch 10",
         ("an4_narrowband.json#late",),
