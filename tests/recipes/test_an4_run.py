@@ -94,6 +94,8 @@ def test_every_run_with_its_seeds_and_what_it_starts_from(an4_run, tmp_path):
 
     las = _overrides(steps["las_p1_s0"])  # from the 16-codebook encoder (--las-from)
     assert las["recipe"] == "stage3_las" and las["init_from"] == str(tmp_path / "runs" / "bestrq_cb16_p1")
+    assert las["task.ctc_weight"] == "0.7"  # --las-ctc-weight's default; the CTC runs keep their task's
+    assert "task.ctc_weight" not in _overrides(steps["cb1_p1_s2"])
 
     most, stage2 = _overrides(steps["most_p0_s1"]), _overrides(steps["most_cb16_p0"])
     assert most["init_from"] == str(tmp_path / "runs" / "most_cb16_p0") and most["recipe"] == "stage3_ctc"
@@ -105,6 +107,13 @@ def test_every_run_with_its_seeds_and_what_it_starts_from(an4_run, tmp_path):
     steps = _by_name(an4_run.train_steps(given))  # an encoder given: not pre-trained, no pre-training seeds
     assert "bestrq_cb1_p0" not in steps and "prepare_pool" not in steps
     assert _overrides(steps["cb1_s1"])["init_from"] == "/enc/cb1"
+
+    weighted = an4_run.Settings(out=tmp_path, variants=("las",), seeds=(0,), pretrain_seeds=(0,), las_ctc_weight=0.5)
+    assert _overrides(_by_name(an4_run.train_steps(weighted))["las_p0_s0"])["task.ctc_weight"] == "0.5"
+    extra = an4_run.Settings(
+        out=tmp_path, variants=("las",), seeds=(0,), pretrain_seeds=(0,), extra={"task.ctc_weight": 0.2}
+    )
+    assert _overrides(_by_name(an4_run.train_steps(extra))["las_p0_s0"])["task.ctc_weight"] == "0.2"  # --extra wins
 
 
 def test_the_commands_compose_into_the_configs_usmkit_reads(an4_run, tmp_path):
