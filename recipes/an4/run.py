@@ -12,8 +12,9 @@ No stage named: all four, in order.
   each pre-training seed too (``--pretrain-seeds``; it seeds the BEST-RQ run and its quantizer):
   ``scratch`` (CTC from scratch), ``cb1`` / ``cb16`` (BEST-RQ with 1 / 16 codebooks on the pool, then CTC
   fine-tuning from its encoder), ``las`` (joint CTC/LAS from the ``--las-from`` encoder, CTC's share of the
-  loss ``--las-ctc-weight``), ``most`` (MOST, stage 2, from the ``--most-from`` encoder, then CTC). Equal fine-tuning budgets, on AN4 ``train`` labels
-  only, up to ``--jobs`` runs side by side (one GPU serves several runs of a model this small).
+  loss ``--las-ctc-weight``), ``most`` (MOST, stage 2, from the ``--most-from`` encoder, then CTC). Equal
+  fine-tuning budgets, on AN4 ``train`` labels only, up to ``--jobs`` runs side by side (one GPU serves
+  several runs of a model this small).
 - decode: per fine-tuned run, CTC greedy on dev and test; the lexicon settings (LM order, weight, word
   score, over ``--lm-orders`` x ``--lm-weights`` x ``--word-scores``) chosen on dev
   (``python -m usmkit.cli.tune_lexicon``), then test once with them; for ``las`` also attention rescoring of
