@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 from batch_transcribe import corpus_dir, make_audio, random_checkpoint
 from common import result_path, run_header, write_result
+from phase_timer import PhaseTimer
 
 from usmkit.cli.compose import compose_dataclass
 from usmkit.inference import batch_transcribe as bt
@@ -61,33 +62,22 @@ PHASES = {  # phase: (class, method); the indented ones run inside the one above
 TOP_LEVEL = ("launch", "finish", "flush")
 
 
-class PhaseTimer:
-    """Wraps the methods of ``PHASES`` so that each call adds its wall time to its phase; ``arrivals`` are the
-    times ``launch`` was called (a batch came from the loader)."""
+class LoopTimer(PhaseTimer):
+    """``PHASES`` timed (``PhaseTimer``), and the loop's start: when ``_transcribe`` began and how many graphs
+    torch had compiled by then. ``arrivals``: the times ``launch`` was called (a batch came from the loader)."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.arrivals: list[float] = []
+        super().__init__(PHASES)
         self.loop_start = 0.0
         self.graphs_at_loop_start = 0
-        self._originals: dict[str, object] = {}
         self._transcribe = bt._transcribe
 
-    def __enter__(self) -> PhaseTimer:
-        for phase, (cls, name) in PHASES.items():
-            original = getattr(cls, name)
-            self._originals[phase] = original
+    @property
+    def arrivals(self) -> list[float]:
+        return self.starts["launch"]
 
-            def timed(*args, _original=original, _phase=phase, **kwargs):
-                start = time.perf_counter()
-                if _phase == "launch":
-                    self.arrivals.append(start)
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    self.seconds[_phase] += time.perf_counter() - start
-
-            setattr(cls, name, timed)
+    def __enter__(self) -> LoopTimer:
+        super().__enter__()
 
         def loop(*args, **kwargs):
             from torch._dynamo.utils import counters
@@ -100,8 +90,7 @@ class PhaseTimer:
         return self
 
     def __exit__(self, *exc) -> None:
-        for phase, (cls, name) in PHASES.items():
-            setattr(cls, name, self._originals[phase])
+        super().__exit__(*exc)
         bt._transcribe = self._transcribe
 
 
@@ -120,7 +109,7 @@ def timed_run(exp: Path, audio: Path, out: Path, overrides: list[str]) -> dict:
     """One run with its phases timed, and the graphs torch.compile made during its loop."""
     from torch._dynamo.utils import counters
 
-    with PhaseTimer() as timer:
+    with LoopTimer() as timer:
         summary = run_once(exp, audio, out, overrides)
     first = timer.arrivals[0] if timer.arrivals else timer.loop_start
     seconds = dict(timer.seconds)

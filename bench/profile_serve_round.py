@@ -30,12 +30,12 @@ import pstats
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import torch
 from common import result_path, run_header, write_result
+from phase_timer import PhaseTimer
 from serve_load import SR, make_checkpoint, recordings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -54,33 +54,6 @@ PHASES = {
     "decode": (ServerStream, "encoded"),
     "wrap_up": (ServerStream, "wrap_up"),
 }
-
-
-class PhaseTimer:
-    """Wraps the methods of ``PHASES`` so that each call adds its wall time to its phase."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self._originals = {}
-
-    def __enter__(self) -> PhaseTimer:
-        for phase, (cls, name) in PHASES.items():
-            original = getattr(cls, name)
-            self._originals[phase] = original
-
-            def timed(*args, _original=original, _phase=phase, **kwargs):
-                start = time.perf_counter()
-                try:
-                    return _original(*args, **kwargs)
-                finally:
-                    self.seconds[_phase] += time.perf_counter() - start
-
-            setattr(cls, name, timed)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for phase, (cls, name) in PHASES.items():
-            setattr(cls, name, self._originals[phase])
 
 
 def pcm_blocks(audio: list[np.ndarray], n: int, block: int, rounds: int) -> list[list[bytes]]:
@@ -105,7 +78,7 @@ def profile(recognizer: Recognizer, audio, n: int, rounds: int, warm: int, max_b
     blocks = pcm_blocks(audio, n, chunk_samples, rounds)
     timer_total = 0.0
     profiler = cProfile.Profile()
-    with PhaseTimer() as timer:
+    with PhaseTimer(PHASES) as timer:
         for r in range(rounds):
             if r == warm:
                 timer.seconds.clear()
