@@ -23,6 +23,14 @@ from common import run_header, write_result  # noqa: E402
 SPLITS = ("dev_wer", "test_wer", "test_8k_wer")
 
 
+def read_report(spec: str) -> dict:
+    """A recipe report: ``FILE``, or ``FILE#NAME`` for the report ``NAME`` of a study file that holds several
+    (``reports``)."""
+    path, _, name = spec.partition("#")
+    data = json.loads(Path(path).read_text())
+    return data["reports"][name] if name else data
+
+
 def combine(reports: list[dict], variant: str) -> tuple[list[dict], list[dict]]:
     """(rows of ``variant`` from every report, per-decoding summaries)."""
     rows = [r for report in reports for r in report["rows"] if r["variant"] == variant]

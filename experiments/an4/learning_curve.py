@@ -22,18 +22,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from combine_seeds import read_report  # noqa: E402
 from common import run_header  # noqa: E402
 
 from usmkit.training.curves import plot_training_curves, read_metrics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DECODES = ("ctc_greedy", "ctc_lexicon")
-
-
-def read_report(spec: str) -> dict:
-    path, _, name = spec.partition("#")
-    data = json.loads(Path(path).read_text())
-    return data["reports"][name] if name else data
 
 
 def curve(reports: list[dict]) -> list[dict]:

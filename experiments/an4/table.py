@@ -13,18 +13,16 @@ what the recipe scored, so the test sets were scored once per configuration, by 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from combine_seeds import combine, read_report  # noqa: E402
 from common import RESULTS as BENCH_RESULTS  # noqa: E402
 from common import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
-SPLITS = ("dev_wer", "test_wer", "test_8k_wer")
 
 
 @dataclass(frozen=True)
@@ -76,40 +74,20 @@ ROWS = (
 )
 
 
-def read_report(spec: str, results: Path) -> dict:
-    path, _, name = spec.partition("#")
-    data = json.loads((results / path).read_text())
-    return data["reports"][name] if name else data
-
-
 def pooled(row: Row, results: Path) -> tuple[list[dict], list[dict]]:
-    """(every run's rows of ``row`` with its source, per-decoding summaries)."""
-    runs = []
+    """(every run's rows of ``row``, each with its row and source, per-decoding summaries: ``combine``'s)."""
+    reports = []
     for spec in row.reports:
-        for r in read_report(spec, results)["rows"]:
-            if r["variant"] == row.variant:
-                runs.append({"row": row.key, "source": spec, **r})
-    if not runs:
-        raise SystemExit(f"{row.key}: no rows of variant {row.variant!r} in {', '.join(row.reports)}")
-    summary = []
-    for decode in sorted({r["decode"] for r in runs}):
-        mine = [r for r in runs if r["decode"] == decode]
-        entry = {"row": row.key, "variant": row.variant, "decode": decode, "runs": len(mine),
-                 "pretrain_seeds": sorted({r.get("pretrain_seed") for r in mine}, key=str)}  # fmt: skip
-        for split in SPLITS:
-            values = [r[split] for r in mine if r.get(split) is not None]
-            if values:
-                entry[f"{split}_mean"] = statistics.mean(values)
-                entry[f"{split}_sd"] = statistics.stdev(values) if len(values) > 1 else None
-        summary.append(entry)
-    return runs, summary
+        report = read_report(str(results / spec))
+        reports.append({"rows": [{"row": row.key, "source": spec, **r} for r in report["rows"]]})
+    runs, summary = combine(reports, row.variant)
+    return runs, [{"row": row.key, **e} for e in summary]
 
 
 def cell(entry: dict | None, split: str = "test_wer") -> str:
     if entry is None or f"{split}_mean" not in entry:
         return "-"
-    sd = entry[f"{split}_sd"]
-    return f"{100 * entry[f'{split}_mean']:.2f}" + ("" if sd is None else f" +- {100 * sd:.2f}")
+    return f"{100 * entry[f'{split}_mean']:.2f} +- {100 * entry[f'{split}_sd']:.2f}"
 
 
 def markdown(rows: tuple[Row, ...], summaries: dict[str, list[dict]]) -> str:
