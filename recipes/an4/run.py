@@ -83,7 +83,7 @@ class Settings:
     pretrain_seeds: tuple[int, ...] = (0, 1)
     stage1: Mapping[str, str] = field(default_factory=dict)  # BEST-RQ encoders given instead of pre-trained here
     las_from: str = "cb16"
-    las_ctc_weight: float = 0.7  # the joint CTC/LAS runs' CTC share (0.3 gave a weaker CTC branch and dev WER)
+    las_ctc_weight: float = 0.7  # CTC's share of the joint CTC/LAS runs' loss (chosen on dev: docs/recipes.md)
     most_from: str = "cb16"
     model: str = "tiny"
     model_overrides: Mapping[str, Any] | None = field(default_factory=lambda: {"subsampling_channels": 32})
@@ -218,12 +218,14 @@ def common_overrides(s: Settings) -> dict[str, Any]:
     }
 
 
-def finetune_overrides(s: Settings) -> dict[str, Any]:
-    """Every fine-tuning run's settings (stage 2 shares the data and optimizer ones)."""
+def finetune_overrides(s: Settings, las: bool = False) -> dict[str, Any]:
+    """Every fine-tuning run's settings (stage 2 shares the data and optimizer ones); ``las``: a joint CTC/LAS
+    run's. ``--extra`` comes last, so it overrides any of them."""
     every = max(1, s.finetune_steps // 5)
     features = {} if s.speed_perturb else {"data.features.precomputed": True, "data.speed_perturb": []}
+    task = {"recipe": "stage3_las", "task.ctc_weight": s.las_ctc_weight} if las else {"recipe": "stage3_ctc"}
     return {
-        "recipe": "stage3_ctc",
+        **task,
         **common_overrides(s),
         "data.max_duration": s.max_duration,
         **({"data.train_split": labels_split(s)} if s.labels != 100 else {}),
@@ -304,7 +306,7 @@ def train_steps(s: Settings) -> list[Step]:
             deps = ("prep_finetune", "prepare_an4_text", *_encoder_step(s, s.most_from, p))
             steps.append(train(stage2_name(s.most_from, p), stage2_overrides(s, s.most_from, p), deps))
     for run in runs_of(s):
-        overrides = {**finetune_overrides(s), "trainer.seed": run.seed}
+        overrides = {**finetune_overrides(s, las=run.variant == "las"), "trainer.seed": run.seed}
         encoder, deps = encoder_of(s, run.variant), ("prep_finetune",)
         if run.variant == "most":  # stage 3 from the MOST model (its CTC head too: the same tokenizer)
             overrides["init_from"] = runs_dir / stage2_name(encoder, run.pretrain_seed)
@@ -312,8 +314,6 @@ def train_steps(s: Settings) -> list[Step]:
         elif encoder is not None:
             overrides["init_from"] = encoder_dir(s, encoder, run.pretrain_seed)
             deps += _encoder_step(s, encoder, run.pretrain_seed)
-        if run.variant == "las":
-            overrides |= {"recipe": "stage3_las", "task.ctc_weight": s.las_ctc_weight, **s.extra}  # --extra wins
         steps.append(train(run.name, overrides, deps))
     return steps
 
