@@ -121,7 +121,9 @@ def test_features_on_the_device_and_a_compiled_encoder_give_the_same_transcripts
 
 
 @pytest.mark.parametrize("features", ["workers", "device"])
-def test_a_compiled_encoder_compiles_in_the_warm_up_only(teacher, test_manifest, tmp_path, aot_eager, monkeypatch, features):
+def test_a_compiled_encoder_compiles_in_the_warm_up_only(
+    teacher, test_manifest, tmp_path, aot_eager, monkeypatch, features
+):
     """Every graph is made before the clock starts: batches of other shapes, and features made in the workers
     (ordinary tensors, where the warm-up's are inference tensors), reuse the warm-up's graphs."""
     from torch._dynamo.utils import counters
