@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The AN4 studies of issue 44 on one lent GPU machine, in calls of at most 10 minutes that resume each other.
+#
+#   bash experiments/an4/device_round.sh SECONDS OUTDIR
+#
+# Reads .carry/an4 (AN4: train audio Opus 32 kbit/s, the dev speakers and test FLAC) and .carry/kathleen
+# (Opus 24 kbit/s), installs the wheels in .whl, and runs five recipe folders under exp/g (kept on the machine
+# while it stays warm; a rerun skips what is recorded and resumes stopped runs):
+#   cb1   BEST-RQ, 1 codebook, on AN4 train + Kathleen train/dev audio (1.7 h), pre-training seeds 0 and 1,
+#         3000 steps of 200-s batches; CTC on all AN4 train labels from both encoders, 3 seeds each
+#   las   joint CTC/LAS (CTC weight 0.7) from the seed-0 encoder, all labels, 3 seeds
+#   l10   CTC on the 10% list (recipes/an4/lists/train_10.txt) from the seed-0 encoder, 3 seeds
+#   l10f  the same with the encoder frozen for the first 500 steps and at half the learning rate after
+#   l30   CTC on the 30% list from the seed-0 encoder, 3 seeds (after cb1's fine-tuning)
+# Each folder trains, then decodes (GPU forward, lexicon search on the CPU cores) and reports; after SECONDS
+# everything still running is stopped. OUTDIR receives the reports, the seed-0 encoder and a tail of the logs.
+set -u
+SECONDS_LEFT=${1:?seconds}
+OUTDIR=${2:?outdir}
+T0=$(date +%s)
+mkdir -p "$OUTDIR"
+if [ -z "${NO_INSTALL:-}" ]; then  # NO_INSTALL=1: the packages are there (a local try of the script)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl ||
+    exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader > "$OUTDIR/gpu.txt"
+
+G=exp/g
+ENC=$G/cb1/runs/bestrq_cb1_p0
+COMMON=(--an4 .carry/an4 --kathleen .carry/kathleen --pool an4,kathleen --device auto --workers 1
+        --ensembles "" --save-encoder "" ${SHORT:+--finetune-steps 10 --dev-utterances 100})  # SHORT=1: a local try
+recipe() {  # recipe NAME ARGS...: train, then decode and report, into exp/g/NAME
+  local name=$1; shift
+  python3 recipes/an4/run.py --train-only --out $G/$name "${COMMON[@]}" "$@" > $G/$name.train.log 2>&1 &&
+    python3 recipes/an4/run.py --decode-only --out $G/$name "${COMMON[@]}" "$@" --report $G/$name/an4.json \
+      > $G/$name.decode.log 2>&1
+}
+mkdir -p $G
+ARGS_cb1=(--variants cb1 --pretrain-seeds 0,1 --pretrain-steps ${PRETRAIN_STEPS:-3000} --pretrain-max-duration 200 --jobs 8)
+ARGS_las=(--stage1 cb1=$ENC --variants las --las-from cb1 --jobs 3)
+ARGS_l10=(--stage1 cb1=$ENC --variants cb1 --labels 10 --jobs 3)
+ARGS_l10f=("${ARGS_l10[@]}" --extra optim.freeze_encoder_steps=500 optim.encoder_lr_scale=0.5)
+ARGS_l30=(--stage1 cb1=$ENC --variants cb1 --labels 30 --jobs 3)
+args() { local v="ARGS_$1[@]"; printf '%s\0' "${!v}"; }
+run_recipe() { local name=$1; local -a a; mapfile -d '' a < <(args "$name"); recipe "$name" "${a[@]}"; }
+
+(
+  run_recipe cb1
+  run_recipe l30
+) &
+(
+  # the others start from the seed-0 encoder once its record is written; their data is prepared meanwhile
+  for name in las l10 l10f l30; do
+    mapfile -d '' a < <(args $name)
+    python3 recipes/an4/run.py prepare --out $G/$name "${COMMON[@]}" "${a[@]}" > $G/$name.prepare.log 2>&1 &
+  done
+  wait
+  until [ -f $G/cb1/steps/bestrq_cb1_p0.json ]; do sleep 5; done
+  python3 -c "import sys; sys.path.insert(0, 'recipes/an4'); from run import save_encoder; from pathlib import Path; save_encoder(Path('$ENC'), Path('$G/encoder_p0'))"
+  for name in las l10 l10f; do run_recipe $name & done
+  wait
+) &
+
+while [ $(( $(date +%s) - T0 )) -lt "$SECONDS_LEFT" ] && [ -n "$(jobs -r)" ]; do sleep 5; done
+pkill -TERM -f "recipes/an4/run.py" ; pkill -TERM -f "usmkit.cli" ; sleep 8
+pkill -KILL -f "usmkit.cli" ; true
+
+# what comes back: the reports, the seed-0 encoder, where each run stands
+cd $G && tar czf "$OUTDIR/reports.tgz" --ignore-failed-read */an4.json */steps *.log */logs 2>/dev/null
+[ -d encoder_p0 ] && tar cf "$OUTDIR/encoder_p0.tar" encoder_p0
+for f in *.log; do echo "== $f"; tail -n 4 "$f"; done
+echo "elapsed $(( $(date +%s) - T0 )) s"
