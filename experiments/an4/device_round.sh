@@ -12,6 +12,11 @@
 #   l10   CTC on the 10% list (recipes/an4/lists/train_10.txt) from the seed-0 encoder, 3 seeds
 #   l10f  the same with the encoder frozen for the first 500 steps and at half the learning rate after
 #   l30   CTC on the 30% list from the seed-0 encoder, 3 seeds (after cb1's fine-tuning)
+# With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
+#   s10   CTC from scratch on the 10% list (the GPU twin of the CPU rows)
+#   l10g  the 10% row frozen for 1000 steps, then at a quarter of the learning rate
+#   lsp   the las row with 0.9/1.0/1.1 speed perturbation (features on the fly); its runs also come back
+#         as OUTDIR/lsp_<run>.tar (decodable elsewhere when the deadline comes first)
 # Each folder trains, then decodes (GPU forward, lexicon search on the CPU cores) and reports; after SECONDS
 # everything still running is stopped. OUTDIR receives the reports, the seed-0 encoder and a tail of the logs.
 set -u
@@ -45,6 +50,14 @@ ARGS_l30=(--stage1 cb1=$ENC --variants cb1 --labels 30 --jobs 3)
 args() { local v="ARGS_$1[@]"; printf '%s\0' "${!v}"; }
 run_recipe() { local name=$1; local -a a; mapfile -d '' a < <(args "$name"); recipe "$name" "${a[@]}"; }
 
+if [ "${ROUND:-1}" = 2 ]; then
+  ENC=.carry/encoder_p0
+  ARGS_s10=(--variants scratch --labels 10 --jobs 3)
+  ARGS_l10g=(--stage1 cb1=$ENC --variants cb1 --labels 10 --jobs 3
+             --extra optim.freeze_encoder_steps=1000 optim.encoder_lr_scale=0.25)
+  ARGS_lsp=(--stage1 cb1=$ENC --variants las --las-from cb1 --speed-perturb --workers 2 --jobs 6)
+  for name in s10 l10g lsp; do run_recipe $name & done
+else
 (
   run_recipe cb1
   run_recipe l30
@@ -61,13 +74,20 @@ run_recipe() { local name=$1; local -a a; mapfile -d '' a < <(args "$name"); rec
   for name in las l10 l10f; do run_recipe $name & done
   wait
 ) &
+fi
 
 while [ $(( $(date +%s) - T0 )) -lt "$SECONDS_LEFT" ] && [ -n "$(jobs -r)" ]; do sleep 5; done
 pkill -TERM -f "recipes/an4/run.py" ; pkill -TERM -f "usmkit.cli" ; sleep 8
 pkill -KILL -f "usmkit.cli" ; true
 
 # what comes back: the reports, the seed-0 encoder, where each run stands
-cd $G && tar czf "$OUTDIR/reports.tgz" --ignore-failed-read */an4.json */steps *.log */logs 2>/dev/null
+cd $G && tar czf "$OUTDIR/reports.tgz" --ignore-failed-read */an4.json */steps *.log */logs */runs/*/metrics.jsonl 2>/dev/null
 [ -d encoder_p0 ] && tar cf "$OUTDIR/encoder_p0.tar" encoder_p0
+for f in lsp/steps/las_s*.json; do
+  [ -f "$f" ] || continue
+  run=$(basename "$f" .json)
+  (cd ../.. && python3 -c "import sys; sys.path.insert(0, 'recipes/an4'); from run import export_run; from pathlib import Path; export_run(Path('$G/lsp/runs/$run'), Path('$G/export/$run'))") &&
+    tar cf "$OUTDIR/lsp_$run.tar" -C export "$run"
+done
 for f in *.log; do echo "== $f"; tail -n 4 "$f"; done
 echo "elapsed $(( $(date +%s) - T0 )) s"

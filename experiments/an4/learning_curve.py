@@ -9,8 +9,11 @@ and a plot.
     PYTHONPATH=. python experiments/an4/learning_curve.py exp/an4_lc10/an4.json \
         experiments/an4/results/an4_cb1_cpu.json experiments/an4/results/an4_narrowband.json#default
 
-``FILE#NAME`` takes the report ``NAME`` of a study file that holds several (``reports``). A report's share
-of the labels is its ``settings.labels`` (100 for reports written before the option existed).
+``FILE#NAME`` takes the report ``NAME`` of a study file that holds several (``reports``); ``SPEC@LABEL``
+names the report's runs ``LABEL`` on the curve instead of by their variant (two encoders' ``cb1`` runs, say),
+and runs of one label from several reports are pooled. A report's share of the labels is its
+``settings.labels`` (100 for reports written before the option existed). Each curve whose label starts with
+``scratch`` is a base the others' relative gains are taken against.
 """
 
 from __future__ import annotations
@@ -48,15 +51,28 @@ def curve(reports: list[dict]) -> list[dict]:
 
 
 def relative_gains(points: list[dict], base: str = "scratch") -> list[dict]:
-    """Per share and decoding: how much lower each pre-trained variant's mean test WER is than ``base``'s."""
-    by_key = {(p["variant"], p["labels"], p["decode"]): p for p in points}
+    """Per share and decoding: how much lower each pre-trained curve's mean test WER is than each base's (the
+    curves whose label starts with ``base``)."""
+    bases = [p for p in points if p["variant"].startswith(base)]
     gains = []
     for p in points:
-        ref = by_key.get((base, p["labels"], p["decode"]))
-        if p["variant"] != base and ref is not None:
-            gain = 1 - p["test_wer_mean"] / ref["test_wer_mean"]
-            gains.append({"variant": p["variant"], "labels": p["labels"], "decode": p["decode"], "relative_gain": gain})
+        if p["variant"].startswith(base):
+            continue
+        for ref in bases:
+            if (ref["labels"], ref["decode"]) == (p["labels"], p["decode"]):
+                gain = 1 - p["test_wer_mean"] / ref["test_wer_mean"]
+                gains.append({"variant": p["variant"], "base": ref["variant"], "labels": p["labels"],
+                              "decode": p["decode"], "relative_gain": gain})  # fmt: skip
     return gains
+
+
+def read_labeled(spec: str) -> dict:
+    """``read_report`` of ``FILE[#NAME][@LABEL]``; with ``LABEL``, every row's variant is ``LABEL``."""
+    spec, _, label = spec.partition("@")
+    report = read_report(spec)
+    if label:
+        report = {**report, "rows": [{**row, "variant": label} for row in report["rows"]]}
+    return report
 
 
 def metrics_files(reports: list[dict], below: int = 100) -> dict[str, Path]:
@@ -70,7 +86,7 @@ def metrics_files(reports: list[dict], below: int = 100) -> dict[str, Path]:
         for row in report["rows"]:
             path = Path(report["settings"]["out"]) / "runs" / row["run"] / "metrics.jsonl"
             if path.is_file():
-                files[f"{labels}% {row['run']}"] = path
+                files[f"{labels}% {row['variant']} {row['run']}"] = path
     return files
 
 
@@ -80,9 +96,12 @@ def plot(points: list[dict], out_png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    variants = list(dict.fromkeys(p["variant"] for p in points))
+    colors = dict(zip(variants, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 2, strict=False))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, decode in zip(axes, DECODES, strict=True):
-        for variant, color in (("scratch", "tab:gray"), ("cb1", "tab:blue"), ("cb16", "tab:green")):
+        for variant in variants:
+            color = colors[variant]
             line = [p for p in points if p["decode"] == decode and p["variant"] == variant]
             if not line:
                 continue
@@ -98,7 +117,7 @@ def plot(points: list[dict], out_png: Path) -> None:
         ax.set_title(f"AN4 test, {decode}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("WER % (mean +- sd of the seeds; dots: each seed)")
-    axes[0].legend()
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_png, dpi=120)
 
@@ -108,7 +127,7 @@ def main() -> None:
     ap.add_argument("reports", nargs="+", help="recipe reports (FILE, or FILE#NAME in a study file)")
     ap.add_argument("--out", type=Path, default=RESULTS / "an4_learning_curve.json")
     args = ap.parse_args()
-    reports = [read_report(spec) for spec in args.reports]
+    reports = [read_labeled(spec) for spec in args.reports]
     points = curve(reports)
     curves = metrics_files(reports)
     result = {
@@ -127,15 +146,18 @@ def main() -> None:
     if curves:
         curves_png = args.out.with_name(args.out.stem + "_curves.png")
         plot_training_curves(curves, curves_png, "AN4 with a share of the labels: scratch vs BEST-RQ (1 codebook)")
-    print(f"{'variant':8s} {'labels':>6s} {'decode':12s} {'runs':>4s} {'test WER %':>16s}")
+    width = max(8, *(len(p["variant"]) for p in points))
+    print(f"{'variant':{width}s} {'labels':>6s} {'decode':12s} {'runs':>4s} {'test WER %':>16s}")
     for p in points:
         sd = f" +- {100 * p['test_wer_sd']:5.2f}" if p["test_wer_sd"] is not None else ""
         print(
-            f"{p['variant']:8s} {p['labels']:5d}% {p['decode']:12s} {len(p['runs']):4d} {100 * p['test_wer_mean']:6.2f}{sd}"
+            f"{p['variant']:{width}s} {p['labels']:5d}% {p['decode']:12s} {len(p['runs']):4d} "
+            f"{100 * p['test_wer_mean']:6.2f}{sd}"
         )
     for g in result["relative_gains"]:
         print(
-            f"{g['variant']} against scratch at {g['labels']}% labels, {g['decode']}: {100 * g['relative_gain']:+.1f}%"
+            f"{g['variant']} against {g['base']} at {g['labels']}% labels, {g['decode']}: "
+            f"{100 * g['relative_gain']:+.1f}%"
         )
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
