@@ -95,6 +95,10 @@ class Settings:
     finetune_steps: int = 2000
     finetune_lr: float = 2.5e-3
     finetune_warmup: int = 300
+    # Runs from a pre-trained encoder (not scratch): the encoder held still for this many steps while the new
+    # head settles, then at this share of the learning rate (with few labels: docs/recipes.md).
+    freeze_encoder_steps: int = 0
+    encoder_lr_scale: float = 1.0
     pretrain_steps: int = 1000
     pretrain_lr: float = 2e-3
     pretrain_warmup: int = 500
@@ -218,12 +222,18 @@ def common_overrides(s: Settings) -> dict[str, Any]:
     }
 
 
-def finetune_overrides(s: Settings, las: bool = False) -> dict[str, Any]:
+def finetune_overrides(s: Settings, las: bool = False, pretrained: bool = False) -> dict[str, Any]:
     """Every fine-tuning run's settings (stage 2 shares the data and optimizer ones); ``las``: a joint CTC/LAS
-    run's. ``--extra`` comes last, so it overrides any of them."""
+    run's; ``pretrained``: a run from a pre-trained encoder's (the encoder's freeze and learning-rate share,
+    where set). ``--extra`` comes last, so it overrides any of them."""
     every = max(1, s.finetune_steps // 5)
     features = {} if s.speed_perturb else {"data.features.precomputed": True, "data.speed_perturb": []}
     task = {"recipe": "stage3_las", "task.ctc_weight": s.las_ctc_weight} if las else {"recipe": "stage3_ctc"}
+    encoder = {}  # only where set, so that the commands (and step records) of runs without them stay as they were
+    if pretrained and s.freeze_encoder_steps:
+        encoder["optim.freeze_encoder_steps"] = s.freeze_encoder_steps
+    if pretrained and s.encoder_lr_scale != 1.0:
+        encoder["optim.encoder_lr_scale"] = s.encoder_lr_scale
     return {
         **task,
         **common_overrides(s),
@@ -239,6 +249,7 @@ def finetune_overrides(s: Settings, las: bool = False) -> dict[str, Any]:
         "data.spec_augment.time_masks": 2,
         "data.spec_augment.freq_width": 15,
         **features,
+        **encoder,
         **s.extra,
     }
 
@@ -306,8 +317,11 @@ def train_steps(s: Settings) -> list[Step]:
             deps = ("prep_finetune", "prepare_an4_text", *_encoder_step(s, s.most_from, p))
             steps.append(train(stage2_name(s.most_from, p), stage2_overrides(s, s.most_from, p), deps))
     for run in runs_of(s):
-        overrides = {**finetune_overrides(s, las=run.variant == "las"), "trainer.seed": run.seed}
         encoder, deps = encoder_of(s, run.variant), ("prep_finetune",)
+        overrides = {
+            **finetune_overrides(s, las=run.variant == "las", pretrained=encoder is not None),
+            "trainer.seed": run.seed,
+        }
         if run.variant == "most":  # stage 3 from the MOST model (its CTC head too: the same tokenizer)
             overrides["init_from"] = runs_dir / stage2_name(encoder, run.pretrain_seed)
             deps += (stage2_name(encoder, run.pretrain_seed),)
@@ -621,6 +635,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--finetune-steps", type=int, default=d.finetune_steps)
     ap.add_argument("--finetune-lr", type=float, default=d.finetune_lr)
     ap.add_argument("--finetune-warmup", type=int, default=d.finetune_warmup)
+    ap.add_argument("--freeze-encoder-steps", type=int, default=d.freeze_encoder_steps,
+                    help="runs from a pre-trained encoder: steps in which only the new head learns")  # fmt: skip
+    ap.add_argument("--encoder-lr-scale", type=float, default=d.encoder_lr_scale,
+                    help="runs from a pre-trained encoder: the encoder's share of the learning rate after that")  # fmt: skip
     ap.add_argument("--pretrain-steps", type=int, default=d.pretrain_steps)
     ap.add_argument("--pretrain-lr", type=float, default=d.pretrain_lr)
     ap.add_argument("--pretrain-warmup", type=int, default=d.pretrain_warmup)
@@ -658,6 +676,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
             f"--labels {a.labels}: no speaker list {labels_list(a.labels)}; choose 100 or one of {', '.join(lists)} "
             "(python -m usmkit.cli.prepare subset ... fraction=F writes a new one)"
         )
+    if a.freeze_encoder_steps < 0 or a.encoder_lr_scale < 0:
+        ap.error(
+            f"--freeze-encoder-steps {a.freeze_encoder_steps} / --encoder-lr-scale {a.encoder_lr_scale}: "
+            "both must be >= 0"
+        )
     try:
         extra, pretrain_extra = parse_overrides(a.extra), parse_overrides(a.pretrain_extra)
     except ValueError as e:
@@ -670,6 +693,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         model_overrides=yaml.safe_load(a.model_overrides) if a.model_overrides else None, vocab_size=a.vocab_size,
         device=a.device, workers=a.workers, max_duration=a.max_duration, speed_perturb=a.speed_perturb,
         finetune_steps=a.finetune_steps, finetune_lr=a.finetune_lr, finetune_warmup=a.finetune_warmup,
+        freeze_encoder_steps=a.freeze_encoder_steps, encoder_lr_scale=a.encoder_lr_scale,
         pretrain_steps=a.pretrain_steps, pretrain_lr=a.pretrain_lr, pretrain_warmup=a.pretrain_warmup,
         pretrain_max_duration=a.pretrain_max_duration, stage2_steps=a.stage2_steps, text_count=a.text_count,
         minutes=tuple(a.minutes), extra=extra, pretrain_extra=pretrain_extra,

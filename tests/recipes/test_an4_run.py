@@ -116,6 +116,26 @@ def test_every_run_with_its_seeds_and_what_it_starts_from(an4_run, tmp_path):
     assert _overrides(_by_name(an4_run.train_steps(extra))["las_p0_s0"])["task.ctc_weight"] == "0.2"  # --extra wins
 
 
+def test_the_encoder_freeze_applies_to_runs_from_a_pre_trained_encoder_only(an4_run, tmp_path):
+    keys = ("optim.freeze_encoder_steps", "optim.encoder_lr_scale")
+    frozen = an4_run.Settings(
+        out=tmp_path, variants=("scratch", "cb1", "las"), seeds=(0,), pretrain_seeds=(0,),
+        freeze_encoder_steps=500, encoder_lr_scale=0.5,
+    )  # fmt: skip
+    steps = _by_name(an4_run.train_steps(frozen))
+    for name in ("cb1_p0_s0", "las_p0_s0"):
+        assert [_overrides(steps[name]).get(k) for k in keys] == ["500", "0.5"]
+    for name in ("scratch_s0", "bestrq_cb1_p0", "prep_finetune"):  # a random encoder is never held still
+        assert not set(keys) & set(_overrides(steps[name]))
+    plain = _by_name(an4_run.train_steps(an4_run.Settings(out=tmp_path, variants=("cb1",), seeds=(0,))))
+    assert not set(keys) & set(_overrides(plain["cb1_p0_s0"]))  # unset: the commands stay as they were
+
+    _, parsed = an4_run.parse_args(["--variants", "cb1", "--freeze-encoder-steps", "500", "--encoder-lr-scale", "0.5"])
+    assert (parsed.freeze_encoder_steps, parsed.encoder_lr_scale) == (500, 0.5)
+    with pytest.raises(SystemExit):
+        an4_run.parse_args(["--freeze-encoder-steps", "-1"])
+
+
 def test_the_commands_compose_into_the_configs_usmkit_reads(an4_run, tmp_path):
     """Each kind of training step's overrides are real keys with valid values (Hydra, then the typed config)."""
     s = an4_run.Settings(out=tmp_path, variants=("cb1", "las", "most"), seeds=(0,), pretrain_seeds=(0,))
