@@ -98,14 +98,21 @@ ROWS = (
         "scratch",
     ),
     Row("scratch_10", "10% of the labels (7 speakers), from scratch", ("an4_labels10.json",), "scratch"),
-    Row("scratch_10_h200", "10% of the labels, from scratch (H200)", (f"{GPU}#s10",), "scratch"),
+    Row("scratch_10_h200", "10% of the labels, from scratch (H200)", (f"{GPU}#s10",), "scratch", readme=False),
     Row("cb1_10", "10% of the labels, from the first encoder", ("an4_labels10.json",), "cb1", readme=False),
     Row("cb1p_10", "10% of the labels, from the second encoder (H200)", (f"{GPU}#l10",), "cb1", readme=False),
+    Row(
+        "cb1p_10_frozen_cpu",
+        "10% of the labels, from the second encoder, frozen 500 steps, then at half the learning rate",
+        ("an4_labels10_frozen_cpu.json",),
+        "cb1",
+    ),
     Row(
         "cb1p_10_frozen",
         "10% of the labels, from the second encoder, frozen 500 steps, then at half the learning rate (H200)",
         (f"{GPU}#l10f",),
         "cb1",
+        readme=False,
     ),
     Row(
         "cb1p_10_frozen1000",
