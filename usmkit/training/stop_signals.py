@@ -3,7 +3,10 @@
 While ``StopSignals`` is entered (``Trainer.fit``), either signal only records itself: the loop finishes
 the step it is in, saves a checkpoint and raises ``TrainingInterrupted``, whose exit code is the shell's
 for that signal (130 for SIGINT, 143 for SIGTERM). A second SIGINT stops at once (``KeyboardInterrupt``);
-the last checkpoint on disk stays intact. Under torchrun a Ctrl-C reaches each worker twice, from the
+the last checkpoint on disk stays intact. The handler says it got the signal with one raw write to stderr and
+never through ``logging``: a signal lands between any two bytecodes, also inside a log handler's write, and
+logging from there re-enters that handler's stream (``RuntimeError: reentrant call``, printed as a "Logging
+error" traceback). Under torchrun a Ctrl-C reaches each worker twice, from the
 terminal and passed on by torchrun a moment later: a second SIGINT within ``FORWARDED_WITHIN_S`` of the first
 is that copy, not a second Ctrl-C. On exit the handlers found on entry are back in place.
 
@@ -18,7 +21,6 @@ process of the foreground group, and the workers must outlive it to serve the la
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
@@ -27,8 +29,6 @@ from types import FrameType
 from typing import Any
 
 from usmkit.errors import UsageError
-
-log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 FORWARDED_WITHIN_S = 1.0  # torchrun passes a signal on to its workers at once
@@ -84,6 +84,8 @@ class StopSignals:
             self.signum = signum
             self._first_at = time.monotonic()
             again = " (Ctrl-C again stops at once, without a checkpoint)" if signum == signal.SIGINT else ""
-            log.warning(
-                "%s received: finishing this step and saving a checkpoint%s", signal.Signals(signum).name, again
-            )
+            notice = f"{signal.Signals(signum).name} received: finishing this step and saving a checkpoint{again}\n"
+            try:
+                os.write(2, notice.encode())
+            except OSError:  # no stderr to tell: the stop still happens
+                pass
