@@ -92,6 +92,12 @@ ROWS = (
         "lexicon_rescore",
     ),
     Row(
+        "scratch_otf",
+        "from scratch, features computed on the fly (the augmentation's feature path, no augmentation)",
+        ("an4_features_otf_cpu.json",),
+        "scratch",
+    ),
+    Row(
         "scratch_aug",
         "from scratch, waveform augmentation (narrowband, low-pass, reverb) from epoch 10",
         ("an4_narrowband.json#late",),
