@@ -19,6 +19,7 @@ and runs of one label from several reports are pooled. A report's share of the l
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -97,7 +98,7 @@ def plot(points: list[dict], out_png: Path) -> None:
     import matplotlib.pyplot as plt
 
     variants = list(dict.fromkeys(p["variant"] for p in points))
-    colors = dict(zip(variants, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 2, strict=False))
+    colors = dict(zip(variants, itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"])))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, decode in zip(axes, DECODES, strict=True):
         for variant in variants:
