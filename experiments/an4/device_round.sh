@@ -12,11 +12,17 @@
 #   l10   CTC on the 10% list (recipes/an4/lists/train_10.txt) from the seed-0 encoder, 3 seeds
 #   l10f  the same with the encoder frozen for the first 500 steps and at half the learning rate after
 #   l30   CTC on the 30% list from the seed-0 encoder, 3 seeds (after cb1's fine-tuning)
+# With ROUND=3 (AN4 only: .carry/an4), 3 seeds each:
+#   nb0   CTC from scratch (the GPU twin of the default row)
+#   nb1   the same on train and its 8 kHz-channel copy (--narrowband-copies)
+#   s10f  CTC from scratch on the 10% list in fp32 (no bf16 autocast)
+#   las0  joint CTC/LAS from a BEST-RQ encoder pre-trained here (1 codebook, 1000 x 100 s on AN4 train audio)
+#   lnb   las0 with --narrowband-copies
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
 #   s10   CTC from scratch on the 10% list (the GPU twin of the CPU rows)
 #   l10g  the 10% row frozen for 1000 steps, then at a quarter of the learning rate
 #   lsp   the las row with 0.9/1.0/1.1 speed perturbation (features on the fly); its runs also come back
-#         as OUTDIR/lsp_<run>.tar (decodable elsewhere when the deadline comes first)
+#         as OUTDIR/lsp_<run>.tar (decodable elsewhere when the deadline comes first; so do las0's and lnb's)
 # Each folder trains, then decodes (GPU forward, lexicon search on the CPU cores) and reports; after SECONDS
 # everything still running is stopped. OUTDIR receives the reports, the seed-0 encoder and a tail of the logs.
 set -u
@@ -50,7 +56,24 @@ ARGS_l30=(--stage1 cb1=$ENC --variants cb1 --labels 30 --jobs 3)
 args() { local v="ARGS_$1[@]"; printf '%s\0' "${!v}"; }
 run_recipe() { local name=$1; local -a a; mapfile -d '' a < <(args "$name"); recipe "$name" "${a[@]}"; }
 
-if [ "${ROUND:-1}" = 2 ]; then
+if [ "${ROUND:-1}" = 3 ]; then
+  # AN4 audio only (.carry/an4); a BEST-RQ encoder of the first kind (1000 x 100 s on AN4 train audio)
+  COMMON=(--an4 .carry/an4 --pool an4 --device auto --workers 1 --ensembles "" --save-encoder ""
+          ${SHORT:+--finetune-steps 10 --dev-utterances 100})
+  ENC=$G/las0/runs/bestrq_cb1_p0
+  ARGS_nb0=(--variants scratch --jobs 3)
+  ARGS_nb1=(--variants scratch --narrowband-copies --jobs 3)
+  ARGS_s10f=(--variants scratch --labels 10 --jobs 3 --extra trainer.precision=fp32)
+  ARGS_las0=(--variants las --las-from cb1 --pretrain-seeds 0 --pretrain-steps ${PRETRAIN_STEPS:-1000} --jobs 3)
+  ARGS_lnb=(--stage1 cb1=$ENC --variants las --las-from cb1 --narrowband-copies --jobs 3)
+  for name in nb0 nb1 s10f las0; do run_recipe $name & done
+  (
+    mapfile -d '' a < <(args lnb)
+    python3 recipes/an4/run.py prepare --out $G/lnb "${COMMON[@]}" "${a[@]}" > $G/lnb.prepare.log 2>&1
+    until [ -f $G/las0/steps/bestrq_cb1_p0.json ]; do sleep 5; done
+    run_recipe lnb
+  ) &
+elif [ "${ROUND:-1}" = 2 ]; then
   ENC=.carry/encoder_p0
   ARGS_s10=(--variants scratch --labels 10 --jobs 3)
   ARGS_l10g=(--stage1 cb1=$ENC --variants cb1 --labels 10 --jobs 3
@@ -83,11 +106,13 @@ pkill -KILL -f "usmkit.cli" ; true
 # what comes back: the reports, the seed-0 encoder, where each run stands
 cd $G && tar czf "$OUTDIR/reports.tgz" --ignore-failed-read */an4.json */steps *.log */logs */runs/*/metrics.jsonl 2>/dev/null
 [ -d encoder_p0 ] && tar cf "$OUTDIR/encoder_p0.tar" encoder_p0
-for f in lsp/steps/las_s*.json; do
+for f in lsp/steps/las_s*.json lnb/steps/las_s*.json las0/steps/las_p*_s*.json; do
   [ -f "$f" ] || continue
+  dir=$(dirname "$(dirname "$f")")
+  [ -f "$dir/an4.json" ] && continue  # decoded here: its report came back
   run=$(basename "$f" .json)
-  (cd ../.. && python3 -c "import sys; sys.path.insert(0, 'recipes/an4'); from run import export_run; from pathlib import Path; export_run(Path('$G/lsp/runs/$run'), Path('$G/export/$run'))") &&
-    tar cf "$OUTDIR/lsp_$run.tar" -C export "$run"
+  (cd ../.. && python3 -c "import sys; sys.path.insert(0, 'recipes/an4'); from run import export_run; from pathlib import Path; export_run(Path('$G/$dir/runs/$run'), Path('$G/export/$dir/$run'))") &&
+    tar cf "$OUTDIR/${dir}_$run.tar" -C "export/$dir" "$run"
 done
 for f in *.log; do echo "== $f"; tail -n 4 "$f"; done
 echo "elapsed $(( $(date +%s) - T0 )) s"

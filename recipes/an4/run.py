@@ -92,6 +92,9 @@ class Settings:
     workers: int = 2
     max_duration: float = 50.0
     speed_perturb: bool = False
+    # Fine-tune on the labeled split plus a stored copy of it through an 8 kHz channel (narrowband training
+    # data whose features are stored like the wideband ones; the waveform augmentation needs them on the fly).
+    narrowband_copies: bool = False
     finetune_steps: int = 2000
     finetune_lr: float = 2.5e-3
     finetune_warmup: int = 300
@@ -160,8 +163,14 @@ def stage2_name(encoder: str, pretrain_seed: int | None) -> str:
 
 
 def labels_split(s: Settings) -> str:
-    """The fine-tuning runs' training split: ``train``, or ``train_<labels>`` (the speakers of its list)."""
+    """The labeled split: ``train``, or ``train_<labels>`` (the speakers of its list)."""
     return "train" if s.labels == 100 else f"train_{s.labels}"
+
+
+def finetune_split(s: Settings) -> str:
+    """The fine-tuning runs' training split: the labeled split, or (``--narrowband-copies``) ``<labeled>_nb``,
+    the labeled split and its 8 kHz-channel copy ``<labeled>_8k`` pooled."""
+    return f"{labels_split(s)}_nb" if s.narrowband_copies else labels_split(s)
 
 
 def labels_list(labels: int) -> Path:
@@ -169,8 +178,11 @@ def labels_list(labels: int) -> Path:
 
 
 def corpus_steps(s: Settings) -> tuple[str, ...]:
-    """The prepare steps every training and decoding run reads: AN4, and the labeled subset when there is one."""
-    return ("prepare_an4", "prepare_subset") if s.labels != 100 else ("prepare_an4",)
+    """The prepare steps every training and decoding run reads: AN4, the labeled subset when there is one, and
+    the narrowband copies when they are trained on."""
+    subset = ("prepare_subset",) if s.labels != 100 else ()
+    copies = ("prepare_train_8k", "prepare_train_nb") if s.narrowband_copies else ()
+    return ("prepare_an4", *subset, *copies)
 
 
 def _prepare(name: str, overrides: dict, deps: tuple[str, ...] = ()) -> Step:
@@ -184,6 +196,8 @@ def data_steps(s: Settings, for_training: bool) -> list[Step]:
     if s.labels != 100:  # the labeled subset (decoding needs it too: the lexicon's LM reads the training text)
         subset = {"src": an4, "split": "train", "speakers": labels_list(s.labels), "name": labels_split(s)}
         steps.append(_prepare("subset", subset, ("prepare_an4",)))
+    if s.narrowband_copies:  # decoding needs them too (the training text of the lexicon's LM)
+        steps += narrowband_copy_steps(s, an4, tuple(step.name for step in steps))
     if not for_training and s.narrowband_test:  # resampled to 8 kHz and back, beside test (split test_8k)
         steps.append(_prepare("bandlimit", {"src": an4, "split": "test", "rate": 8000}, ("prepare_an4",)))
     if for_training and pretrained_here(s):
@@ -196,6 +210,19 @@ def data_steps(s: Settings, for_training: bool) -> list[Step]:
     if for_training and "most" in s.variants:
         steps.append(_prepare("an4_text", {"out": an4, "count": s.text_count}, ("prepare_an4",)))
     return steps
+
+
+def narrowband_copy_steps(s: Settings, an4: Path, deps: tuple[str, ...]) -> list[Step]:
+    """The labeled split through an 8 kHz channel (``bandlimit``, the channel of ``test_8k``), then both pooled
+    as one labeled split (``pool``): every utterance once wideband and once narrowband."""
+    labeled, prepare = labels_split(s), "usmkit.cli.prepare"
+    copy = {"src": an4, "split": labeled, "rate": 8000}
+    inputs = [f"{an4}:an4:{labeled}", f"{an4}:an4:{labeled}_8k"]
+    pooled = {"out": an4, "corpus": "an4", "split": finetune_split(s), "labeled": True, "inputs": inputs}
+    return [
+        Step("prepare_train_8k", prepare, copy, deps, positional=("bandlimit",)),
+        Step("prepare_train_nb", prepare, pooled, ("prepare_train_8k",), positional=("pool",)),
+    ]
 
 
 def _corpus_dir(path: str) -> dict[str, str]:
@@ -238,7 +265,7 @@ def finetune_overrides(s: Settings, las: bool = False, pretrained: bool = False)
         **task,
         **common_overrides(s),
         "data.max_duration": s.max_duration,
-        **({"data.train_split": labels_split(s)} if s.labels != 100 else {}),
+        **({"data.train_split": finetune_split(s)} if finetune_split(s) != "train" else {}),
         "trainer.max_steps": s.finetune_steps,
         "optim.lr": s.finetune_lr,
         "optim.warmup_steps": s.finetune_warmup,
@@ -632,6 +659,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--workers", type=int, default=d.workers, help="loader workers per training run")
     ap.add_argument("--max-duration", type=float, default=d.max_duration)
     ap.add_argument("--speed-perturb", action="store_true", help="0.9/1.0/1.1 speed perturbation (features on the fly)")
+    ap.add_argument("--narrowband-copies", action="store_true",
+                    help="fine-tune on the labels and their copy through an 8 kHz channel (stored features)")  # fmt: skip
     ap.add_argument("--finetune-steps", type=int, default=d.finetune_steps)
     ap.add_argument("--finetune-lr", type=float, default=d.finetune_lr)
     ap.add_argument("--finetune-warmup", type=int, default=d.finetune_warmup)
@@ -692,6 +721,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         las_from=a.las_from, las_ctc_weight=a.las_ctc_weight, most_from=a.most_from, model=a.model,
         model_overrides=yaml.safe_load(a.model_overrides) if a.model_overrides else None, vocab_size=a.vocab_size,
         device=a.device, workers=a.workers, max_duration=a.max_duration, speed_perturb=a.speed_perturb,
+        narrowband_copies=a.narrowband_copies,
         finetune_steps=a.finetune_steps, finetune_lr=a.finetune_lr, finetune_warmup=a.finetune_warmup,
         freeze_encoder_steps=a.freeze_encoder_steps, encoder_lr_scale=a.encoder_lr_scale,
         pretrain_steps=a.pretrain_steps, pretrain_lr=a.pretrain_lr, pretrain_warmup=a.pretrain_warmup,

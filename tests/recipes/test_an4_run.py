@@ -234,6 +234,31 @@ def test_a_share_of_the_labels_fine_tunes_on_the_speakers_of_a_committed_list(an
         an4_run.parse_args(["--labels", "20", "--out", str(tmp_path)])  # no list committed for 20%
 
 
+
+def test_narrowband_copies_train_on_the_labels_and_their_8k_copy_pooled(an4_run, tmp_path):
+    """--narrowband-copies: the labeled split is copied through the 8 kHz channel and pooled with itself (stored
+    features, like the default), for training and for decoding (the lexicon's LM reads the training text); every
+    fine-tuning run trains on the pooled split; off, nothing of it is prepared."""
+    argv = ["--out", str(tmp_path), "--variants", "scratch", "--seeds", "0", "--narrowband-copies"]
+    an4 = str(tmp_path / "data" / "an4")
+    for labels, labeled in (("100", "train"), ("10", "train_10")):
+        _, s = an4_run.parse_args([*argv, "--labels", labels])
+        for steps in (_by_name(an4_run.train_steps(s)), _by_name(an4_run.decode_steps(s))):
+            copy, pooled = steps["prepare_train_8k"], steps["prepare_train_nb"]
+            assert copy.positional == ("bandlimit",) and pooled.positional == ("pool",)
+            assert _overrides(copy) == {"src": an4, "split": labeled, "rate": "8000"}
+            assert _overrides(pooled)["inputs"] == f"[{an4}:an4:{labeled},{an4}:an4:{labeled}_8k]"
+            assert _overrides(pooled)["split"] == f"{labeled}_nb" and _overrides(pooled)["labeled"] == "true"
+            assert "prepare_an4" in copy.deps and pooled.deps == ("prepare_train_8k",)
+        steps = _by_name(an4_run.train_steps(s))
+        for name in ("prep_finetune", "scratch_s0"):
+            run = _overrides(steps[name])
+            assert run["data.train_split"] == f"{labeled}_nb" and run["data.features.precomputed"] == "true"
+        assert "prepare_train_nb" in steps["prep_finetune"].deps
+        assert "prepare_train_nb" in _by_name(an4_run.decode_steps(s))["tune_lexicon_scratch_s0"].deps
+    _, off = an4_run.parse_args(argv[:-1])
+    assert "prepare_train_8k" not in _by_name(an4_run.train_steps(off))
+
 # ---- running steps -------------------------------------------------------------------------------
 
 
