@@ -165,3 +165,19 @@ def test_train_with_the_augmentation_then_evaluate_both_splits(synth_corpus, tmp
     cli("usmkit.cli.evaluate", f"checkpoint={exp}", "test_sets=[test,test_8k]", f"output={out}")
     sets = json.loads(out.read_text())["sets"]
     assert sets["test"]["utterances"] == sets["test_8k"]["utterances"] > 0
+
+
+def test_the_telephone_channel_keeps_the_telephone_band_and_names_the_split_tel(corpus_dir):
+    """channel=telephone: the 3.4 kHz band through mu-law, written as ``test_tel`` with ids ending ``_tel``, the same
+    transcripts and lengths; nothing much left above 4 kHz, the band below kept (the codec's noise aside)."""
+    run(f"src={corpus_dir}", "split=test", "channel=telephone")
+    original = load_cuts(corpus_dir, "test", corpus="mini")
+    phone = load_cuts(corpus_dir, "test_tel", corpus="mini")
+    assert [c.id for c in phone] == [f"{c.id}_tel" for c in original]
+    for a, b in zip(original, phone, strict=True):
+        assert b.num_samples == a.num_samples and [s.text for s in b.supervisions] == [s.text for s in a.supervisions]
+        x, y = a.load_audio()[0], b.load_audio()[0]
+        assert band_db(y, 16000, 4500) < band_db(x, 16000, 4500) - 40
+        assert abs(band_db(y, 16000, 300, 3000) - band_db(x, 16000, 300, 3000)) < 1.5
+    with pytest.raises(SystemExit):
+        prepare(["bandlimit", f"src={corpus_dir}", "channel=radio"])

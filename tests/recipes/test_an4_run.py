@@ -234,7 +234,6 @@ def test_a_share_of_the_labels_fine_tunes_on_the_speakers_of_a_committed_list(an
         an4_run.parse_args(["--labels", "20", "--out", str(tmp_path)])  # no list committed for 20%
 
 
-
 def test_narrowband_copies_train_on_the_labels_and_their_8k_copy_pooled(an4_run, tmp_path):
     """--narrowband-copies: the labeled split is copied through the 8 kHz channel and pooled with itself (stored
     features, like the default), for training and for decoding (the lexicon's LM reads the training text); every
@@ -258,6 +257,7 @@ def test_narrowband_copies_train_on_the_labels_and_their_8k_copy_pooled(an4_run,
         assert "prepare_train_nb" in _by_name(an4_run.decode_steps(s))["tune_lexicon_scratch_s0"].deps
     _, off = an4_run.parse_args(argv[:-1])
     assert "prepare_train_8k" not in _by_name(an4_run.train_steps(off))
+
 
 # ---- running steps -------------------------------------------------------------------------------
 
