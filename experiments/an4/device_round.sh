@@ -18,7 +18,8 @@
 #   s10f  CTC from scratch on the 10% list in fp32 (no bf16 autocast)
 #   las0  joint CTC/LAS from a BEST-RQ encoder pre-trained here (1 codebook, 1000 x 100 s on AN4 train audio)
 #   lnb   las0 with --narrowband-copies
-# and every run of nb0, nb1, las0 and lnb also on test_tel (test through a telephone line: 3.4 kHz, mu-law).
+#   lnb4  lnb trained 4000 steps (as many passes over the wideband half as las0's 2000 over train)
+# and every run of nb0, nb1, las0, lnb and lnb4 also on test_tel (test through a telephone line: 3.4 kHz, mu-law).
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
 #   s10   CTC from scratch on the 10% list (the GPU twin of the CPU rows)
 #   l10g  the 10% row frozen for 1000 steps, then at a quarter of the learning rate
@@ -67,11 +68,14 @@ if [ "${ROUND:-1}" = 3 ]; then
   ARGS_s10f=(--variants scratch --labels 10 --jobs 3 --extra trainer.precision=fp32)
   ARGS_las0=(--variants las --las-from cb1 --pretrain-seeds 0 --pretrain-steps ${PRETRAIN_STEPS:-1000} --jobs 3)
   ARGS_lnb=(--stage1 cb1=$ENC --variants las --las-from cb1 --narrowband-copies --jobs 3)
+  ARGS_lnb4=("${ARGS_lnb[@]}" --finetune-steps ${LNB4_STEPS:-4000})
   tel_eval() {  # tel_eval NAME: every run of exp/g/NAME also on test_tel (another narrowband channel), once
     local name=$1 run settings
-    python3 -m usmkit.cli.prepare bandlimit src=$G/$name/data/an4 split=test channel=telephone > $G/$name.tel.log 2>&1
+    [ -f $G/$name/data/an4/an4_cuts_test_tel.jsonl.gz ] ||
+      python3 -m usmkit.cli.prepare bandlimit src=$G/$name/data/an4 split=test channel=telephone > $G/$name.tel.log 2>&1
     for d in $G/$name/decode/*/lexicon_tuning_dev.json; do
       run=$(basename "$(dirname "$d")")
+      [ -f $G/$name/decode/$run/ctc_lexicon_tel.json ] && continue  # scored before this call
       settings=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['best']; print(*(f'lexicon.{k}={b[k]}' for k in ('order','lm_weight','word_score')))" "$d")
       for decode in ctc_greedy ctc_lexicon; do
         # shellcheck disable=SC2086
@@ -80,15 +84,16 @@ if [ "${ROUND:-1}" = 3 ]; then
       done
     done
   }
-  for name in nb0 nb1 las0; do (run_recipe $name; tel_eval $name) & done
+  for name in nb0 nb1 las0; do (run_recipe $name && tel_eval $name) & done
   run_recipe s10f &
-  (
-    mapfile -d '' a < <(args lnb)
-    python3 recipes/an4/run.py prepare --out $G/lnb "${COMMON[@]}" "${a[@]}" > $G/lnb.prepare.log 2>&1
-    until [ -f $G/las0/steps/bestrq_cb1_p0.json ]; do sleep 5; done
-    run_recipe lnb
-    tel_eval lnb
-  ) &
+  for name in lnb lnb4; do
+    (
+      mapfile -d '' a < <(args $name)
+      python3 recipes/an4/run.py prepare --out $G/$name "${COMMON[@]}" "${a[@]}" > $G/$name.prepare.log 2>&1
+      until [ -f $G/las0/steps/bestrq_cb1_p0.json ]; do sleep 5; done
+      run_recipe $name && tel_eval $name
+    ) &
+  done
 elif [ "${ROUND:-1}" = 2 ]; then
   ENC=.carry/encoder_p0
   ARGS_s10=(--variants scratch --labels 10 --jobs 3)
@@ -123,13 +128,14 @@ pkill -KILL -f "usmkit.cli" ; true
 cd $G && tar czf "$OUTDIR/reports.tgz" --ignore-failed-read */an4.json */steps *.log */logs */runs/*/metrics.jsonl \
   */decode/*/*_tel.json 2>/dev/null
 [ -d encoder_p0 ] && tar cf "$OUTDIR/encoder_p0.tar" encoder_p0
-for f in lsp/steps/las_s*.json lnb/steps/las_s*.json las0/steps/las_p*_s*.json; do
-  [ -f "$f" ] || continue
+exported=0
+for f in lsp/steps/las_s*.json lnb4/steps/las_s*.json lnb/steps/las_s*.json las0/steps/las_p*_s*.json; do
+  [ -f "$f" ] && [ $exported -lt 5 ] || continue  # what comes back: at most 8 files, 64 MiB
   dir=$(dirname "$(dirname "$f")")
   [ -f "$dir/an4.json" ] && continue  # decoded here: its report came back
   run=$(basename "$f" .json)
   (cd ../.. && python3 -c "import sys; sys.path.insert(0, 'recipes/an4'); from run import export_run; from pathlib import Path; export_run(Path('$G/$dir/runs/$run'), Path('$G/export/$dir/$run'))") &&
-    tar cf "$OUTDIR/${dir}_$run.tar" -C "export/$dir" "$run"
+    tar cf "$OUTDIR/${dir}_$run.tar" -C "export/$dir" "$run" && exported=$((exported + 1))
 done
 for f in *.log; do echo "== $f"; tail -n 4 "$f"; done
 echo "elapsed $(( $(date +%s) - T0 )) s"
