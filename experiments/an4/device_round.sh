@@ -20,6 +20,9 @@
 #   lnb   las0 with --narrowband-copies
 #   lnb4  lnb trained 4000 steps (as many passes over the wideband half as las0's 2000 over train)
 # and every run of nb0, nb1, las0, lnb and lnb4 also on test_tel (test through a telephone line: 3.4 kHz, mu-law).
+# With ROUND=4 (AN4 only), 3 seeds each, also on test_tel:
+#   nb4   nb1 trained 4000 steps
+#   s4    nb0 trained 4000 steps (the same budget without the copies)
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
 #   s10   CTC from scratch on the 10% list (the GPU twin of the CPU rows)
 #   l10g  the 10% row frozen for 1000 steps, then at a quarter of the learning rate
@@ -58,7 +61,23 @@ ARGS_l30=(--stage1 cb1=$ENC --variants cb1 --labels 30 --jobs 3)
 args() { local v="ARGS_$1[@]"; printf '%s\0' "${!v}"; }
 run_recipe() { local name=$1; local -a a; mapfile -d '' a < <(args "$name"); recipe "$name" "${a[@]}"; }
 
-if [ "${ROUND:-1}" = 3 ]; then
+tel_eval() {  # tel_eval NAME: every run of exp/g/NAME also on test_tel (another narrowband channel), once
+  local name=$1 run settings
+  [ -f $G/$name/data/an4/an4_cuts_test_tel.jsonl.gz ] ||
+    python3 -m usmkit.cli.prepare bandlimit src=$G/$name/data/an4 split=test channel=telephone > $G/$name.tel.log 2>&1
+  for d in $G/$name/decode/*/lexicon_tuning_dev.json; do
+    run=$(basename "$(dirname "$d")")
+    [ -f $G/$name/decode/$run/ctc_lexicon_tel.json ] && continue  # scored before this call
+    settings=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['best']; print(*(f'lexicon.{k}={b[k]}' for k in ('order','lm_weight','word_score')))" "$d")
+    for decode in ctc_greedy ctc_lexicon; do
+      # shellcheck disable=SC2086
+      python3 -m usmkit.cli.evaluate checkpoint=$G/$name/runs/$run device=auto 'test_sets=[test_tel]' decode=$decode \
+        $([ $decode = ctc_lexicon ] && echo $settings) output=$G/$name/decode/$run/${decode}_tel.json >> $G/$name.tel.log 2>&1
+    done
+  done
+}
+
+if [ "${ROUND:-1}" = 3 ] || [ "${ROUND:-1}" = 4 ]; then
   # AN4 audio only (.carry/an4); a BEST-RQ encoder of the first kind (1000 x 100 s on AN4 train audio)
   COMMON=(--an4 .carry/an4 --pool an4 --device auto --workers 1 --ensembles "" --save-encoder ""
           ${SHORT:+--finetune-steps 10 --dev-utterances 100})
@@ -69,21 +88,12 @@ if [ "${ROUND:-1}" = 3 ]; then
   ARGS_las0=(--variants las --las-from cb1 --pretrain-seeds 0 --pretrain-steps ${PRETRAIN_STEPS:-1000} --jobs 3)
   ARGS_lnb=(--stage1 cb1=$ENC --variants las --las-from cb1 --narrowband-copies --jobs 3)
   ARGS_lnb4=("${ARGS_lnb[@]}" --finetune-steps ${LNB4_STEPS:-4000})
-  tel_eval() {  # tel_eval NAME: every run of exp/g/NAME also on test_tel (another narrowband channel), once
-    local name=$1 run settings
-    [ -f $G/$name/data/an4/an4_cuts_test_tel.jsonl.gz ] ||
-      python3 -m usmkit.cli.prepare bandlimit src=$G/$name/data/an4 split=test channel=telephone > $G/$name.tel.log 2>&1
-    for d in $G/$name/decode/*/lexicon_tuning_dev.json; do
-      run=$(basename "$(dirname "$d")")
-      [ -f $G/$name/decode/$run/ctc_lexicon_tel.json ] && continue  # scored before this call
-      settings=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['best']; print(*(f'lexicon.{k}={b[k]}' for k in ('order','lm_weight','word_score')))" "$d")
-      for decode in ctc_greedy ctc_lexicon; do
-        # shellcheck disable=SC2086
-        python3 -m usmkit.cli.evaluate checkpoint=$G/$name/runs/$run device=auto 'test_sets=[test_tel]' decode=$decode \
-          $([ $decode = ctc_lexicon ] && echo $settings) output=$G/$name/decode/$run/${decode}_tel.json >> $G/$name.tel.log 2>&1
-      done
-    done
-  }
+  ARGS_nb4=(--variants scratch --narrowband-copies --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
+  ARGS_s4=(--variants scratch --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
+fi
+if [ "${ROUND:-1}" = 4 ]; then
+  for name in nb4 s4; do (run_recipe $name && tel_eval $name) & done
+elif [ "${ROUND:-1}" = 3 ]; then
   for name in nb0 nb1 las0; do (run_recipe $name && tel_eval $name) & done
   run_recipe s10f &
   for name in lnb lnb4; do
