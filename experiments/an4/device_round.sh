@@ -23,6 +23,8 @@
 # With ROUND=4 (AN4 only), 3 seeds each, also on test_tel:
 #   nb4   nb1 trained 4000 steps
 #   s4    nb0 trained 4000 steps (the same budget without the copies)
+# With ROUND=5, on the machine of round 3 (its encoder in exp/g/las0):
+#   las4  las0 trained 4000 steps (lnb4 without the copies); its runs come back as OUTDIR/las4_<run>.tar
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
 #   s10   CTC from scratch on the 10% list (the GPU twin of the CPU rows)
 #   l10g  the 10% row frozen for 1000 steps, then at a quarter of the learning rate
@@ -77,7 +79,7 @@ tel_eval() {  # tel_eval NAME: every run of exp/g/NAME also on test_tel (another
   done
 }
 
-if [ "${ROUND:-1}" = 3 ] || [ "${ROUND:-1}" = 4 ]; then
+if [ "${ROUND:-1}" -ge 3 ]; then
   # AN4 audio only (.carry/an4); a BEST-RQ encoder of the first kind (1000 x 100 s on AN4 train audio)
   COMMON=(--an4 .carry/an4 --pool an4 --device auto --workers 1 --ensembles "" --save-encoder ""
           ${SHORT:+--finetune-steps 10 --dev-utterances 100})
@@ -90,8 +92,11 @@ if [ "${ROUND:-1}" = 3 ] || [ "${ROUND:-1}" = 4 ]; then
   ARGS_lnb4=("${ARGS_lnb[@]}" --finetune-steps ${LNB4_STEPS:-4000})
   ARGS_nb4=(--variants scratch --narrowband-copies --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
   ARGS_s4=(--variants scratch --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
+  ARGS_las4=(--stage1 cb1=$ENC --variants las --las-from cb1 --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
 fi
-if [ "${ROUND:-1}" = 4 ]; then
+if [ "${ROUND:-1}" = 5 ]; then  # on the machine that ran round 3 (its encoder in exp/g/las0)
+  for name in las4; do run_recipe $name & done
+elif [ "${ROUND:-1}" = 4 ]; then
   for name in nb4 s4; do (run_recipe $name && tel_eval $name) & done
 elif [ "${ROUND:-1}" = 3 ]; then
   for name in nb0 nb1 las0; do (run_recipe $name && tel_eval $name) & done
@@ -139,7 +144,7 @@ cd $G && tar czf "$OUTDIR/reports.tgz" --ignore-failed-read */an4.json */steps *
   */decode/*/*_tel.json 2>/dev/null
 [ -d encoder_p0 ] && tar cf "$OUTDIR/encoder_p0.tar" encoder_p0
 exported=0
-for f in lsp/steps/las_s*.json lnb4/steps/las_s*.json lnb/steps/las_s*.json las0/steps/las_p*_s*.json; do
+for f in lsp/steps/las_s*.json las4/steps/las_s*.json lnb4/steps/las_s*.json lnb/steps/las_s*.json las0/steps/las_p*_s*.json; do
   [ -f "$f" ] && [ $exported -lt 5 ] || continue  # what comes back: at most 8 files, 64 MiB
   dir=$(dirname "$(dirname "$f")")
   [ -f "$dir/an4.json" ] && continue  # decoded here: its report came back
