@@ -24,6 +24,7 @@ from common import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
 GPU = "an4_gpu_pool17.json"  # the rows trained on one H200 (experiments/an4/device_round.sh)
+COPIES = "an4_narrowband_copies.json"  # its rounds 3-5: the narrowband copies, 4000 steps (experiments/an4/narrowband.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,52 @@ ROWS = (
         "las",
         "lexicon_rescore",
     ),
+    Row("scratch_h200", "from scratch (H200)", (f"{COPIES}#default",), "scratch", readme=False),
+    Row("scratch_4000_h200", "from scratch, 4000 steps (H200)", (f"{COPIES}#steps4000",), "scratch"),
+    Row(
+        "scratch_copies_h200",
+        "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`; H200)",
+        (f"{COPIES}#copies",),
+        "scratch",
+        readme=False,
+    ),
+    Row(
+        "scratch_copies_4000_h200",
+        "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`), 4000 steps (H200)",
+        (f"{COPIES}#copies4000",),
+        "scratch",
+    ),
+    Row(
+        "las_h200",
+        "joint CTC/LAS from an encoder of the first kind, CTC weight 0.7 (H200)",
+        (f"{COPIES}#las",),
+        "las",
+        "lexicon_rescore",
+        readme=False,
+    ),
+    Row(
+        "las_4000_h200",
+        "joint CTC/LAS from an encoder of the first kind, 4000 steps (H200)",
+        (f"{COPIES}#las4000",),
+        "las",
+        "lexicon_rescore",
+        readme=False,
+    ),
+    Row(
+        "las_copies_h200",
+        "joint CTC/LAS from an encoder of the first kind, with the 8 kHz copies (H200)",
+        (f"{COPIES}#las_copies",),
+        "las",
+        "lexicon_rescore",
+        readme=False,
+    ),
+    Row(
+        "las_copies_4000_h200",
+        "joint CTC/LAS from an encoder of the first kind, with the 8 kHz copies, 4000 steps (H200)",
+        (f"{COPIES}#las_copies4000",),
+        "las",
+        "lexicon_rescore",
+    ),
     Row(
         "scratch_otf",
         "from scratch, features computed on the fly (the augmentation's feature path, no augmentation)",
@@ -105,6 +152,13 @@ ROWS = (
     ),
     Row("scratch_10", "10% of the labels (7 speakers), from scratch", ("an4_labels10.json",), "scratch"),
     Row("scratch_10_h200", "10% of the labels, from scratch (H200)", (f"{GPU}#s10",), "scratch", readme=False),
+    Row(
+        "scratch_10_h200_fp32",
+        "10% of the labels, from scratch, fp32 (`trainer.precision=fp32`; H200)",
+        ("an4_labels10_fp32_h200.json",),
+        "scratch",
+        readme=False,
+    ),
     Row("cb1_10", "10% of the labels, from the first encoder", ("an4_labels10.json",), "cb1", readme=False),
     Row("cb1p_10", "10% of the labels, from the second encoder (H200)", (f"{GPU}#l10",), "cb1", readme=False),
     Row(

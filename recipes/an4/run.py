@@ -14,7 +14,8 @@ No stage named: all four, in order.
   fine-tuning from its encoder), ``las`` (joint CTC/LAS from the ``--las-from`` encoder, CTC's share of the
   loss ``--las-ctc-weight``), ``most`` (MOST, stage 2, from the ``--most-from`` encoder, then CTC). Equal
   fine-tuning budgets, on AN4 ``train`` labels only, up to ``--jobs`` runs side by side (one GPU serves
-  several runs of a model this small).
+  several runs of a model this small). ``--narrowband-copies``: the fine-tuning runs train on the labels and their
+  copy through an 8 kHz channel (``prepare bandlimit``, pooled with them: ``train_nb``), features stored as usual.
 - decode: per fine-tuned run, CTC greedy on dev and test; the lexicon settings (LM order, weight, word
   score, over ``--lm-orders`` x ``--lm-weights`` x ``--word-scores``) chosen on dev
   (``python -m usmkit.cli.tune_lexicon``), then test once with them; for ``las`` also attention rescoring of
