@@ -7,7 +7,8 @@ No stage named: all four, in order.
 
 - prepare: the AN4 manifests (``python -m usmkit.cli.prepare an4``; the corpus from ``--an4`` or
   ``$USMKIT_CORPORA/an4``); for rows with pre-training, the unlabeled pool (``--pool``: AN4 train audio and
-  Kathleen's train and dev prompts' audio, never test audio); for the ``most`` row, AN4-style text.
+  Kathleen's train and dev prompts' audio, never test audio; ``synth`` adds the embedded synthesizer's English
+  corpus, ``--synth-size``); for the ``most`` row, AN4-style text.
 - train: every variant with each fine-tuning seed (``--seeds``), and for rows from a BEST-RQ encoder with
   each pre-training seed too (``--pretrain-seeds``; it seeds the BEST-RQ run and its quantizer):
   ``scratch`` (CTC from scratch), ``cb1`` / ``cb16`` (BEST-RQ with 1 / 16 codebooks on the pool, then CTC
@@ -65,6 +66,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("prepare", "train", "decode", "report")
 VARIANTS = ("scratch", "cb1", "cb16", "las", "most")
 CODEBOOKS = {"cb1": 1, "cb16": 16}  # the BEST-RQ encoders
+POOLS = ("an4", "kathleen", "synth")  # synth: the embedded synthesizer's English speech (espeak-ng voices)
 NARROWBAND = "test_8k"  # the test split resampled to 8 kHz and back (``python -m usmkit.cli.prepare bandlimit``)
 
 
@@ -75,7 +77,8 @@ class Settings:
     out: Path = Path("exp/an4_recipe")
     an4: str = ""  # corpus folders; empty: $USMKIT_CORPORA/<name>
     kathleen: str = ""
-    pool: tuple[str, ...] = ("an4", "kathleen")  # the corpora whose unlabeled audio BEST-RQ learns from
+    pool: tuple[str, ...] = ("an4", "kathleen")  # the corpora whose unlabeled audio BEST-RQ learns from (POOLS)
+    synth_size: str = "english"  # the synthetic corpus of a pool with synth (``prepare synth size=``)
     dev_utterances: int = 100
     narrowband_test: bool = True  # also score every model on test_8k: the test set through an 8 kHz channel
     variants: tuple[str, ...] = VARIANTS
@@ -206,6 +209,9 @@ def data_steps(s: Settings, for_training: bool) -> list[Step]:
         if "kathleen" in s.pool:
             steps.append(_prepare("kathleen", {"out": data / "kathleen", **_corpus_dir(s.kathleen)}))
             inputs.append(f"{data / 'kathleen'}:kathleen:unlabeled")
+        if "synth" in s.pool:  # its train and unlabeled audio, transcripts dropped
+            steps.append(_prepare("synth", {"out": data / "synth", "size": s.synth_size}))
+            inputs += [f"{data / 'synth'}:synth:{split}" for split in ("train", "unlabeled")]
         deps = tuple(step.name for step in steps)
         steps.append(_prepare("pool", {"out": an4, "corpus": "an4", "split": "pool", "inputs": inputs}, deps))
     if for_training and "most" in s.variants:
@@ -637,7 +643,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--out", type=Path, default=d.out)
     ap.add_argument("--an4", default="", help="the AN4 corpus folder (default $USMKIT_CORPORA/an4)")
     ap.add_argument("--kathleen", default="", help="the Kathleen corpus folder (default $USMKIT_CORPORA/kathleen)")
-    ap.add_argument("--pool", default=",".join(d.pool), help="corpora of the unlabeled pool: an4[,kathleen]")
+    ap.add_argument("--pool", default=",".join(d.pool), help=f"corpora of the unlabeled pool, of {', '.join(POOLS)}")
+    ap.add_argument("--synth-size", default=d.synth_size, help="with --pool ...,synth: its size (prepare synth size=)")
     ap.add_argument("--dev-utterances", type=int, default=d.dev_utterances)
     ap.add_argument("--no-narrowband-test", action="store_true", help="do not score test_8k (test through 8 kHz)")
     ap.add_argument("--variants", default=",".join(d.variants), help=f"of {', '.join(VARIANTS)}")
@@ -706,6 +713,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
             f"--labels {a.labels}: no speaker list {labels_list(a.labels)}; choose 100 or one of {', '.join(lists)} "
             "(python -m usmkit.cli.prepare subset ... fraction=F writes a new one)"
         )
+    if not set(_names(a.pool)) <= set(POOLS):
+        ap.error(f"--pool {a.pool}: the pool takes {', '.join(POOLS)}")
     if a.freeze_encoder_steps < 0 or a.encoder_lr_scale < 0:
         ap.error(
             f"--freeze-encoder-steps {a.freeze_encoder_steps} / --encoder-lr-scale {a.encoder_lr_scale}: "
@@ -716,7 +725,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     except ValueError as e:
         ap.error(f"--extra / --pretrain-extra: {e}")
     settings = Settings(
-        out=a.out, an4=a.an4, kathleen=a.kathleen, pool=_names(a.pool), dev_utterances=a.dev_utterances,
+        out=a.out, an4=a.an4, kathleen=a.kathleen, pool=_names(a.pool), synth_size=a.synth_size,
+        dev_utterances=a.dev_utterances,
         narrowband_test=not a.no_narrowband_test,
         variants=variants, labels=a.labels, seeds=_ints(a.seeds), pretrain_seeds=_ints(a.pretrain_seeds), stage1=stage1,
         las_from=a.las_from, las_ctc_weight=a.las_ctc_weight, most_from=a.most_from, model=a.model,
