@@ -259,7 +259,6 @@ def test_narrowband_copies_train_on_the_labels_and_their_8k_copy_pooled(an4_run,
     assert "prepare_train_8k" not in _by_name(an4_run.train_steps(off))
 
 
-
 def test_a_synthetic_pool_adds_the_synthesizers_audio_to_what_best_rq_learns_from(an4_run, tmp_path):
     """--pool an4,synth: the embedded synthesizer's corpus (--synth-size) is built and its train and unlabeled
     audio join AN4's in the BEST-RQ pool; the fine-tuning runs are unchanged; an unknown pool name is refused."""
@@ -275,6 +274,7 @@ def test_a_synthetic_pool_adds_the_synthesizers_audio_to_what_best_rq_learns_fro
     assert "prepare_synth" not in _by_name(an4_run.decode_steps(s))  # decoding reads AN4 only
     with pytest.raises(SystemExit):
         an4_run.parse_args([*argv, "--pool", "an4,librispeech"])
+
 
 # ---- running steps -------------------------------------------------------------------------------
 
