@@ -23,6 +23,12 @@
 # With ROUND=4 (AN4 only), 3 seeds each, also on test_tel:
 #   nb4   nb1 trained 4000 steps
 #   s4    nb0 trained 4000 steps (the same budget without the copies)
+# With ROUND=6 (AN4 only, the synthetic corpus built there: .whl also needs experiments/an4/synth_wheels.sh's
+# wheels), 3 seeds each, fine-tuned on the 10% list with the encoder frozen 500 steps, then at half the rate:
+#   syn   BEST-RQ (1 codebook, 1000 x 100 s) on AN4 train audio + the synthesizer's English corpus (7.8 h)
+#   an    the same on AN4 train audio only (the same machine's pool without the synthetic speech)
+#   s10   CTC from scratch on the 10% list
+#   syn100  syn's encoder fine-tuned on all the labels (the default schedule)
 # With ROUND=5, on the machine of round 3 (its encoder in exp/g/las0):
 #   las4  las0 trained 4000 steps (lnb4 without the copies); its runs come back as OUTDIR/las4_<run>.tar
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
@@ -94,7 +100,21 @@ if [ "${ROUND:-1}" -ge 3 ]; then
   ARGS_s4=(--variants scratch --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
   ARGS_las4=(--stage1 cb1=$ENC --variants las --las-from cb1 --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
 fi
-if [ "${ROUND:-1}" = 5 ]; then  # on the machine that ran round 3 (its encoder in exp/g/las0)
+if [ "${ROUND:-1}" = 6 ]; then  # .whl also holds experiments/an4/synth_wheels.sh's wheels
+  PRE=(--labels 10 --pretrain-seeds 0 --pretrain-steps ${PRETRAIN_STEPS:-1000} --freeze-encoder-steps 500
+       --encoder-lr-scale 0.5 --jobs 3)
+  ARGS_syn=(--pool an4,synth --synth-size ${SYNTH_SIZE:-english} --variants cb1 "${PRE[@]}")
+  ARGS_an=(--pool an4 --variants cb1 "${PRE[@]}")
+  ARGS_s10=(--variants scratch --labels 10 --jobs 3)
+  ARGS_syn100=(--stage1 cb1=$G/syn/runs/bestrq_cb1_p0 --variants cb1 --jobs 3)
+  for name in syn an s10; do run_recipe $name & done
+  (
+    mapfile -d '' a < <(args syn100)
+    python3 recipes/an4/run.py prepare --out $G/syn100 "${COMMON[@]}" "${a[@]}" > $G/syn100.prepare.log 2>&1
+    until [ -f $G/syn/steps/bestrq_cb1_p0.json ]; do sleep 5; done
+    run_recipe syn100
+  ) &
+elif [ "${ROUND:-1}" = 5 ]; then  # on the machine that ran round 3 (its encoder in exp/g/las0)
   for name in las4; do run_recipe $name & done
 elif [ "${ROUND:-1}" = 4 ]; then
   for name in nb4 s4; do (run_recipe $name && tel_eval $name) & done
