@@ -93,7 +93,8 @@ ROWS = (
         "lexicon_rescore",
     ),
     Row("scratch_h200", "from scratch (H200)", (f"{COPIES}#default",), "scratch", readme=False),
-    Row("scratch_4000_h200", "from scratch, 4000 steps (H200)", (f"{COPIES}#steps4000",), "scratch"),
+    Row("scratch_4000", "from scratch, 4000 steps", ("an4_steps4000_cpu.json",), "scratch"),
+    Row("scratch_4000_h200", "from scratch, 4000 steps (H200)", (f"{COPIES}#steps4000",), "scratch", readme=False),
     Row(
         "scratch_copies_h200",
         "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`; H200)",
