@@ -94,6 +94,7 @@ ROWS = (
     ),
     Row("scratch_h200", "from scratch (H200)", (f"{COPIES}#default",), "scratch", readme=False),
     Row("scratch_4000", "from scratch, 4000 steps", ("an4_steps4000_cpu.json",), "scratch"),
+    Row("scratch_6000", "from scratch, 6000 steps", ("an4_steps6000_cpu.json",), "scratch"),
     Row("scratch_4000_h200", "from scratch, 4000 steps (H200)", (f"{COPIES}#steps4000",), "scratch", readme=False),
     Row(
         "scratch_copies_h200",
