@@ -76,7 +76,7 @@ tel_eval() {  # tel_eval NAME: every run of exp/g/NAME also on test_tel (another
   for d in $G/$name/decode/*/lexicon_tuning_dev.json; do
     run=$(basename "$(dirname "$d")")
     [ -f $G/$name/decode/$run/ctc_lexicon_tel.json ] && continue  # scored before this call
-    settings=$(python3 -c "import json,sys; b=json.load(open(sys.argv[1]))['best']; print(*(f'lexicon.{k}={b[k]}' for k in ('order','lm_weight','word_score')))" "$d")
+    settings=$(python3 -c "import sys; sys.path.insert(0, 'recipes/an4'); from pathlib import Path; from run import chosen_lexicon; print(*(f'{k}={v}' for k, v in chosen_lexicon(Path(sys.argv[1])).items()))" "$d")
     for decode in ctc_greedy ctc_lexicon; do
       # shellcheck disable=SC2086
       python3 -m usmkit.cli.evaluate checkpoint=$G/$name/runs/$run device=auto 'test_sets=[test_tel]' decode=$decode \

@@ -24,7 +24,9 @@ from common import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
 GPU = "an4_gpu_pool17.json"  # the rows trained on one H200 (experiments/an4/device_round.sh)
-COPIES = "an4_narrowband_copies.json"  # its rounds 3-5: the narrowband copies, 4000 steps (experiments/an4/narrowband.py)
+COPIES = (
+    "an4_narrowband_copies.json"  # its rounds 3-5: the narrowband copies, 4000 steps (experiments/an4/narrowband.py)
+)
 
 
 @dataclass(frozen=True)

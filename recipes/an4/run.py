@@ -223,8 +223,8 @@ def narrowband_copy_steps(s: Settings, an4: Path, deps: tuple[str, ...]) -> list
     """The labeled split through an 8 kHz channel (``bandlimit``, the channel of ``test_8k``), then both pooled
     as one labeled split (``pool``): every utterance once wideband and once narrowband."""
     labeled, prepare = labels_split(s), "usmkit.cli.prepare"
-    copy = {"src": an4, "split": labeled, "rate": 8000}
-    inputs = [f"{an4}:an4:{labeled}", f"{an4}:an4:{labeled}_8k"]
+    copy = {"src": an4, "split": labeled, "rate": 8000, "name": f"{labeled}_8k"}
+    inputs = [f"{an4}:an4:{labeled}", f"{an4}:an4:{copy['name']}"]
     pooled = {"out": an4, "corpus": "an4", "split": finetune_split(s), "labeled": True, "inputs": inputs}
     return [
         Step("prepare_train_8k", prepare, copy, deps, positional=("bandlimit",)),

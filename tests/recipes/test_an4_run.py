@@ -245,7 +245,7 @@ def test_narrowband_copies_train_on_the_labels_and_their_8k_copy_pooled(an4_run,
         for steps in (_by_name(an4_run.train_steps(s)), _by_name(an4_run.decode_steps(s))):
             copy, pooled = steps["prepare_train_8k"], steps["prepare_train_nb"]
             assert copy.positional == ("bandlimit",) and pooled.positional == ("pool",)
-            assert _overrides(copy) == {"src": an4, "split": labeled, "rate": "8000"}
+            assert _overrides(copy) == {"src": an4, "split": labeled, "rate": "8000", "name": f"{labeled}_8k"}
             assert _overrides(pooled)["inputs"] == f"[{an4}:an4:{labeled},{an4}:an4:{labeled}_8k]"
             assert _overrides(pooled)["split"] == f"{labeled}_nb" and _overrides(pooled)["labeled"] == "true"
             assert "prepare_an4" in copy.deps and pooled.deps == ("prepare_train_8k",)

@@ -109,15 +109,12 @@ def telephone(cut: Cut) -> np.ndarray:
     return np.pad(samples[:, :n], ((0, 0), (0, max(0, n - samples.shape[1]))))
 
 
-def band_limited_cut(cut: Cut, samples: np.ndarray, rate: int, audio_dir: Path, tail: str | None = None) -> MonoCut:
-    """``cut``'s audio ``samples`` (C, N) through ``band_limited`` (``rate`` > 0; 0: ``samples`` are already
-    band-limited), written to ``audio_dir/<new id>.flac``, as a new cut whose ids end with ``tail`` (default
-    ``suffix(rate)``) and whose supervisions (transcripts, speakers, times) are the same."""
-    if samples.shape[0] != 1:
-        raise RecipeError(f"cut {cut.id} has {samples.shape[0]} channels; bandlimit copies mono cuts only")
-    tail = suffix(rate) if tail is None else tail
+def band_limited_cut(cut: Cut, limited: np.ndarray, audio_dir: Path, tail: str) -> MonoCut:
+    """``cut``'s band-limited audio ``limited`` (C, N), written to ``audio_dir/<new id>.flac``, as a new cut whose
+    ids end with ``tail`` and whose supervisions (transcripts, speakers, times) are the same."""
+    if limited.shape[0] != 1:
+        raise RecipeError(f"cut {cut.id} has {limited.shape[0]} channels; bandlimit copies mono cuts only")
     new_id = f"{cut.id}{tail}"
-    limited = band_limited(samples, cut.sampling_rate, rate) if rate else samples
     # Filter ringing can overshoot full scale by a hair on clipped recordings; FLAC stores integers in [-1, 1).
     out = np.clip(limited[0], -1.0, 1.0 - 2.0**-23)
     path = write_audio(audio_dir / f"{new_id}.flac", out, cut.sampling_rate, subtype="PCM_24")
@@ -153,12 +150,13 @@ def run(args: BandlimitArgs) -> None:
     for cut in source:
         drops.seen()
         try:
-            samples = telephone(cut) if phone else cut.load_audio()  # (C, N)
+            samples = telephone(cut) if phone else cut.load_audio()  # (C, N); telephone: band-limited already
         except Exception as e:  # lhotse tries every audio backend: any failure means unreadable audio
             first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
             drops.drop("unreadable audio", cut.id, f"its audio cannot be read ({first_line})")
             continue
-        cuts.append(band_limited_cut(cut, samples, 0 if phone else args.rate, out / name, id_suffix(args)))
+        limited = samples if phone else band_limited(samples, cut.sampling_rate, rate)
+        cuts.append(band_limited_cut(cut, limited, out / name, id_suffix(args)))
     if not cuts:
         raise RecipeError(f"no cut of {corpus} {args.split} could be copied ({drops.summary()})")
     cut_set = CutSet.from_cuts(cuts)
