@@ -29,6 +29,7 @@
 #   an    the same on AN4 train audio only (the same machine's pool without the synthetic speech)
 #   s10   CTC from scratch on the 10% list
 #   syn100  syn's encoder fine-tuned on all the labels (the default schedule)
+# With ROUND=7, syn and an from a second pre-training seed (syn1, an1)
 # With ROUND=5, on the machine of round 3 (its encoder in exp/g/las0):
 #   las4  las0 trained 4000 steps (lnb4 without the copies); its runs come back as OUTDIR/las4_<run>.tar
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
@@ -100,13 +101,19 @@ if [ "${ROUND:-1}" -ge 3 ]; then
   ARGS_s4=(--variants scratch --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
   ARGS_las4=(--stage1 cb1=$ENC --variants las --las-from cb1 --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
 fi
-if [ "${ROUND:-1}" = 6 ]; then  # .whl also holds experiments/an4/synth_wheels.sh's wheels
+if [ "${ROUND:-1}" -ge 6 ]; then  # .whl also holds experiments/an4/synth_wheels.sh's wheels
   PRE=(--labels 10 --pretrain-seeds 0 --pretrain-steps ${PRETRAIN_STEPS:-1000} --freeze-encoder-steps 500
        --encoder-lr-scale 0.5 --jobs 3)
   ARGS_syn=(--pool an4,synth --synth-size ${SYNTH_SIZE:-english} --variants cb1 "${PRE[@]}")
   ARGS_an=(--pool an4 --variants cb1 "${PRE[@]}")
   ARGS_s10=(--variants scratch --labels 10 --jobs 3)
   ARGS_syn100=(--stage1 cb1=$G/syn/runs/bestrq_cb1_p0 --variants cb1 --jobs 3)
+  ARGS_syn1=("${ARGS_syn[@]}" --pretrain-seeds 1)
+  ARGS_an1=("${ARGS_an[@]}" --pretrain-seeds 1)
+fi
+if [ "${ROUND:-1}" = 7 ]; then
+  for name in syn1 an1; do run_recipe $name & done
+elif [ "${ROUND:-1}" = 6 ]; then
   for name in syn an s10; do run_recipe $name & done
   (
     mapfile -d '' a < <(args syn100)

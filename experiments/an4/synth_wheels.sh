@@ -4,7 +4,7 @@
 #
 #   bash experiments/an4/synth_wheels.sh
 #
-# espeakng-loader (espeak-ng and its voices), wordfreq and its needs (ftfy, langcodes, locate). wordfreq's wheel
+# espeakng-loader (espeak-ng and its voices), wordfreq and its needs (ftfy and its wcwidth, langcodes, locate). wordfreq's wheel
 # is 57 MB of word lists in 40 languages; the corpus reads those of its five (usmkit.data.synth.text.LANGUAGES),
 # so the copy keeps only theirs (about 10 MB): a device call carries 64 MiB at most.
 set -euo pipefail
@@ -14,7 +14,7 @@ get() {
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$1" "$2"
 }
-for p in espeakng-loader==0.2.4 ftfy==6.3.1 langcodes==3.5.1 locate==1.1.1; do get .whl "$p"; done
+for p in espeakng-loader==0.2.4 ftfy==6.3.1 wcwidth==0.9.4 langcodes==3.5.1 locate==1.1.1; do get .whl "$p"; done
 tmp=$(mktemp -d)
 get "$tmp" wordfreq==3.1.1
 langs=$(python3 -c "from usmkit.data.synth.text import LANGUAGES; print(' '.join(LANGUAGES))")

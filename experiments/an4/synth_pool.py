@@ -1,0 +1,127 @@
+"""Does synthetic speech in the BEST-RQ pool help real speech? AN4 at 10% of the labels (the frozen start: encoder
+frozen 500 steps, then at half the learning rate), from encoders pre-trained on AN4 train audio alone and on AN4
+train audio plus the synthesizer's English corpus, against scratch; and the synthetic pool's encoder on all the
+labels. Combines the recipe folders that ``experiments/an4/device_round.sh`` ROUND=6 and ROUND=7 leave, into one
+JSON (reports, each run's pre-training and dev curves) and a plot. Scores nothing: it reads what the recipe scored.
+
+    PYTHONPATH=. python experiments/an4/synth_pool.py --runs syn=exp/g/syn an=exp/g/an s10=exp/g/s10 \
+        syn100=exp/g/syn100 syn1=exp/g/syn1 an1=exp/g/an1 --base s10
+
+A folder without a report (its decoding was stopped) contributes its runs' dev curves (greedy, the trainer's own
+evaluations) only. ``--base`` names the scratch folder the relative gains are taken against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import run_header  # noqa: E402
+from narrowband import plot_dev_curves  # noqa: E402
+
+from usmkit.training.curves import read_metrics  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PRETRAIN_KEYS = ("train/loss", "train/acc_mean", "train/perplexity_mean")
+
+
+def folder_summary(out: Path) -> dict:
+    """One recipe folder: its report (when decoded), each fine-tuning run's dev curve and last dev WER, and the
+    pre-training's last loss, accuracy and code perplexity."""
+    report_path = out / "an4.json"
+    entry: dict = {"report": json.loads(report_path.read_text()) if report_path.is_file() else None}
+    entry["dev_curves"], entry["pretrain"] = {}, {}
+    for run in sorted((out / "runs").glob("*/metrics.jsonl")):
+        name = run.parent.name
+        metrics = read_metrics(run)
+        if name.startswith("bestrq_"):
+            last = {k: m[k] for m in metrics for k in PRETRAIN_KEYS if k in m}
+            entry["pretrain"][name] = last
+        elif not name.startswith("prep_"):
+            entry["dev_curves"][name] = [(m["step"], m["dev/dev_wer"]) for m in metrics if "dev/dev_wer" in m]
+    last_dev = [points[-1][1] for points in entry["dev_curves"].values() if points]
+    if len(last_dev) >= 2:
+        entry["dev_greedy_last_mean"], entry["dev_greedy_last_sd"] = (
+            statistics.fmean(last_dev),
+            statistics.stdev(last_dev),
+        )
+    return entry
+
+
+def lexicon(entry: dict) -> dict | None:
+    """The report's CTC + lexicon summary, or None without a report."""
+    if entry["report"] is None:
+        return None
+    return next(s for s in entry["report"]["summary"] if s["decode"] == "ctc_lexicon")
+
+
+def plot_test(folders: dict[str, dict], out_png: Path) -> None:
+    """Test WER (CTC + lexicon) per run (dots) and their mean (bars), per training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    named = [(name, entry) for name, entry in folders.items() if entry["report"] is not None]
+    fig, ax = plt.subplots(figsize=(2 + 1.3 * len(named), 4))
+    for x, (name, entry) in enumerate(named):
+        wers = [100 * r["test_wer"] for r in entry["report"]["rows"] if r["decode"] == "ctc_lexicon"]
+        ax.bar(x, statistics.fmean(wers), color="tab:blue", alpha=0.5)
+        ax.scatter([x] * len(wers), wers, color="black", s=12, zorder=3)
+    ax.set_xticks(range(len(named)), [name for name, _ in named])
+    ax.set(ylabel="test WER, CTC + lexicon (%)", title="AN4: BEST-RQ pool with and without synthetic speech")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", nargs="+", required=True, metavar="NAME=OUT", help="recipe --out folders")
+    ap.add_argument("--base", required=True, help="the scratch folder's NAME")
+    ap.add_argument("--name", default="an4_synth_pool", help="the output files' name")
+    ap.add_argument("--device", default=None, help="the machine the runs trained on (default: this one)")
+    ap.add_argument("--command", default=None, help="the commands that trained them")
+    a = ap.parse_args()
+    outs = dict(item.split("=", 1) for item in a.runs)
+    folders = {name: folder_summary(Path(out)) for name, out in outs.items()}
+    base = lexicon(folders[a.base])
+    gains = {}
+    for name, entry in folders.items():
+        mine = lexicon(entry)
+        if mine is not None and name != a.base and mine["runs"] and entry["report"]["settings"]["labels"] == 10:
+            gains[name] = 1 - mine["test_wer_mean"] / base["test_wer_mean"]
+    header = run_header()
+    if a.device:
+        header |= {"device": a.device, "combined_on": header["device"]}
+    result = {
+        **header,
+        **({"trained_by": a.command} if a.command else {}),
+        "folders": folders,
+        "relative_gain_vs_base": gains,
+        "test_configurations": sum(e["report"]["test_configurations"] for e in folders.values() if e["report"]),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{a.name}.json").write_text(json.dumps(result, indent=1))
+    plot_test(folders, RESULTS / f"{a.name}.png")
+    curves = {f"{name} {run}": points for name, e in folders.items() for run, points in e["dev_curves"].items()}
+    plot_dev_curves(curves, list(folders), RESULTS / f"{a.name}_curves.png", ": synthetic speech in the BEST-RQ pool")
+    print(f"{'training':8s} {'labels':>6s} {'dev greedy':>14s} {'dev lexicon':>14s} {'test lexicon':>14s} {'gain':>6s}")
+    for name, entry in folders.items():
+        lex = lexicon(entry)
+        labels = entry["report"]["settings"]["labels"] if entry["report"] else "-"
+        dev_g = f"{100 * entry['dev_greedy_last_mean']:6.2f} +- {100 * entry['dev_greedy_last_sd']:5.2f}"
+        dev_l = f"{100 * lex['dev_wer_mean']:6.2f} +- {100 * lex['dev_wer_sd']:5.2f}" if lex else "-"
+        test = f"{100 * lex['test_wer_mean']:6.2f} +- {100 * lex['test_wer_sd']:5.2f}" if lex else "-"
+        gain = f"{100 * gains[name]:5.1f}%" if name in gains else "-"
+        print(f"{name:8s} {labels!s:>6s} {dev_g:>14s} {dev_l:>14s} {test:>14s} {gain:>6s}")
+    print(f"{result['test_configurations']} configurations scored on test; wrote {RESULTS / (a.name + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
