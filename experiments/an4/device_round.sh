@@ -102,14 +102,15 @@ if [ "${ROUND:-1}" -ge 3 ]; then
   ARGS_las4=(--stage1 cb1=$ENC --variants las --las-from cb1 --jobs 3 --finetune-steps ${NB4_STEPS:-4000})
 fi
 if [ "${ROUND:-1}" -ge 6 ]; then  # .whl also holds experiments/an4/synth_wheels.sh's wheels
-  PRE=(--labels 10 --pretrain-seeds 0 --pretrain-steps ${PRETRAIN_STEPS:-1000} --freeze-encoder-steps 500
-       --encoder-lr-scale 0.5 --jobs 3)
-  ARGS_syn=(--pool an4,synth --synth-size ${SYNTH_SIZE:-english} --variants cb1 "${PRE[@]}")
-  ARGS_an=(--pool an4 --variants cb1 "${PRE[@]}")
+  PRE=(--labels 10 --pretrain-steps ${PRETRAIN_STEPS:-1000} --freeze-encoder-steps 500 --encoder-lr-scale 0.5 --jobs 3)
+  SYN=(--pool an4,synth --synth-size ${SYNTH_SIZE:-english} --variants cb1 "${PRE[@]}")
+  AN=(--pool an4 --variants cb1 "${PRE[@]}")
+  ARGS_syn=("${SYN[@]}" --pretrain-seeds 0)
+  ARGS_an=("${AN[@]}" --pretrain-seeds 0)
   ARGS_s10=(--variants scratch --labels 10 --jobs 3)
   ARGS_syn100=(--stage1 cb1=$G/syn/runs/bestrq_cb1_p0 --variants cb1 --jobs 3)
-  ARGS_syn1=("${ARGS_syn[@]}" --pretrain-seeds 1)
-  ARGS_an1=("${ARGS_an[@]}" --pretrain-seeds 1)
+  ARGS_syn1=("${SYN[@]}" --pretrain-seeds 1)
+  ARGS_an1=("${AN[@]}" --pretrain-seeds 1)
 fi
 if [ "${ROUND:-1}" = 7 ]; then
   for name in syn1 an1; do run_recipe $name & done

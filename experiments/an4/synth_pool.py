@@ -69,7 +69,7 @@ def plot_test(folders: dict[str, dict], out_png: Path) -> None:
 
     named = [(name, entry) for name, entry in folders.items() if entry["report"] is not None]
     fig, ax = plt.subplots(figsize=(2 + 1.3 * len(named), 4))
-    for x, (name, entry) in enumerate(named):
+    for x, (_, entry) in enumerate(named):
         wers = [100 * r["test_wer"] for r in entry["report"]["rows"] if r["decode"] == "ctc_lexicon"]
         ax.bar(x, statistics.fmean(wers), color="tab:blue", alpha=0.5)
         ax.scatter([x] * len(wers), wers, color="black", s=12, zorder=3)
@@ -91,10 +91,11 @@ def main() -> None:
     outs = dict(item.split("=", 1) for item in a.runs)
     folders = {name: folder_summary(Path(out)) for name, out in outs.items()}
     base = lexicon(folders[a.base])
-    gains = {}
+    base_labels = folders[a.base]["report"]["settings"]["labels"]
+    gains = {}  # against the base, for the folders fine-tuned on the same share of the labels
     for name, entry in folders.items():
         mine = lexicon(entry)
-        if mine is not None and name != a.base and mine["runs"] and entry["report"]["settings"]["labels"] == 10:
+        if mine is not None and name != a.base and entry["report"]["settings"]["labels"] == base_labels:
             gains[name] = 1 - mine["test_wer_mean"] / base["test_wer_mean"]
     header = run_header()
     if a.device:

@@ -4,9 +4,9 @@
 #
 #   bash experiments/an4/synth_wheels.sh
 #
-# espeakng-loader (espeak-ng and its voices), wordfreq and its needs (ftfy and its wcwidth, langcodes, locate). wordfreq's wheel
-# is 57 MB of word lists in 40 languages; the corpus reads those of its five (usmkit.data.synth.text.LANGUAGES),
-# so the copy keeps only theirs (about 10 MB): a device call carries 64 MiB at most.
+# espeakng-loader (espeak-ng and its voices), wordfreq and its needs (ftfy and its wcwidth, langcodes, locate).
+# wordfreq's wheel is 57 MB of word lists in 40 languages; the corpus reads those of its five
+# (usmkit.data.synth.text.LANGUAGES), so the copy keeps only theirs (about 10 MB): a device call carries 64 MiB at most.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl
