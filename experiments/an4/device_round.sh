@@ -29,7 +29,7 @@
 #   an    the same on AN4 train audio only (the same machine's pool without the synthetic speech)
 #   s10   CTC from scratch on the 10% list
 #   syn100  syn's encoder fine-tuned on all the labels (the default schedule)
-# With ROUND=7, syn and an from a second pre-training seed (syn1, an1)
+# With ROUND=7, syn and an from a second pre-training seed (syn1, an1; NAMES=syn1: only that one)
 # With ROUND=8 (AN4 only), an again (its pre-training curves) and with its masking and model size varied, 3 seeds
 # each on the 10% list, frozen start:
 #   mk2   an with masked spans starting at 2% of the frames (task.bestrq.mask_prob=0.02; an: 0.01)
@@ -37,6 +37,7 @@
 #   big   an with a d256 x 12 encoder (20M parameters against tiny's 1.65M), pre-training and fine-tuning
 #         at lr 5e-4 (an4_d256x12.json's)
 #   bigs  the d256 x 12 encoder from scratch on the 10% list, lr 5e-4
+# With ROUND=9, the masking further (mk4: 4%) and mk2 from a second pre-training seed (mk21)
 # With ROUND=5, on the machine of round 3 (its encoder in exp/g/las0):
 #   las4  las0 trained 4000 steps (lnb4 without the copies); its runs come back as OUTDIR/las4_<run>.tar
 # With ROUND=2, from the seed-0 encoder that round 1 returned (copied to .carry/encoder_p0), 3 seeds each:
@@ -123,11 +124,15 @@ if [ "${ROUND:-1}" -ge 6 ]; then  # .whl also holds experiments/an4/synth_wheels
   BIG=(--model small --model-overrides "{num_layers: 12}" --finetune-lr 5e-4)
   ARGS_big=("${ARGS_an[@]}" "${BIG[@]}" --pretrain-lr 5e-4)
   ARGS_bigs=(--variants scratch --labels 10 --jobs 3 "${BIG[@]}")
+  ARGS_mk4=("${ARGS_an[@]}" --pretrain-extra task.bestrq.mask_prob=0.04)
+  ARGS_mk21=("${AN[@]}" --pretrain-seeds 1 --pretrain-extra task.bestrq.mask_prob=0.02)
 fi
-if [ "${ROUND:-1}" = 8 ]; then
+if [ "${ROUND:-1}" = 9 ]; then
+  for name in mk4 mk21; do run_recipe $name & done
+elif [ "${ROUND:-1}" = 8 ]; then
   for name in an mk2 mk05 big bigs; do run_recipe $name & done
 elif [ "${ROUND:-1}" = 7 ]; then
-  for name in syn1 an1; do run_recipe $name & done
+  for name in ${NAMES:-syn1 an1}; do run_recipe $name & done
 elif [ "${ROUND:-1}" = 6 ]; then
   for name in syn an s10; do run_recipe $name & done
   (

@@ -1,14 +1,19 @@
-"""Does synthetic speech in the BEST-RQ pool help real speech? AN4 at 10% of the labels (the frozen start: encoder
-frozen 500 steps, then at half the learning rate), from encoders pre-trained on AN4 train audio alone and on AN4
-train audio plus the synthesizer's English corpus, against scratch; and the synthetic pool's encoder on all the
-labels. Combines the recipe folders that ``experiments/an4/device_round.sh`` ROUND=6 and ROUND=7 leave, into one
-JSON (reports, each run's pre-training and dev curves) and a plot. Scores nothing: it reads what the recipe scored.
+"""What changes BEST-RQ's help at 10% of AN4's labels (the frozen start: encoder frozen 500 steps, then at half the
+learning rate): the pre-training pool (``experiments/an4/device_round.sh`` ROUND=6 and 7: AN4 train audio with and
+without the synthesizer's English corpus), the masking and the encoder's size (ROUND=8 and 9). Combines the recipe
+folders those rounds leave into one JSON (reports, each run's dev curve, each pre-training's last loss, accuracy
+and code perplexity) and two plots. Scores nothing: it reads what the recipe scored.
 
-    PYTHONPATH=. python experiments/an4/synth_pool.py --runs syn=exp/g/syn an=exp/g/an s10=exp/g/s10 \
+    PYTHONPATH=. python experiments/an4/pretrain_study.py --runs syn=exp/g/syn an=exp/g/an s10=exp/g/s10 \
         syn100=exp/g/syn100 syn1=exp/g/syn1 an1=exp/g/an1 --base s10
+    PYTHONPATH=. python experiments/an4/pretrain_study.py --name an4_masking_size --base s10 --base-of big=bigs \
+        --keep experiments/an4/results/an4_synth_pool.json:an,s10,an1 --runs mk2=exp/g/mk2 ...
 
 A folder without a report (its decoding was stopped) contributes its runs' dev curves (greedy, the trainer's own
-evaluations) only. ``--base`` names the scratch folder the relative gains are taken against.
+evaluations) only. ``--base`` names the scratch folder the relative gains are taken against (``--base-of``: another
+one for some folders, e.g. a larger encoder's own scratch runs). ``--keep FILE:NAMES`` takes those folders from an
+earlier output of this script, for recipe folders that are no longer on this machine (a ``--runs`` folder of the
+same name replaces its kept entry).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ def lexicon(entry: dict) -> dict | None:
     return next(s for s in entry["report"]["summary"] if s["decode"] == "ctc_lexicon")
 
 
-def plot_test(folders: dict[str, dict], out_png: Path) -> None:
+def plot_test(folders: dict[str, dict], out_png: Path, title: str) -> None:
     """Test WER (CTC + lexicon) per run (dots) and their mean (bars), per training."""
     import matplotlib
 
@@ -74,7 +79,7 @@ def plot_test(folders: dict[str, dict], out_png: Path) -> None:
         ax.bar(x, statistics.fmean(wers), color="tab:blue", alpha=0.5)
         ax.scatter([x] * len(wers), wers, color="black", s=12, zorder=3)
     ax.set_xticks(range(len(named)), [name for name, _ in named])
-    ax.set(ylabel="test WER, CTC + lexicon (%)", title="AN4: BEST-RQ pool with and without synthetic speech")
+    ax.set(ylabel="test WER, CTC + lexicon (%)", title=f"AN4{title}")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
@@ -84,19 +89,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", required=True, metavar="NAME=OUT", help="recipe --out folders")
     ap.add_argument("--base", required=True, help="the scratch folder's NAME")
+    ap.add_argument("--base-of", nargs="*", default=[], metavar="NAME=BASE", help="another base for these folders")
+    ap.add_argument("--keep", nargs="*", default=[], metavar="FILE:NAMES", help="folders of an earlier output")
+    ap.add_argument("--title", default=": BEST-RQ pool with and without synthetic speech", help="the plots' title")
     ap.add_argument("--name", default="an4_synth_pool", help="the output files' name")
     ap.add_argument("--device", default=None, help="the machine the runs trained on (default: this one)")
     ap.add_argument("--command", default=None, help="the commands that trained them")
     a = ap.parse_args()
+    folders = {}
+    for item in a.keep:
+        path, names = item.rsplit(":", 1)
+        earlier = json.loads(Path(path).read_text())["folders"]
+        folders |= {name: earlier[name] for name in names.split(",")}
     outs = dict(item.split("=", 1) for item in a.runs)
-    folders = {name: folder_summary(Path(out)) for name, out in outs.items()}
-    base = lexicon(folders[a.base])
-    base_labels = folders[a.base]["report"]["settings"]["labels"]
-    gains = {}  # against the base, for the folders fine-tuned on the same share of the labels
+    folders |= {name: folder_summary(Path(out)) for name, out in outs.items()}
+    base_of = dict(item.split("=", 1) for item in a.base_of)
+    bases = set(base_of.values()) | {a.base}
+    gains = {}  # against its base, for the folders fine-tuned on the same share of the labels as it
     for name, entry in folders.items():
-        mine = lexicon(entry)
-        if mine is not None and name != a.base and entry["report"]["settings"]["labels"] == base_labels:
-            gains[name] = 1 - mine["test_wer_mean"] / base["test_wer_mean"]
+        mine, base = lexicon(entry), folders[base_of.get(name, a.base)]
+        if mine is not None and name not in bases and entry["report"]["settings"]["labels"] == base["report"]["settings"]["labels"]:
+            gains[name] = 1 - mine["test_wer_mean"] / lexicon(base)["test_wer_mean"]
     header = run_header()
     if a.device:
         header |= {"device": a.device, "combined_on": header["device"]}
@@ -105,13 +118,14 @@ def main() -> None:
         **({"trained_by": a.command} if a.command else {}),
         "folders": folders,
         "relative_gain_vs_base": gains,
+        "base_of": {name: base_of.get(name, a.base) for name in gains},
         "test_configurations": sum(e["report"]["test_configurations"] for e in folders.values() if e["report"]),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{a.name}.json").write_text(json.dumps(result, indent=1))
-    plot_test(folders, RESULTS / f"{a.name}.png")
+    plot_test(folders, RESULTS / f"{a.name}.png", a.title)
     curves = {f"{name} {run}": points for name, e in folders.items() for run, points in e["dev_curves"].items()}
-    plot_dev_curves(curves, list(folders), RESULTS / f"{a.name}_curves.png", ": synthetic speech in the BEST-RQ pool")
+    plot_dev_curves(curves, list(folders), RESULTS / f"{a.name}_curves.png", a.title)
     print(f"{'training':8s} {'labels':>6s} {'dev greedy':>14s} {'dev lexicon':>14s} {'test lexicon':>14s} {'gain':>6s}")
     for name, entry in folders.items():
         lex = lexicon(entry)
