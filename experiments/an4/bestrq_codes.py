@@ -1,6 +1,7 @@
-"""What a BEST-RQ run learned to predict: over each logged batch's masked frames, the masked-prediction accuracy,
-the perplexity of the target codes (how many of the codebook's codes the quantizer hands out) and of the
-model's predictions (how many it tells apart), against the step. Reads the runs' ``metrics.jsonl``; writes the
+"""What a BEST-RQ run learned to predict: per logged batch, the prediction accuracy over its masked frames, the
+perplexity of the target codes over all its frames (how many of the codebook's codes the quantizer hands out),
+that of the model's predictions over the masked frames (how many it tells apart) and the masked share of the
+frames, against the step. Reads the runs' ``metrics.jsonl``; writes the
 series to JSON and a plot.
 
     PYTHONPATH=. python experiments/an4/bestrq_codes.py "first encoder, seed 0=exp/an4_las07/runs/bestrq_cb1_p0" \
@@ -23,6 +24,7 @@ SERIES = {  # metrics.jsonl key -> what the plot calls it
     "train/acc_mean": "masked accuracy",
     "train/perplexity_mean": "target codes' perplexity",
     "train/pred_perplexity_mean": "predictions' perplexity",
+    "train/mask_frac": "masked share",  # logged by runs since the masking metrics were added
 }
 
 
@@ -56,17 +58,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", metavar="LABEL=RUN_DIR", help="BEST-RQ run folders (their metrics.jsonl)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default=None, help="the machine the runs trained on (default: this one)")
     args = ap.parse_args()
     runs = {}
     for spec in args.runs:
         label, _, run = spec.rpartition("=")
         runs[label or run] = series(Path(run) / "metrics.jsonl")
-    args.out.write_text(json.dumps({**run_header(), "runs": runs}, indent=1) + "\n")
+    header = run_header()
+    if args.device:
+        header |= {"device": args.device, "combined_on": header["device"]}
+    args.out.write_text(json.dumps({**header, "runs": runs}, indent=1) + "\n")
     plot(runs, args.out.with_suffix(".png"))
     print(f"{'run':32s} {'step':>5s} " + " ".join(f"{n:>24s}" for n in SERIES.values()))
     for label, s in runs.items():
-        last = [s[n][-1] for n in SERIES.values()]
-        print(f"{label:32s} {last[0][0]:5d} " + " ".join(f"{v:24.3f}" for _, v in last))
+        last = [s[n][-1][1] if s[n] else float("nan") for n in SERIES.values()]
+        print(f"{label:32s} {s['masked accuracy'][-1][0]:5d} " + " ".join(f"{v:24.3f}" for v in last))
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 

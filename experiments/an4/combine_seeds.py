@@ -25,10 +25,12 @@ SPLITS = ("dev_wer", "test_wer", "test_8k_wer")
 
 def read_report(spec: str) -> dict:
     """A recipe report: ``FILE``, or ``FILE#NAME`` for the report ``NAME`` of a study file that holds several
-    (``reports``)."""
+    (``reports``, or ``folders`` with a ``report`` each: ``pretrain_study.py``'s)."""
     path, _, name = spec.partition("#")
     data = json.loads(Path(path).read_text())
-    return data["reports"][name] if name else data
+    if not name:
+        return data
+    return data["reports"][name] if "reports" in data else data["folders"][name]["report"]
 
 
 def combine(reports: list[dict], variant: str) -> tuple[list[dict], list[dict]]:

@@ -27,6 +27,9 @@ GPU = "an4_gpu_pool17.json"  # the rows trained on one H200 (experiments/an4/dev
 COPIES = (
     "an4_narrowband_copies.json"  # its rounds 3-5: the narrowband copies, 4000 steps (experiments/an4/narrowband.py)
 )
+SYNTH = "an4_synth_pool.json"  # its rounds 6-7: the pre-training pool at 10% (experiments/an4/pretrain_study.py)
+MASKING = "an4_masking_size.json"  # its rounds 8-9: the masking and the encoder's size at 10%
+FROZEN = "frozen 500 steps, then at half the learning rate"
 
 
 @dataclass(frozen=True)
@@ -183,6 +186,62 @@ ROWS = (
         "10% of the labels, from the second encoder, frozen 1000 steps, then at a quarter (H200)",
         (f"{GPU}#l10g",),
         "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_10_an4_frozen",
+        f"10% of the labels, BEST-RQ 1000 x 100 s on AN4 train audio, {FROZEN} (H200)",
+        (f"{SYNTH}#an", f"{SYNTH}#an1"),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_10_synth_frozen",
+        f"10% of the labels, BEST-RQ on AN4 train audio + 7.8 h of synthetic English, {FROZEN} (H200)",
+        (f"{SYNTH}#syn", f"{SYNTH}#syn1"),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_synth",
+        "from the BEST-RQ encoder of AN4 train audio + synthetic English (H200)",
+        (f"{SYNTH}#syn100",),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_10_mask05",
+        f"10% of the labels, BEST-RQ on AN4 train audio, masked spans from 0.5% of the frames, {FROZEN} (H200)",
+        (f"{MASKING}#mk05",),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_10_mask2",
+        f"10% of the labels, BEST-RQ on AN4 train audio, masked spans from 2% of the frames, {FROZEN} (H200)",
+        (f"{MASKING}#mk2", f"{MASKING}#mk21"),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_10_mask4",
+        f"10% of the labels, BEST-RQ on AN4 train audio, masked spans from 4% of the frames, {FROZEN} (H200)",
+        (f"{MASKING}#mk4",),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "cb1_10_d256",
+        f"10% of the labels, a d256 x 12 encoder (20M), BEST-RQ on AN4 train audio, {FROZEN} (H200)",
+        (f"{MASKING}#big",),
+        "cb1",
+        readme=False,
+    ),
+    Row(
+        "scratch_10_d256",
+        "10% of the labels, a d256 x 12 encoder (20M), from scratch (H200)",
+        (f"{MASKING}#bigs",),
+        "scratch",
         readme=False,
     ),
     Row("scratch_30", "30% of the labels (20 speakers), from scratch", ("an4_labels30.json",), "scratch"),
