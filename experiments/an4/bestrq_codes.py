@@ -1,8 +1,7 @@
 """What a BEST-RQ run learned to predict: per logged batch, the prediction accuracy over its masked frames, the
 perplexity of the target codes over all its frames (how many of the codebook's codes the quantizer hands out),
 that of the model's predictions over the masked frames (how many it tells apart) and the masked share of the
-frames, against the step. Reads the runs' ``metrics.jsonl``; writes the
-series to JSON and a plot.
+frames, against the step. Reads the runs' ``metrics.jsonl``; writes the series to JSON and a plot.
 
     PYTHONPATH=. python experiments/an4/bestrq_codes.py "first encoder, seed 0=exp/an4_las07/runs/bestrq_cb1_p0" \
         --out experiments/an4/results/an4_bestrq_codes.json
@@ -24,7 +23,7 @@ SERIES = {  # metrics.jsonl key -> what the plot calls it
     "train/acc_mean": "masked accuracy",
     "train/perplexity_mean": "target codes' perplexity",
     "train/pred_perplexity_mean": "predictions' perplexity",
-    "train/mask_frac": "masked share",  # logged by runs since the masking metrics were added
+    "train/mask_frac": "masked share",  # absent from the metrics of older runs: a table cell of nan
 }
 
 

@@ -7,7 +7,7 @@ and code perplexity) and two plots. Scores nothing: it reads what the recipe sco
     PYTHONPATH=. python experiments/an4/pretrain_study.py --runs syn=exp/g/syn an=exp/g/an s10=exp/g/s10 \
         syn100=exp/g/syn100 syn1=exp/g/syn1 an1=exp/g/an1 --base s10
     PYTHONPATH=. python experiments/an4/pretrain_study.py --name an4_masking_size --base s10 --base-of big=bigs \
-        --keep experiments/an4/results/an4_synth_pool.json:an,s10,an1 --runs mk2=exp/g/mk2 ...
+        --keep experiments/an4/results/an4_synth_pool.json:s10,an1 --runs mk2=exp/g/mk2 ...
 
 A folder without a report (its decoding was stopped) contributes its runs' dev curves (greedy, the trainer's own
 evaluations) only. ``--base`` names the scratch folder the relative gains are taken against (``--base-of``: another
@@ -108,7 +108,8 @@ def main() -> None:
     gains = {}  # against its base, for the folders fine-tuned on the same share of the labels as it
     for name, entry in folders.items():
         mine, base = lexicon(entry), folders[base_of.get(name, a.base)]
-        if mine is not None and name not in bases and entry["report"]["settings"]["labels"] == base["report"]["settings"]["labels"]:
+        same_share = mine is not None and entry["report"]["settings"]["labels"] == base["report"]["settings"]["labels"]
+        if same_share and name not in bases:
             gains[name] = 1 - mine["test_wer_mean"] / lexicon(base)["test_wer_mean"]
     header = run_header()
     if a.device:
