@@ -113,6 +113,13 @@ ROWS = (
         "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`), 4000 steps (H200)",
         (f"{COPIES}#copies4000",),
         "scratch",
+        readme=False,
+    ),
+    Row(
+        "scratch_copies_6000",
+        "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`), 6000 steps",
+        ("an4_copies6000_cpu.json#copies6000",),
+        "scratch",
     ),
     Row(
         "las_h200",
