@@ -26,6 +26,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -68,7 +69,8 @@ def plot_wers(reports: dict[str, dict], out_png: Path, title: str = "") -> None:
         ax.set(title=decode, ylabel="WER (%)")
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
-    fig.suptitle(f"AN4, tiny model, 3 seeds: wideband test and test through narrowband channels{title}")
+    suptitle = f"AN4, tiny model, 3 seeds: wideband test and test through narrowband channels{title}"
+    fig.suptitle(textwrap.fill(suptitle, width=int(12 * fig.get_figwidth())))  # about 12 characters an inch
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
 
