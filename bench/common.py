@@ -40,13 +40,17 @@ def command() -> str:
     return "PYTHONPATH=. python " + shlex.join([script_arg, *sys.argv[1:]])
 
 
-def run_header(**extra) -> dict:
-    """The head of a benchmark's JSON: command, device, date (UTC) and torch version, then ``extra``."""
+def run_header(trained_on: str | None = None, **extra) -> dict:
+    """The head of a benchmark's JSON: command, device, date (UTC) and torch version, then ``extra``.
+    ``trained_on``: a study that combines runs made on another machine names that machine as ``device``, and
+    this one as ``combined_on``."""
     import torch
 
+    here = device_name()
+    machine = {"device": trained_on, "combined_on": here} if trained_on else {"device": here}
     return {
         "command": command(),
-        "device": device_name(),
+        **machine,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         **extra,

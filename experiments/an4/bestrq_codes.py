@@ -63,9 +63,7 @@ def main() -> None:
     for spec in args.runs:
         label, _, run = spec.rpartition("=")
         runs[label or run] = series(Path(run) / "metrics.jsonl")
-    header = run_header()
-    if args.device:
-        header |= {"device": args.device, "combined_on": header["device"]}
+    header = run_header(trained_on=args.device)
     args.out.write_text(json.dumps({**header, "runs": runs}, indent=1) + "\n")
     plot(runs, args.out.with_suffix(".png"))
     print(f"{'run':32s} {'step':>5s} " + " ".join(f"{n:>24s}" for n in SERIES.values()))

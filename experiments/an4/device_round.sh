@@ -125,7 +125,7 @@ if [ "${ROUND:-1}" -ge 6 ]; then  # .whl also holds experiments/an4/synth_wheels
   ARGS_big=("${ARGS_an[@]}" "${BIG[@]}" --pretrain-lr 5e-4)
   ARGS_bigs=(--variants scratch --labels 10 --jobs 3 "${BIG[@]}")
   ARGS_mk4=("${ARGS_an[@]}" --pretrain-extra task.bestrq.mask_prob=0.04)
-  ARGS_mk21=("${AN[@]}" --pretrain-seeds 1 --pretrain-extra task.bestrq.mask_prob=0.02)
+  ARGS_mk21=("${ARGS_an1[@]}" --pretrain-extra task.bestrq.mask_prob=0.02)
 fi
 if [ "${ROUND:-1}" = 9 ]; then
   for name in mk4 mk21; do run_recipe $name & done

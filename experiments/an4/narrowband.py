@@ -37,6 +37,11 @@ from usmkit.training.curves import plot_training_curves, read_metrics  # noqa: E
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def dev_curve(metrics: Path) -> list[tuple[int, float]]:
+    """A run's (step, dev WER greedy) from its ``metrics.jsonl``: the trainer's own evaluations."""
+    return [(m["step"], m["dev/dev_wer"]) for m in read_metrics(metrics) if "dev/dev_wer" in m]
+
+
 def plot_wers(reports: dict[str, dict], out_png: Path, title: str = "") -> None:
     """Test, test_8k (and test_tel) WER per run (dots) and their means (bars), greedy and lexicon, per training."""
     import matplotlib
@@ -132,17 +137,12 @@ def main() -> None:
         for row in reports[name]["rows"]:
             metrics = Path(out) / "runs" / row["run"] / "metrics.jsonl"
             curves[f"{name} {row['run']}"] = metrics
-    header = run_header()
-    if a.device:
-        header |= {"device": a.device, "combined_on": header["device"]}
+    header = run_header(trained_on=a.device)
     result = {
         **header,
         **({"trained_by": a.command} if a.command else {}),
         "reports": reports,
-        "dev_curves": {
-            label: [(m["step"], m["dev/dev_wer"]) for m in read_metrics(path) if "dev/dev_wer" in m]
-            for label, path in curves.items()
-        },
+        "dev_curves": {label: dev_curve(path) for label, path in curves.items()},
         "test_configurations": sum(r["test_configurations"] for r in reports.values())
         + sum("test_tel_wer" in r for report in reports.values() for r in report["rows"]),  # one per run and decoding
     }

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import run_header  # noqa: E402
-from narrowband import plot_dev_curves  # noqa: E402
+from narrowband import dev_curve, plot_dev_curves  # noqa: E402
 
 from usmkit.training.curves import read_metrics  # noqa: E402
 
@@ -43,12 +43,10 @@ def folder_summary(out: Path) -> dict:
     entry["dev_curves"], entry["pretrain"] = {}, {}
     for run in sorted((out / "runs").glob("*/metrics.jsonl")):
         name = run.parent.name
-        metrics = read_metrics(run)
         if name.startswith("bestrq_"):
-            last = {k: m[k] for m in metrics for k in PRETRAIN_KEYS if k in m}
-            entry["pretrain"][name] = last
+            entry["pretrain"][name] = {k: m[k] for m in read_metrics(run) for k in PRETRAIN_KEYS if k in m}
         elif not name.startswith("prep_"):
-            entry["dev_curves"][name] = [(m["step"], m["dev/dev_wer"]) for m in metrics if "dev/dev_wer" in m]
+            entry["dev_curves"][name] = dev_curve(run)
     last_dev = [points[-1][1] for points in entry["dev_curves"].values() if points]
     if len(last_dev) >= 2:
         entry["dev_greedy_last_mean"], entry["dev_greedy_last_sd"] = (
@@ -111,9 +109,7 @@ def main() -> None:
         same_share = mine is not None and entry["report"]["settings"]["labels"] == base["report"]["settings"]["labels"]
         if same_share and name not in bases:
             gains[name] = 1 - mine["test_wer_mean"] / lexicon(base)["test_wer_mean"]
-    header = run_header()
-    if a.device:
-        header |= {"device": a.device, "combined_on": header["device"]}
+    header = run_header(trained_on=a.device)
     result = {
         **header,
         **({"trained_by": a.command} if a.command else {}),
