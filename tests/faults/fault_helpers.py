@@ -1,4 +1,5 @@
-"""Helpers of the fault suite (imported by its conftest and tests): a tiny untrained CTC checkpoint (streamable) and speech-like audio.
+"""Helpers of the fault suite (imported by its conftest and tests): a tiny untrained CTC checkpoint (streamable),
+speech-like audio, short training runs, and commands run as a user runs them.
 
 The checkpoint's CTC head prefers one word-initial token everywhere, so the model "speaks" wherever
 the audio does: what is transcribed, and what is lost, can be counted from the segments.
@@ -7,9 +8,13 @@ the audio does: what is transcribed, and what is lost, can be counted from the s
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import shutil
+import struct
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +30,7 @@ from usmkit.data.normalize import STATS_FILE, FeatureStats
 from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 from usmkit.tasks import build_task
 
+REPO = Path(__file__).resolve().parents[2]
 SR = 16000
 TEXTS = ["the cat sat on the mat", "a dog ran to the park", "hello world this is a test"]
 
@@ -85,6 +91,9 @@ FAST_TRAIN = [  # 6 steps of a 2-layer CTC model, a checkpoint every 2 steps (ab
 ]
 
 
+FAST_TRAIN_WORKERS = [*FAST_TRAIN, "data.num_workers=2"]  # several loader workers, the default augmentation on
+
+
 def fast_config(corpus: Path, exp: Path, *extra: str):
     """(TrainConfig, its YAML) of ``FAST_TRAIN`` on ``corpus`` into ``exp``, plus ``extra`` overrides."""
     from composed_config import train_config
@@ -96,6 +105,75 @@ def fast_train(corpus: Path, exp: Path, *extra: str) -> dict:
     from usmkit.training.recipe import run
 
     return run(*fast_config(corpus, exp, *extra))
+
+
+def worker_config(corpus: Path, exp: Path, *extra: str):
+    """``fast_config`` with ``FAST_TRAIN_WORKERS``."""
+    return fast_config(corpus, exp, "data.num_workers=2", *extra)
+
+
+def worker_train(corpus: Path, exp: Path, *extra: str) -> dict:
+    return fast_train(corpus, exp, "data.num_workers=2", *extra)
+
+
+def metrics(exp: Path) -> list[tuple[int, float]]:
+    """(step, training loss) of every logged step of the run in ``exp``."""
+    rows = [json.loads(line) for line in (exp / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+
+
+# ---- commands as a user runs them ---------------------------------------------------------------------
+def user_env(cwd: Path) -> dict[str, str]:
+    return {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HOME": str(cwd)}
+
+
+def run_module(*args: str, cwd: Path, stdin: bytes | None = None, text: bool = False) -> subprocess.CompletedProcess:
+    """``python -m ARGS`` as a user runs it, with this tree first on the path."""
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=cwd,
+        env=user_env(cwd),
+        capture_output=True,
+        timeout=300,
+        input=stdin,
+        text=text,
+    )
+
+
+run_text = functools.partial(run_module, text=True)
+
+
+def expect_one_error_line(proc: subprocess.CompletedProcess, *named: str, code: int = 2) -> str:
+    """The one ``error`` line of a finished command that exited ``code``, holding every word of ``named``."""
+    err = proc.stderr.decode(errors="replace") if isinstance(proc.stderr, bytes) else proc.stderr
+    assert proc.returncode == code, err[-3000:]
+    lines = [line for line in err.strip().splitlines() if "error" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    for word in named:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def one_error_line(err: str) -> str:
+    """The one non-empty line of ``err`` (captured stderr), with no traceback."""
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def wav_declaring(path: Path, rate: int) -> Path:
+    """One second of speech-like 16 kHz samples in a WAV whose header says ``rate``."""
+    import soundfile as sf
+
+    sf.write(path, speechlike(1.0), SR, subtype="PCM_16")
+    data = bytearray(path.read_bytes())
+    data[24:32] = struct.pack("<II", rate, (2 * rate) & 0xFFFFFFFF)  # sample rate, byte rate
+    path.write_bytes(bytes(data))
+    return path
+
+
+UNUSABLE_RATES = {1: "its sample rate, 1 Hz, is outside", 2_000_000_000: "2000000000 Hz, is outside",
+                  44101: "44101 Hz cannot be resampled to 16000 Hz"}  # fmt: skip
 
 
 @contextlib.contextmanager

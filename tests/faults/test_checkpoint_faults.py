@@ -1,53 +1,40 @@
-"""Checkpoints under faults (issue 40): a damaged newest checkpoint rewritten on resume (case 1), outputs that
-would replace an experiment or a corpus (2), weights altered but still parseable (4), a symlinked file in
-an experiment directory (10), bad config, tokenizer and statistics files in a checkpoint (13)."""
+"""Faults of checkpoints (usmkit.checkpointing): damaged, altered, symlinked or pickled files, averaging, train state."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import pickle
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from fault_helpers import FAST_TRAIN, SR, fast_config, fast_train, speechlike
+from fault_helpers import (
+    FAST_TRAIN,
+    SR,
+    fast_config,
+    fast_train,
+    metrics,
+    one_error_line,
+    speechlike,
+    worker_config,
+)
 from safetensors.torch import load_file
 
 import usmkit.cli.evaluate as evaluate_cli
-import usmkit.cli.prepare as prepare_cli
 from usmkit.checkpointing import checkpoint as ck
 from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.checkpointing.average import average_last
-from usmkit.cli.average import main as average_main
 from usmkit.cli.export import main as export_main
 from usmkit.cli.transcribe import main as transcribe_main
 from usmkit.data.normalize import STATS_FILE
 from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
-from usmkit.errors import UsageError
 from usmkit.runs import load_trained
 from usmkit.streaming.pipeline import ModelError, load_model
-
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def corpus(synth_corpus, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ckpt_faults") / "corpus"
-    shutil.copytree(synth_corpus, out)  # training caches features and statistics next to the manifests
-    return out
-
-
-@pytest.fixture(scope="module")
-def trained(corpus, tmp_path_factory) -> Path:
-    """A finished run: checkpoints at steps 2, 4 and 6."""
-    exp = tmp_path_factory.mktemp("ckpt_faults_run") / "run"
-    fast_train(corpus, exp)
-    return exp
 
 
 @pytest.fixture
@@ -63,16 +50,6 @@ def wav(tmp_path) -> Path:
 def quiet_logging(monkeypatch):
     """The evaluate command's logging setup replaces the root handlers (pytest's capture among them)."""
     monkeypatch.setattr(evaluate_cli, "setup_logging", lambda *a, **k: None)
-
-
-def listing(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def overwrite_middle(path: Path, n: int = 40_000) -> None:
@@ -105,10 +82,9 @@ def export_cli_run(capsys, exp: Path, tmp_path: Path) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-# ---- case 1 -------------------------------------------------------------------------------------------
-def test_case1_damaged_newest_checkpoint_is_rewritten_on_resume(corpus, trained, tmp_path, caplog):
+def test_damaged_newest_checkpoint_is_rewritten_on_resume(corpus, uninterrupted, tmp_path, caplog):
     exp = tmp_path / "run"
-    shutil.copytree(trained, exp)
+    shutil.copytree(uninterrupted, exp)
     newest = exp / "checkpoints" / "step-000006"
     want = {k: v.clone() for k, v in load_file(str(newest / ck.MODEL_FILE)).items()}  # (not the mapped file)
     data = (newest / ck.MODEL_FILE).read_bytes()
@@ -124,67 +100,7 @@ def test_case1_damaged_newest_checkpoint_is_rewritten_on_resume(corpus, trained,
     assert f"{newest} is damaged: replacing it with this run's checkpoint of step 6" in caplog.text
 
 
-# ---- case 2 -------------------------------------------------------------------------------------------
-def test_case2_outputs_refuse_experiment_checkpoint_and_corpus_folders(trained, corpus, ctc_ckpt, tmp_path, capsys):
-    exp = tmp_path / "run"
-    shutil.copytree(trained, exp)
-    before = listing(exp)
-    for out, what in (
-        (exp, "an experiment directory (it has checkpoints/)"),
-        (exp / "checkpoints", "a run's checkpoints folder (it has step-000006/)"),
-        (exp / "checkpoints" / "step-000004", "a checkpoint (it has model.safetensors)"),
-        (corpus, "the corpus folder of synth"),
-    ):
-        with pytest.raises(SystemExit) as e:
-            average_main([str(exp), "--last", "2", "--out", str(out)])
-        assert e.value.code == 2
-        assert one_error_line(capsys.readouterr().err).startswith(f"error: --out {out} is {what}")
-    assert listing(exp) == before, "nothing in the experiment changed"
-
-    # Its own earlier output is replaced (an average), like any output folder of a tool.
-    from usmkit.checkpointing.average import is_average
-
-    out = tmp_path / "avg"
-    for _ in range(2):
-        assert average_main([str(exp), "--last", "2", "--out", str(out)]) == 0
-    assert is_average(out) and (out / ck.AVERAGE_FILE).is_file()
-    assert (out.stat().st_mode & 0o777) == 0o755 and (
-        exp / "checkpoints" / "step-000006"
-    ).stat().st_mode & 0o777 == 0o755
-    capsys.readouterr()
-
-    # export: out= an experiment or a corpus folder
-    for out in (exp, corpus):
-        with pytest.raises(SystemExit) as e:
-            export_main([f"checkpoint={ctc_ckpt}", "format=onnx", f"out={out}"])
-        assert e.value.code == 2
-        assert one_error_line(capsys.readouterr().err).startswith(f"error: out={out} is ")
-    assert listing(exp) == before
-
-    # prepare: a corpus recipe into an experiment, or into another corpus's folder
-    for argv, what in (
-        (["synth", f"out={exp}", "size=tiny"], "an experiment directory"),
-        (["an4", f"out={corpus}", "corpus_dir=/nonexistent"], "the corpus folder of synth"),
-    ):
-        with pytest.raises(SystemExit) as e:
-            prepare_cli.main(argv)
-        assert e.value.code == 2
-        assert one_error_line(capsys.readouterr().err).startswith(f"error: out={argv[1][4:]} is {what}")
-    assert listing(exp) == before
-    # ... but its own corpus folder (rebuilt, or a pool split added to it) is its own output
-    prepare_cli.check_out(
-        "synth", prepare_cli.importlib.import_module(prepare_cli.CORPORA["synth"]), SimpleNamespace(out=corpus)
-    )
-    pooled = tmp_path / "an4"
-    pooled.mkdir()
-    (pooled / "an4_cuts_train.jsonl.gz").write_bytes(b"")
-    prepare_cli.check_out("pool", None, SimpleNamespace(out=pooled, corpus="an4"))
-    with pytest.raises(UsageError, match="is the corpus folder of an4"):
-        prepare_cli.check_out("pool", None, SimpleNamespace(out=pooled, corpus="english"))
-
-
-# ---- case 4 -------------------------------------------------------------------------------------------
-def test_case4_altered_weights_that_still_parse_are_refused_wherever_loaded(
+def test_altered_weights_that_still_parse_are_refused_wherever_loaded(
     ctc_ckpt, corpus, wav, tmp_path, capsys, quiet_logging
 ):
     exp = tmp_path / "exp"
@@ -215,7 +131,7 @@ def test_case4_altered_weights_that_still_parse_are_refused_wherever_loaded(
         ck.load_weights(module, ckpt)
 
 
-def test_case4_each_file_is_hashed_once_per_load(ctc_ckpt, monkeypatch):
+def test_each_file_is_hashed_once_per_load(ctc_ckpt, monkeypatch):
     hashed = []
     real = ck._sha256
     monkeypatch.setattr(ck, "_sha256", lambda path: hashed.append(Path(path).name) or real(path))
@@ -223,7 +139,7 @@ def test_case4_each_file_is_hashed_once_per_load(ctc_ckpt, monkeypatch):
     assert sorted(hashed) == [ck.CONFIG_FILE, ck.MODEL_FILE]
 
 
-def test_case4_averaged_checkpoint_records_and_checks_its_sums(ctc_ckpt, tmp_path):
+def test_averaged_checkpoint_records_and_checks_its_sums(ctc_ckpt, tmp_path):
     exp = tmp_path / "exp"
     shutil.copytree(ctc_ckpt, exp)
     shutil.copytree(exp / "checkpoints" / "step-000001", exp / "checkpoints" / "step-000002")
@@ -238,8 +154,7 @@ def test_case4_averaged_checkpoint_records_and_checks_its_sums(ctc_ckpt, tmp_pat
         load_trained(str(out))
 
 
-# ---- case 10 ------------------------------------------------------------------------------------------
-def test_case10_symlinked_files_in_an_experiment_are_replaced_not_written_through(corpus, tmp_path):
+def test_symlinked_files_in_an_experiment_are_replaced_not_written_through(corpus, tmp_path):
     from usmkit.training.recipe import TrainingRecipe
 
     exp = tmp_path / "run"
@@ -268,7 +183,6 @@ def test_case10_symlinked_files_in_an_experiment_are_replaced_not_written_throug
     assert (elsewhere / TOKENIZER_FILE).read_bytes() == b"someone else's file"
 
 
-# ---- case 13 ------------------------------------------------------------------------------------------
 def rewrite(ckpt: Path, name: str, data: bytes) -> None:
     """Replace checkpoint file ``name`` and its recorded size and SHA-256, as a hand edit (or a crafted
     checkpoint) would: what is then refused is the content, not the record."""
@@ -316,7 +230,7 @@ VARIANTS = [
 
 @pytest.mark.parametrize("tool", ["evaluate", "transcribe", "export"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_case13_bad_files_in_a_checkpoint_are_one_error_line(
+def test_bad_files_in_a_checkpoint_are_one_error_line(
     ctc_ckpt, corpus, wav, tmp_path, capsys, quiet_logging, variant, tool
 ):
     exp = tmp_path / "exp"
@@ -335,7 +249,7 @@ def test_case13_bad_files_in_a_checkpoint_are_one_error_line(
 
 
 @pytest.mark.parametrize("variant", ["tokenizer_garbage", "tokenizer_truncated"])
-def test_case13_bad_tokenizer_copy_on_resume_is_one_error_line(corpus, tmp_path, capsys, monkeypatch, variant):
+def test_bad_tokenizer_copy_on_resume_is_one_error_line(corpus, tmp_path, capsys, monkeypatch, variant):
     import usmkit.cli.train as train_cli
 
     exp = tmp_path / "run"
@@ -350,3 +264,87 @@ def test_case13_bad_tokenizer_copy_on_resume_is_one_error_line(corpus, tmp_path,
         f"error: {exp / TOKENIZER_FILE} is not a sentencepiece model"
     )
     assert not (exp / "run.lock").exists(), "the lock is released on errors"
+
+
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(corpus, uninterrupted_workers, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    exp = tmp_path / "run"
+    shutil.copytree(uninterrupted_workers, exp)
+    newest = exp / "checkpoints" / "step-000006" / ck.MODEL_FILE
+    data = bytearray(newest.read_bytes())
+    data[-100] ^= 0xFF  # one flipped byte inside the weights: still parses, the SHA-256 says otherwise
+    newest.write_bytes(bytes(data))
+    truncated = exp / "checkpoints" / "step-000004" / ck.STATE_TENSORS_FILE
+    truncated.write_bytes(truncated.read_bytes()[:50])
+    cfg, yaml_text = worker_config(corpus, exp, "resume=true")
+    from usmkit.training.recipe import run
+
+    run(cfg, yaml_text)
+    text = caplog.text
+    assert f"{newest} is damaged: its SHA-256 does not match" in text and "falling back" in text
+    assert f"{truncated} is damaged" in text
+    assert "resumed from" in text and "step-000002" in text
+    assert metrics(exp) == metrics(uninterrupted_workers), "steps 3..6 redone, each logged once, same losses"
+
+
+def test_damaged_model_file_is_named(tmp_path):
+    import torch
+
+    path = ck.save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), {}, "")
+    (path / ck.MODEL_FILE).write_bytes(b"\x00" * 16)
+    with pytest.raises(ck.CheckpointDamaged, match=rf"{path / ck.MODEL_FILE} is damaged: 16 bytes where"):
+        ck.load_weights(torch.nn.Linear(2, 2), path)  # the recorded size, checked first
+    with pytest.raises(ck.CheckpointDamaged, match=rf"{path / ck.MODEL_FILE} is damaged or not a safetensors file"):
+        ck.load_weights(torch.nn.Linear(2, 2), path, verify=False)
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_planted_pickle_never_runs(tmp_path):
+    import torch
+
+    marker = tmp_path / "pwned"
+    ckpt = tmp_path / "exp" / "checkpoints"
+    path = ck.save_checkpoint(ckpt, 1, torch.nn.Linear(2, 2), {"step": 1}, "")
+    (path / ck.STATE_FILE).unlink()
+    (path / ck.STATE_TENSORS_FILE).unlink()
+    with open(path / "train_state.pt", "wb") as f:  # an old-style, crafted train state
+        pickle.dump({"step": _Payload(marker)}, f)
+    with pytest.raises(ck.CheckpointDamaged, match="pickled format, which is not loaded"):
+        ck.load_train_state(path)
+    assert ck.list_checkpoints(ckpt) == []  # not a resumable checkpoint at all
+    # A JSON train state holds data only: nothing in it is called.
+    path2 = ck.save_checkpoint(ckpt, 2, torch.nn.Linear(2, 2), {"x": (1, 2.5, None)}, "")
+    state_json = json.loads((path2 / ck.STATE_FILE).read_text())
+    state_json["state"]["y"] = {"__reduce__": ["os.system", f"touch {marker}"]}
+    (path2 / ck.STATE_FILE).write_text(json.dumps(state_json))
+    assert ck.load_train_state(path2)["y"] == {"__reduce__": ["os.system", f"touch {marker}"]}
+    assert not marker.exists()
+
+
+def test_train_state_round_trip_types():
+    import numpy as np
+    import torch
+
+    state = {
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}},
+            "param_groups": [{"lr": 1e-3}],
+        },
+        "rng": {"python": (3, tuple(range(5)), None), "numpy": ("MT19937", np.arange(4, dtype=np.uint32), 2, 0, 0.0)},
+        "nan": float("nan"),
+        "__odd": 1,
+    }
+    tree, tensors = ck.encode_state(state)
+    json.dumps(tree)  # JSON-able
+    back = ck.decode_state(json.loads(json.dumps(tree)), tensors)
+    assert back["optimizer"]["state"][0]["step"].item() == 3.0 and list(back["optimizer"]["state"]) == [0]
+    assert back["rng"]["python"] == state["rng"]["python"]
+    assert back["rng"]["numpy"][1].dtype == np.uint32 and back["rng"]["numpy"][1].tolist() == [0, 1, 2, 3]
+    assert back["nan"] != back["nan"] and back["__odd"] == 1

@@ -1,5 +1,4 @@
-"""Hostile and damaged data: manifests that would run commands or download, bytes that are not
-UTF-8, non-finite samples in the training/evaluation path, a moved corpus."""
+"""Faults of data (usmkit.data: manifests, validation, loader, features, statistics)."""
 
 from __future__ import annotations
 
@@ -7,19 +6,28 @@ import gzip
 import json
 import logging
 import os
+import re
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
+from fault_helpers import SR, speechlike
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 from lhotse.audio import AudioSource
 
 from usmkit.data.config import DataConfig, FeatureConfig
-from usmkit.data.loader import make_loader, prepare_cuts
+from usmkit.data.features import feature_storage_dir, precompute_features
+from usmkit.data.loader import make_loader, prepare_cuts, split_loader
 from usmkit.data.manifests import load_cuts, manifest_path, write_manifest
-from usmkit.data.validate import BadInputError, validate_cuts
+from usmkit.data.normalize import FeatureStats, load_or_compute_stats, stats_path
+from usmkit.data.validate import BadInputError, ValidationReport, validate_cuts
+from usmkit.errors import UsageError
 
 
 def _hostile_cut(kind: str, source: str) -> MonoCut:
@@ -136,23 +144,6 @@ def test_manifest_paths_relative_inside_absolute_outside(tmp_path):
     assert sources == ["audio/a.wav", str(tmp_path / "b.wav")]
 
 
-def test_user_errors_exit_codes_and_debug(monkeypatch, capsys):
-    from usmkit.checkpointing.checkpoint import CheckpointWriteError
-    from usmkit.errors import DEBUG_ENV, UsageError, strip_debug_flag, user_errors
-
-    monkeypatch.setenv(DEBUG_ENV, "")  # recorded: strip_debug_flag below sets it, the teardown undoes that
-    for error, code in ((UsageError("bad value x=1; pass x=2"), 2), (CheckpointWriteError("disk full"), 1)):
-        with pytest.raises(SystemExit) as e, user_errors():
-            raise error
-        assert e.value.code == code and capsys.readouterr().err == f"error: {error}\n"
-    with pytest.raises(SystemExit), user_errors():
-        open("/nonexistent/file.wav")
-    assert capsys.readouterr().err == "error: /nonexistent/file.wav: No such file or directory\n"
-    assert strip_debug_flag(["a=1", "--debug"]) == ["a=1"]
-    with pytest.raises(UsageError), user_errors():  # --debug (or USMKIT_DEBUG=1): the traceback
-        raise UsageError("shown with its traceback")
-
-
 @pytest.mark.parametrize("storage", ["memory_raw", "kaldiio"])
 def test_feature_storages_that_unpickle_or_run_commands_are_refused(tmp_path, storage):
     import pickle
@@ -207,3 +198,196 @@ def test_concurrent_writers_of_one_manifest_leave_a_whole_file(tmp_path):
         list(pool.map(lambda _: write_manifest(cuts, path), range(8)))
     assert len(load_cuts(tmp_path, "train", corpus="x")) == 3000
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+
+
+def _cut(path: Path, cut_id: str, samples: np.ndarray | None = None, subtype: str = "PCM_16", text: str = "hello"):
+    """A one-supervision cut over ``path`` (written from ``samples`` first when given)."""
+    if samples is not None:
+        sf.write(path, samples, SR, subtype=subtype)
+    rec = Recording.from_file(path, recording_id=path.stem)
+    sup = SupervisionSegment(cut_id, rec.id, 0.0, rec.duration, text=text, language="en", speaker="s")
+    return MonoCut(cut_id, 0.0, rec.duration, 0, recording=rec, supervisions=[sup])
+
+
+def _cfg(root: Path, on_bad: str = "error", precomputed: bool = True) -> DataConfig:
+    return DataConfig(
+        manifest_dir=str(root), num_workers=0, on_bad_input=on_bad, features=FeatureConfig(precomputed=precomputed)
+    )
+
+
+def test_duplicate_cut_ids_are_refused_before_anything_is_computed(tmp_path, caplog):
+    cuts = [
+        _cut(tmp_path / "a.wav", "utt-1", speechlike(0.5, 1)),
+        _cut(tmp_path / "b.wav", "utt-1", speechlike(0.7, 2), text="another text"),
+        _cut(tmp_path / "c.wav", "utt-2", speechlike(0.6, 3)),
+    ]
+    with pytest.raises(BadInputError) as e:
+        prepare_cuts(CutSet.from_cuts(cuts), _cfg(tmp_path), split="train", require_text=True)
+    msg = str(e.value)
+    assert msg.startswith("duplicate cut id: cut utt-1 in split train: ") and "\n" not in msg
+    assert str(tmp_path / "a.wav") in msg and str(tmp_path / "b.wav") in msg and "on_bad_input=skip" in msg
+    assert not feature_storage_dir(tmp_path, "train").exists()  # refused before any feature was computed
+
+    with caplog.at_level(logging.WARNING):
+        kept, report = prepare_cuts(CutSet.from_cuts(cuts), _cfg(tmp_path, "skip"), split="train", require_text=True)
+    assert [c.id for c in kept] == ["utt-1", "utt-2"] and kept[0].supervisions[0].text == "hello"  # the first stays
+    assert [p.kind for p in report.problems] == ["duplicate cut id"] and "1 duplicate cut id" in caplog.text
+    feats = {c.id: c.load_features() for c in kept}
+    assert feats["utt-1"].shape[0] == pytest.approx(50, abs=2)  # a.wav's 0.5 s, not b.wav's 0.7 s
+
+
+@pytest.mark.parametrize("precomputed", [True, False])
+def test_non_finite_audio_is_reported_before_stats_and_never_poisons_them(tmp_path, caplog, precomputed):
+    clean = speechlike(1.0, 1)
+    bad = speechlike(1.0, 2)
+    bad[4000], bad[9000] = np.nan, np.inf
+    cuts = CutSet.from_cuts(
+        [_cut(tmp_path / "clean.wav", "clean", clean, "FLOAT"), _cut(tmp_path / "bad.wav", "bad", bad, "FLOAT")]
+    )
+    cfg = _cfg(tmp_path, precomputed=precomputed)
+    with caplog.at_level(logging.WARNING):
+        kept, report = prepare_cuts(cuts, cfg, split="train", require_text=True)
+    assert len(kept) == 2 and report.non_finite == {str(tmp_path / "bad.wav"): 2}  # counted, not dropped
+    assert "train: 1 audio files hold NaN/Inf samples (bad.wav: 2)" in caplog.text
+    with caplog.at_level(logging.WARNING):
+        stats = load_or_compute_stats(kept, cfg)
+    left_out = re.search(r"feature statistics leave out (\d+) NaN/Inf frames of 1 cuts \(e.g. cut bad\)", caplog.text)
+    assert left_out and 2 <= int(left_out[1]) <= 6  # the frames whose 25 ms window holds one of the 2 samples
+    assert stats.finite and bool((stats.std > 0.01).all())
+    assert FeatureStats.load(stats_path(tmp_path)).finite  # what was stored for later runs too
+
+    # Non-finite stats are never written; a stored file holding them is computed again, with a warning.
+    poisoned = FeatureStats(mean=torch.full((80,), float("nan")), std=torch.ones(80))
+    with pytest.raises(BadInputError, match=r"non-finite feature statistics: .*80 of 80 bins are NaN/Inf"):
+        poisoned.save(tmp_path / "x.safetensors", cfg.features)
+    assert not (tmp_path / "x.safetensors").exists()
+    _write_stats_unchecked(poisoned, stats_path(tmp_path), cfg.features)  # as an older run left it
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        again = load_or_compute_stats(kept, cfg)
+    assert "holds NaN/Inf values" in caplog.text and again.finite
+    assert torch.allclose(again.mean, stats.mean) and FeatureStats.load(stats_path(tmp_path)).finite
+
+
+def _write_stats_unchecked(stats: FeatureStats, path: Path, features: FeatureConfig) -> None:
+    from safetensors.torch import save_file
+
+    from usmkit.data.normalize import _config_key
+
+    save_file({"mean": stats.mean, "std": stats.std}, str(path), metadata={"feature_config": _config_key(features)})
+
+
+_KILL_AFTER_TWO_WRITES = textwrap.dedent(
+    """
+    import os, signal, sys
+    import lhotse.features.io as io
+    real, written = io.NumpyFilesWriter.write, []
+    def write(self, key, value):
+        out = real(self, key, value)
+        written.append(key)
+        if len(written) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+    io.NumpyFilesWriter.write = write
+    from usmkit.data.config import DataConfig
+    from usmkit.data.loader import prepare_cuts
+    from usmkit.data.manifests import load_cuts
+    prepare_cuts(load_cuts(sys.argv[1], "train"), DataConfig(manifest_dir=sys.argv[1]), split="train", require_text=True)
+    """
+)
+
+
+def test_feature_cache_killed_mid_build_is_rebuilt_and_a_foreign_folder_refused(synth_corpus, tmp_path, caplog):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(synth_corpus, corpus, ignore=shutil.ignore_patterns("feats_*", "feature_stats*"))
+    child = subprocess.run([sys.executable, "-c", _KILL_AFTER_TWO_WRITES, str(corpus)], env=os.environ.copy())
+    assert child.returncode == -9  # SIGKILL mid-build
+    cache = feature_storage_dir(corpus, "train")
+    assert len(list(cache.rglob("*.npy"))) == 2 and not (cache / "feature_config.json").exists()
+
+    cfg = DataConfig(manifest_dir=str(corpus), num_workers=0)
+    train = load_cuts(corpus, "train")
+    with caplog.at_level(logging.WARNING):
+        cuts, _ = prepare_cuts(train, cfg, split="train", require_text=True)
+    assert "stopped before it finished" in caplog.text and str(cache) in caplog.text
+    assert [c.id for c in cuts] == [c.id for c in train] and all(c.load_features().shape[1] == 80 for c in cuts)
+    assert len(list(cache.rglob("*.npy"))) == len(train)  # the killed run's arrays are gone
+
+    # A folder under the cache's name holding anything usmkit does not write there is not deleted: one line.
+    foreign = feature_storage_dir(corpus, "dev")
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError) as e:
+        prepare_cuts(load_cuts(corpus, "dev"), cfg, split="dev", require_text=True)
+    assert str(e.value).startswith(f"not a feature cache: {foreign}: ") and "notes.txt" in str(e.value)
+    assert "\n" not in str(e.value) and (foreign / "notes.txt").read_text() == "mine"
+
+
+def _truncated_flac_corpus(root: Path) -> CutSet:
+    root.mkdir(parents=True, exist_ok=True)
+    good = _cut(root / "good.flac", "good", speechlike(1.5, 1), subtype="PCM_16")
+    damaged = _cut(root / "cut.flac", "damaged", speechlike(3.0, 2), subtype="PCM_16")
+    data = (root / "cut.flac").read_bytes()
+    (root / "cut.flac").write_bytes(data[: int(len(data) * 0.6)])  # a download cut short
+    assert sf.info(root / "cut.flac").frames == 3 * SR  # the header still declares all of it
+    return CutSet.from_cuts([good, damaged])
+
+
+@pytest.mark.parametrize("precomputed", [True, False])
+def test_truncated_flac_fails_validation_not_training(tmp_path, caplog, precomputed):
+    cuts = _truncated_flac_corpus(tmp_path)
+    with pytest.raises(BadInputError) as e:
+        prepare_cuts(cuts, _cfg(tmp_path, precomputed=precomputed), split="train", require_text=True)
+    assert str(e.value).startswith(f"truncated audio: {tmp_path / 'cut.flac'} (cut damaged in split train): ")
+    assert "declares 3.000 s" in str(e.value) and "\n" not in str(e.value)
+    with caplog.at_level(logging.WARNING):
+        kept, report = prepare_cuts(cuts, _cfg(tmp_path, "skip", precomputed), split="train", require_text=True)
+    assert (
+        [c.id for c in kept] == ["good"] and report.num_skipped == 1 and "1 truncated audio (cut.flac)" in caplog.text
+    )
+    batches = list(make_loader(kept, _cfg(tmp_path, "skip", precomputed), stats=None, train=False))
+    assert [i for b in batches for i in b.cut_ids] == ["good"]
+
+    # Evaluation goes through the same validation (usmkit.cli.evaluate's loader).
+    write_manifest(cuts, manifest_path(tmp_path, "synth", "cuts", "test"))
+    with pytest.raises(BadInputError, match="truncated audio: .*cut.flac"):
+        split_loader(_cfg(tmp_path, precomputed=precomputed), "test", tokenizer=None, stats=None)
+
+
+def test_truncated_wav_is_found_by_its_header_even_in_a_manifest_made_after_the_damage(tmp_path):
+    """libsndfile (and so lhotse) reports a short WAV's length as what is there, so a manifest made from
+    it agrees with it; the header, as usmkit-transcribe reads it, still says more was meant to be there."""
+    sf.write(tmp_path / "full.wav", speechlike(3.0, 2), SR, subtype="PCM_16")
+    data = (tmp_path / "full.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: int(len(data) * 0.6)])
+    cuts = CutSet.from_cuts([_cut(tmp_path / "full.wav", "full"), _cut(tmp_path / "cut.wav", "damaged")])
+    assert cuts[1].duration == pytest.approx(1.8, abs=0.01)
+    with pytest.raises(BadInputError) as e:
+        prepare_cuts(cuts, _cfg(tmp_path), split="train", require_text=True)
+    assert str(e.value).startswith(f"truncated audio: {tmp_path / 'cut.wav'} (cut damaged in split train): ")
+    assert re.search(r"its header declares 3\.000 s but the file holds 1\.79\d s", str(e.value))
+
+
+def test_feature_cache_reports_audio_it_cannot_decode_by_cut(tmp_path):
+    """Damage that validation did not reach: lhotse leaves such a cut out of what it computes; the cache
+    names it (error) or leaves it out counted (skip), never a KeyError."""
+    cuts = _truncated_flac_corpus(tmp_path)
+    with pytest.raises(BadInputError, match=r"corrupt audio: .*cut.flac \(cut damaged\): its audio failed to decode"):
+        precompute_features(cuts, FeatureConfig(), tmp_path / "feats")
+    report = ValidationReport(total=2)
+    kept = precompute_features(cuts, FeatureConfig(), tmp_path / "feats", on_bad="skip", report=report)
+    assert [c.id for c in kept] == ["good"] and [p.kind for p in report.problems] == ["corrupt audio"]
+
+
+def test_cut_shorter_than_a_frame_is_bad_input(tmp_path, caplog):
+    cuts = CutSet.from_cuts(
+        [_cut(tmp_path / "ok.wav", "ok", speechlike(0.5, 1)), _cut(tmp_path / "one.wav", "one", speechlike(1.0, 2)[:1])]
+    )
+    with pytest.raises(BadInputError) as e:
+        prepare_cuts(cuts, _cfg(tmp_path), split="train", require_text=True)
+    assert str(e.value).startswith(f"too short: {tmp_path / 'one.wav'} (cut one in split train): it lasts 0.06 ms")
+    assert "25 ms feature frame" in str(e.value) and "\n" not in str(e.value)
+    with caplog.at_level(logging.WARNING):
+        kept, report = prepare_cuts(cuts, _cfg(tmp_path, "skip"), split="train", require_text=True)
+    assert [c.id for c in kept] == ["ok"] and "1 too short (one.wav)" in caplog.text
+    assert [i for b in make_loader(kept, _cfg(tmp_path, "skip"), stats=None, train=True) for i in b.cut_ids] == ["ok"]

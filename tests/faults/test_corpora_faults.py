@@ -1,102 +1,18 @@
-"""usmkit.cli.evaluate and the corpus recipes under faults: a misspelled test set, a decode mode the model
-cannot serve, a failure after some sets were scored; missing, corrupt and untranscribed corpus files."""
+"""Faults of the corpus recipes (usmkit.data.corpora via usmkit.cli.prepare): fail and skip modes."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-import usmkit.inference.evaluate as ev
 from usmkit.cli.prepare import main as prepare_main
 from usmkit.data.corpora.librispeech import prepare_librispeech
 from usmkit.data.manifests import load_cuts
 from usmkit.data.validate import BadInputError
-from usmkit.decoding.ctc_lexicon import LexiconConfig
 from usmkit.errors import UsageError
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def corpus(synth_corpus, tmp_path) -> Path:
-    out = tmp_path / "corpus"
-    shutil.copytree(synth_corpus, out)
-    return out
-
-
-def test_misspelled_test_set_is_refused_before_decoding(ctc_ckpt, corpus, monkeypatch):
-    monkeypatch.setattr(ev, "transcribe_batches", lambda *a, **k: pytest.fail("decoding started"))
-    cfg = ev.EvalConfig(checkpoint=str(ctc_ckpt), test_sets=("dev", "tset", "test", "tst"), manifest_dir=str(corpus))
-    with pytest.raises(UsageError, match=r"test set\(s\) \['tset', 'tst'\] have no manifest .*'dev', .*'test'"):
-        ev.evaluate(cfg)
-
-
-def test_las_decoding_of_a_ctc_model_is_refused_before_decoding(ctc_ckpt, corpus, monkeypatch):
-    monkeypatch.setattr(ev, "transcribe_batches", lambda *a, **k: pytest.fail("decoding started"))
-    for mode in ("las_beam", "rescore", "lexicon_rescore"):
-        cfg = ev.EvalConfig(
-            checkpoint=str(ctc_ckpt), decode=mode, manifest_dir=str(corpus), lexicon=LexiconConfig(nbest=10)
-        )
-        with pytest.raises(UsageError, match=rf"decode={mode} needs an attention \(LAS\) decoder"):
-            ev.evaluate(cfg)
-
-
-def test_lexicon_rescoring_needs_an_nbest_list_and_a_weight_in_range():
-    with pytest.raises(ValueError, match=r"lexicon_rescore .* set lexicon.nbest=10"):
-        ev.EvalConfig(checkpoint="x", decode="lexicon_rescore")
-    with pytest.raises(ValueError, match=r"rescore_ctc_weight must be in \[0, 1\]"):
-        ev.EvalConfig(checkpoint="x", decode="rescore", rescore_ctc_weight=1.5)
-
-
-def test_each_set_is_written_as_it_finishes(ctc_ckpt, corpus, monkeypatch, tmp_path):
-    real = ev.transcribe_batches
-    calls = []
-
-    def failing_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("out of memory (simulated)")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ev, "transcribe_batches", failing_second)
-    out = tmp_path / "eval.json"
-    cfg = ev.EvalConfig(checkpoint=str(ctc_ckpt), test_sets=("dev", "test"), manifest_dir=str(corpus), output=str(out))
-    written = []
-
-    def write(results):
-        out.write_text(json.dumps(results))
-        written.append(sorted(results["sets"]))
-
-    with pytest.raises(RuntimeError, match="simulated"):
-        ev.evaluate(cfg, on_set=write)
-    assert written == [["dev"]] and "wer" in json.loads(out.read_text())["sets"]["dev"]
-
-
-def test_evaluate_command_prints_one_line_and_exits_2(ctc_ckpt, corpus, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "usmkit.cli.evaluate",
-        f"checkpoint={ctc_ckpt}",
-        f"manifest_dir={corpus}",
-        "test_sets=[dev,tset]",
-    ]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: test set(s) ['tset'] have no manifest") and "Traceback" not in proc.stderr
-
-
-# ---- LibriSpeech layout with every kind of damage ------------------------------------------------
 
 
 def _write_corpus(root: Path) -> Path:
@@ -143,9 +59,6 @@ def test_recipe_bad_argument_is_one_line_exit_2(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: LibriSpeech directory") and "Traceback" not in err
-
-
-# ---- FSDD layout with damaged files --------------------------------------------------------------
 
 
 def _write_fsdd(root: Path) -> Path:
