@@ -28,9 +28,9 @@ import argparse
 from dataclasses import replace
 
 import torch
-from common import result_path, run_header, write_result
 from lhotse import CutSet
 
+from tools.results import result_path, run_header, write_result
 from usmkit.data.config import DataConfig
 from usmkit.data.manifests import load_cuts
 from usmkit.data.packing import RowPacker, cut_frames, packed_rows

@@ -31,7 +31,6 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import result_path, run_header, write_result  # noqa: E402
 from train_throughput import (  # noqa: E402
     SHAPES,
     OursCTC,
@@ -42,6 +41,7 @@ from train_throughput import (  # noqa: E402
     timed,
 )
 
+from tools.results import result_path, run_header, write_result  # noqa: E402
 from usmkit.models.convolution import ConvolutionModule  # noqa: E402
 
 CATEGORIES = [  # first match wins

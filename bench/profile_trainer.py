@@ -28,8 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import result_path, run_header, write_result  # noqa: E402
 from trainer_throughput import HOP_S, ROOT, _env, command, ensure_corpus, parse_variant  # noqa: E402
+
+from tools.results import result_path, run_header, write_result  # noqa: E402
 
 
 def child(out: Path, warm: int, steps: int, overrides: list[str]) -> None:

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 import torch._inductor.config
-from common import result_path, run_header, write_result
+
+from tools.results import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

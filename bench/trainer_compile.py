@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {

@@ -79,7 +79,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

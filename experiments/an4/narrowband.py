@@ -29,9 +29,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import run_header  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.results import run_header  # noqa: E402
 from usmkit.training.curves import plot_training_curves, read_metrics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

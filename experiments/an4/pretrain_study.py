@@ -24,11 +24,11 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_header  # noqa: E402
 from narrowband import dev_curve, plot_dev_curves  # noqa: E402
 
+from tools.results import run_header  # noqa: E402
 from usmkit.training.curves import read_metrics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

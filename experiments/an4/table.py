@@ -17,10 +17,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from combine_seeds import combine, read_report  # noqa: E402
-from common import RESULTS as BENCH_RESULTS  # noqa: E402
-from common import run_header, write_result  # noqa: E402
+
+from tools.results import RESULTS as BENCH_RESULTS  # noqa: E402
+from tools.results import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
 GPU = "an4_gpu_pool17.json"  # the rows trained on one H200 (experiments/an4/device_round.sh)

@@ -55,7 +55,7 @@ def _noting_run(self, *args, stream, **kwargs):
 
 triton_heuristics.DebugAutotuner.run = _noting_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the step of bench/train_throughput.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the step of bench/train_throughput.py
 
 from train_throughput import (  # noqa: E402
     SHAPES,
@@ -67,7 +67,7 @@ from train_throughput import (  # noqa: E402
     make_step,
 )
 
-from bench.common import result_path, run_header, write_result  # noqa: E402
+from tools.results import result_path, run_header, write_result  # noqa: E402
 
 
 def copy_bandwidth() -> float:

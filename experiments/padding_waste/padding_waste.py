@@ -20,7 +20,7 @@ import argparse
 from dataclasses import replace
 
 import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy)
-from bench.common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 
 # isort: split
 from lhotse.utils import compute_num_frames
