@@ -35,7 +35,7 @@ from tools.results import result_path, run_header, write_result
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_throughput import SHAPES, OursCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
+from tools.train_step import SHAPES, OursCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
 
 BLOCK = 5  # steps per timed block
 

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from train_throughput import (  # noqa: E402
+from tools.results import result_path, run_header, write_result  # noqa: E402
+from tools.train_step import (  # noqa: E402
     SHAPES,
     OursCTC,
     TorchaudioCTC,
@@ -48,8 +49,6 @@ from train_throughput import (  # noqa: E402
     make_step,
     timed,
 )
-
-from tools.results import result_path, run_header, write_result  # noqa: E402
 from usmkit.models.convolution import ConvolutionModule  # noqa: E402
 
 TRAINER_DOC = """Where the real trainer's GPU time goes per second of audio, by kernel category, for several batch layouts.

@@ -197,7 +197,7 @@ def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
 
 def measure_peak() -> float:
     """The bf16 matmul peak (FLOP/s), in a process of its own so this one never holds GPU memory."""
-    code = "import sys; sys.path.insert(0, 'bench'); import torch; from train_throughput import measure_peak; "
+    code = "import torch; from tools.train_step import measure_peak; "
     code += "print(measure_peak(torch.device('cuda')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """The AN4 results table: every seed's row of the staged recipe's reports, and each table row's mean +- sd.
 
-    PYTHONPATH=. python experiments/an4/table.py            # -> bench/results/an4.json, and the table printed
+    PYTHONPATH=. python experiments/an4/table.py            # -> experiments/an4/results/an4_table.json, and the table printed
 
 Each table row names the recipe reports it pools (``FILE`` or ``FILE#NAME`` for the report ``NAME`` of a study
 file that holds several) and the variant it takes from them; every run of that variant is one seed's row
@@ -20,7 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from combine_seeds import combine, read_report  # noqa: E402
 
-from tools.results import RESULTS as BENCH_RESULTS  # noqa: E402
 from tools.results import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
@@ -296,7 +295,7 @@ def markdown(rows: tuple[Row, ...], summaries: dict[str, list[dict]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE, help="the folder of the recipe reports")
-    ap.add_argument("--json", type=Path, default=BENCH_RESULTS / "an4.json")
+    ap.add_argument("--json", type=Path, default=HERE / "an4_table.json")
     args = ap.parse_args()
     rows, summaries = [], {}
     for row in ROWS:
