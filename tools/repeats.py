@@ -10,8 +10,9 @@ the result reads as before, plus a ``repeats`` block: how many ran and succeeded
     >>> r["rtfx"], r["repeats"]["min"]["rtfx"], r["repeats"]["max"]["rtfx"], r["model"]
     (100, 90, 120, 'tiny')
 
-A figure is a number (int or float) at the top level of a repeat's dict; a yes/no figure (a bool, such as
-"kept up with real time") counts as true only when it held in every repeat. A repeat whose dict has an
+A figure is a number (int or float) in a repeat's dict, at its top level or in a nested dict (its min and max
+then keyed ``outer.inner``); a yes/no figure (a bool, such as "kept up with real time") counts as true only
+when it held in every repeat. A repeat whose dict has an
 ``error`` key failed; the figures come from the others, and when every repeat failed the first error is
 returned. A figure that is None in a repeat (not measured there) is summarised over the repeats that have it.
 """
@@ -66,28 +67,49 @@ def repeat(measure: Callable[[int], dict], n: int = DEFAULT_REPEATS, varied: str
     """
     if n < 1:
         raise ValueError(f"repeat needs n >= 1, got {n}")
-    runs = [measure(i) for i in range(n)]
+    return combine([measure(i) for i in range(n)], varied)
+
+
+def combine(runs: list[dict], varied: str = "") -> dict:
+    """``repeat``'s result from repeats already taken, for a benchmark that interleaves its configurations
+    (each repeat runs every configuration once, so drift over the call hits them alike)."""
+    if not runs:
+        raise ValueError("combine needs at least one repeat")
     ok = [r for r in runs if "error" not in r]
-    block: dict = {"n": n, "ok": len(ok), "varied": varied}
+    block: dict = {"n": len(runs), "ok": len(ok), "varied": varied}
     if not ok:
         return runs[0] | {"repeats": block | {"runs": runs}}
+    combined, lows, highs, spread, differed = _merge(ok)
+    return combined | {
+        "repeats": block | {"min": lows, "max": highs, "spread": spread, "differed": differed, "runs": runs}
+    }
+
+
+def _merge(ok: list[dict], prefix: str = "") -> tuple[dict, dict, dict, dict, list[str]]:
+    """The combined dict of successful repeats, and each figure's min, max and spread; a nested dict of
+    figures (e.g. latency percentiles) is merged the same way, key by key."""
     combined = dict(ok[0])
     lows, highs, spread, differed = {}, {}, {}, []
     for key in dict.fromkeys(k for r in ok for k in r):
         values = [r[key] for r in ok if r.get(key) is not None]  # a figure a repeat could not take: None
         if not values:
             continue
-        if all(isinstance(v, bool) for v in values):
+        if all(isinstance(v, dict) for v in values):
+            sub, sub_lows, sub_highs, sub_spread, sub_differed = _merge(values, f"{prefix}{key}.")
+            combined[key] = sub
+            lows |= {f"{key}.{k}": v for k, v in sub_lows.items()}
+            highs |= {f"{key}.{k}": v for k, v in sub_highs.items()}
+            spread |= {f"{key}.{k}": v for k, v in sub_spread.items()}
+            differed += sub_differed
+        elif all(isinstance(v, bool) for v in values):
             combined[key] = all(values)
             if len(set(values)) > 1:
-                differed.append(key)
+                differed.append(prefix + key)
         elif all(_is_number(v) for v in values):
             stats = summarize(values)
             combined[key], lows[key], highs[key] = stats["median"], stats["min"], stats["max"]
             if stats["median"]:
                 spread[key] = round((stats["max"] - stats["min"]) / abs(stats["median"]), 4)
         elif any(v != values[0] for v in values):
-            differed.append(key)
-    return combined | {
-        "repeats": block | {"min": lows, "max": highs, "spread": spread, "differed": differed, "runs": runs}
-    }
+            differed.append(prefix + key)
+    return combined, lows, highs, spread, differed

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tools import repeats
-from tools.repeats import add_repeats_argument, repeat, summarize
+from tools.repeats import add_repeats_argument, combine, repeat, summarize
 
 
 def test_docstring_example_holds():
@@ -79,3 +79,21 @@ def test_repeats_argument_defaults_to_three_and_refuses_zero(capsys):
     with pytest.raises(SystemExit):
         ap.parse_args(["--repeats", "0"])
     assert "--repeats must be 1 or more, got 0" in capsys.readouterr().err
+
+
+def test_combine_takes_interleaved_repeats_like_repeat():
+    runs = [{"rtfx": 5000.0}, {"rtfx": 3000.0}, {"rtfx": 6000.0}]
+    assert combine(runs, "alternating") == repeat(lambda i: runs[i], n=3, varied="alternating")
+    with pytest.raises(ValueError, match="at least one repeat"):
+        combine([])
+
+
+def test_nested_figures_are_merged_key_by_key():
+    runs = [
+        {"latency_ms": {"p50": 10, "p95": 300}},
+        {"latency_ms": {"p50": 12, "p95": 250}},
+        {"latency_ms": {"p50": 11, "p95": 280}},
+    ]
+    r = combine(runs)
+    assert r["latency_ms"] == {"p50": 11, "p95": 280}
+    assert r["repeats"]["min"]["latency_ms.p95"] == 250 and r["repeats"]["max"]["latency_ms.p95"] == 300
