@@ -15,7 +15,7 @@ augmentation (from the first step, and from epoch 10 at full and half probabilit
         late_half=exp/an4_nbh
 
 A folder whose runs were also scored on ``test_tel`` (test through a telephone line: ``decode/<run>/<decode>_tel.json``,
-as ``experiments/an4/device_round.sh`` writes them) adds ``test_tel_wer`` to its rows and summary. ``--name`` names
+as ``experiments/an4/gpu_studies.sh`` writes them) adds ``test_tel_wer`` to its rows and summary. ``--name`` names
 the output files (default ``an4_narrowband``), ``--device`` the machine the runs trained on (default: this one),
 ``--command`` what trained them.
 """

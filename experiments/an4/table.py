@@ -23,12 +23,11 @@ from combine_seeds import combine, read_report  # noqa: E402
 from tools.results import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
-GPU = "an4_gpu_pool17.json"  # the rows trained on one H200 (experiments/an4/device_round.sh)
-COPIES = (
-    "an4_narrowband_copies.json"  # its rounds 3-5: the narrowband copies, 4000 steps (experiments/an4/narrowband.py)
-)
-SYNTH = "an4_synth_pool.json"  # its rounds 6-7: the pre-training pool at 10% (experiments/an4/pretrain_study.py)
-MASKING = "an4_masking_size.json"  # its rounds 8-9: the masking and the encoder's size at 10%
+# The GPU studies' files (experiments/an4/gpu_studies.sh STUDY):
+GPU = "an4_gpu_pool17.json"  # pool17, pool17_more: the rows trained on one H200
+COPIES = "an4_narrowband_copies.json"  # narrowband, narrowband4000, las4000 (experiments/an4/narrowband.py)
+SYNTH = "an4_synth_pool.json"  # synth_pool, synth_pool_seed1: the pool at 10% (experiments/an4/pretrain_study.py)
+MASKING = "an4_masking_size.json"  # masking_size, masking_more: the masking and the encoder's size at 10%
 FROZEN = "frozen 500 steps, then at half the learning rate"
 
 
