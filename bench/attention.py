@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 import triton
-from common import result_path, run_header, write_result
 from torch.nn.attention.flex_attention import flex_attention
 from triton.testing import do_bench
 
+from tools.results import result_path, run_header, write_result
 from usmkit.kernels.chunk_attention import chunk_attention
 from usmkit.kernels.chunk_attention import triton as kernels
 from usmkit.kernels.chunk_attention.flex import chunk_block_mask

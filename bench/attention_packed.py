@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attention import MAX_REL_ERR, _graph_ms  # noqa: E402
-from common import result_path, run_header, write_result  # noqa: E402
 
+from tools.results import result_path, run_header, write_result  # noqa: E402
 from usmkit.kernels.chunk_attention import chunk_attention  # noqa: E402
 from usmkit.kernels.chunk_attention.reference import chunk_attention_reference  # noqa: E402
 from usmkit.kernels.masks import Segments, segment_chunk_mask  # noqa: E402

@@ -1,6 +1,6 @@
 """Batch transcription end to end: audio files on disk to transcripts on disk, in audio seconds per second (RTFx).
 
-    PYTHONPATH=. python bench/batch_transcribe.py --hours 10 --models usm600m,large,exp/small_ctc --baseline
+    PYTHONPATH=. python bench/batch_transcribe.py --hours 10 --models usm600m,large,exp/small_ctc --baseline [--repeats 3]
     PYTHONPATH=. python bench/batch_transcribe.py --hours 10 --models usm600m --gpus 1,4      # scaling, torchrun
     PYTHONPATH=. python bench/batch_transcribe.py --cpu-plumbing   # a few minutes on a CPU: checks the plumbing only
 
@@ -25,6 +25,11 @@ written (after loading and compiling: ``setup_s``); ``rtfx_end_to_end`` divides 
 files, sorting and batching, the same log-mel filterbank on the device, bf16 autocast and
 ``torch.compile`` as the usmkit row, CTC greedy, one JSONL line per file. ``ratio`` = usmkit / torchaudio.
 
+Every row runs ``--repeats`` times (3 by default, ``tools.repeats``), the rows taking turns within each
+repeat; a row's figures are the median of its repeats, with min, max and each repeat's own result under
+``repeats``. ``ratios`` are the median of the ratios taken within each repeat, ``ratio_ranges`` their min and
+max.
+
 Results: ``bench/results/batch_transcribe[_<variant>].json`` (``--cpu-plumbing``: ``_cpu_plumbing``).
 """
 
@@ -46,12 +51,18 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from common import REPO, result_path, run_header, write_result
+
+from tools.repeats import add_repeats_argument, combine, summarize
+from tools.results import REPO, result_path, run_header, write_result
 
 sys.path.insert(0, str(REPO))
 
 SUMMARY = re.compile(
     r"transcribed (\d+) inputs \(([\d.]+) h of audio\) in ([\d.]+) s: RTFx ([\d.]+) \(after ([\d.]+) s of setup\)"
+)
+VARIED = (
+    "each repeat runs every row once, in turn: usmkit in a fresh transcribe_batch process (the inductor cache warm "
+    "after the first), torchaudio built and compiled again in this process; the same files"
 )
 LOADER_WAIT = re.compile(r"([\d.]+) s waiting for the loader's workers")
 
@@ -319,6 +330,7 @@ def main() -> None:
     p.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more keys of every usmkit row")
     p.add_argument("--variant", help="result file suffix")
     p.add_argument("--cpu-plumbing", action="store_true", help="tiny rows on the CPU: the plumbing, not a result")
+    add_repeats_argument(p)
     args = p.parse_args()
     if args.cpu_plumbing:
         args.hours, args.min_seconds, args.max_seconds, args.unique = 0.02, 5.0, 15.0, 8
@@ -329,25 +341,34 @@ def main() -> None:
     corpus = corpus_dir(args)
     audio, seconds, files = make_audio(args, corpus)
     print(f"{files} files, {seconds / 3600:.2f} h of audio in {audio}", flush=True)
-    rows = []
+    exps = {}
     for name in args.models.split(","):
-        is_preset = not Path(name).exists()
-        exp = random_checkpoint(name, args, corpus) if is_preset else Path(name)
+        exps[name] = random_checkpoint(name, args, corpus) if not Path(name).exists() else Path(name)
+    runs: dict[tuple[str, str, int], list[dict]] = {}  # (model, pipeline, gpus) -> one row per repeat
+    for i in range(args.repeats):  # every row once per repeat, so drift over the call hits them alike
+        for name, exp in exps.items():
+            for gpus in (int(g) for g in args.gpus.split(",")):
+                runs.setdefault((name, "usmkit", gpus), []).append(usmkit_row(args, name, exp, audio, seconds, gpus))
+                print(f"repeat {i}: {json.dumps(runs[name, 'usmkit', gpus][-1])}", flush=True)
+            if args.baseline and not Path(name).exists():
+                runs.setdefault((name, "torchaudio", 1), []).append(torchaudio_row(args, name, exp, audio))
+                print(f"repeat {i}: {json.dumps(runs[name, 'torchaudio', 1][-1])}", flush=True)
+    rows = [combine(r, VARIED) for r in runs.values()]
+    ratios, ratio_ranges = {}, {}
+    for name in exps:
+
+        def rates(pipeline, gpus, name=name):  # rtfx per repeat (None where the repeat failed)
+            return [r.get("rtfx") for r in runs.get((name, pipeline, gpus), [])]
+
+        pairs = {f"{name}: usmkit / torchaudio": (rates("usmkit", 1), rates("torchaudio", 1))}
         for gpus in (int(g) for g in args.gpus.split(",")):
-            rows.append(usmkit_row(args, name, exp, audio, seconds, gpus))
-            print(json.dumps(rows[-1]), flush=True)
-        if args.baseline and is_preset:
-            rows.append(torchaudio_row(args, name, exp, audio))
-            print(json.dumps(rows[-1]), flush=True)
-    ratios = {}
-    for name in args.models.split(","):
-        ours = {r["gpus"]: r["rtfx"] for r in rows if r["model"] == name and r["pipeline"] == "usmkit" and "rtfx" in r}
-        theirs = [r["rtfx"] for r in rows if r["model"] == name and r["pipeline"] == "torchaudio"]
-        if 1 in ours and theirs:
-            ratios[f"{name}: usmkit / torchaudio"] = round(ours[1] / theirs[0], 2)
-        for gpus, rtfx in ours.items():
-            if gpus > 1 and 1 in ours:
-                ratios[f"{name}: {gpus} processes / 1"] = round(rtfx / ours[1], 2)
+            if gpus > 1:
+                pairs[f"{name}: {gpus} processes / 1"] = (rates("usmkit", gpus), rates("usmkit", 1))
+        for key, (num, den) in pairs.items():
+            each = [round(a / b, 2) for a, b in zip(num, den, strict=False) if a and b]
+            if each:  # the median of the repeats' ratios, each taken within one repeat
+                ratios[key] = summarize(each)["median"]
+                ratio_ranges[key] = [min(each), max(each)]
     result = run_header(
         cpu_plumbing_only=bool(args.cpu_plumbing),
         audio_hours=round(seconds / 3600, 3),
@@ -359,8 +380,10 @@ def main() -> None:
         compile=args.compile,
         precision=args.precision,
         blank_bias=args.blank_bias,
+        repeats=args.repeats,
         rows=rows,
         ratios=ratios,
+        ratio_ranges=ratio_ranges,
     )
     path = write_result(result_path("batch_transcribe", args.variant), result)
     print(json.dumps(ratios, indent=1))

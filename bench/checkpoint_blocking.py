@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import result_path, run_header, write_result
 
+from tools.results import result_path, run_header, write_result
 from usmkit.config import ModelSection, OptimConfig, TaskConfig, TrainerConfig
 from usmkit.tasks import build_task
 from usmkit.training.trainer import Trainer

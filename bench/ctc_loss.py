@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import result_path, run_header, write_result
+
+from tools.results import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -35,9 +35,9 @@ from pathlib import Path
 import lhotse
 import torch
 import torchaudio
-from common import result_path, run_header, write_result
 from lhotse import CutSet
 
+from tools.results import result_path, run_header, write_result
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.features import feature_storage_dir, precompute_features
 from usmkit.data.loader import AsrLoader, make_loader

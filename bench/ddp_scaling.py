@@ -29,12 +29,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from common import result_path, run_header, write_result
+
+from tools.results import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_throughput import SHAPES, OursCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
+from tools.train_step import SHAPES, OursCTC, compile_regions, make_batch, make_step, timed  # noqa: E402
 
 BLOCK = 5  # steps per timed block
 

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import soundfile as sf
-from common import REPO, result_path, run_header, write_result
+
+from tools.results import REPO, result_path, run_header, write_result
 
 sys.path.insert(0, str(REPO))
 RESULTS = result_path("longform")

@@ -42,9 +42,9 @@ from pathlib import Path
 
 import torch
 from batch_transcribe import corpus_dir, make_audio, random_checkpoint
-from common import result_path, run_header, write_result
-from phase_timer import PhaseTimer
 
+from tools.phase_timer import PhaseTimer
+from tools.results import result_path, run_header, write_result
 from usmkit.cli.compose import compose_dataclass
 from usmkit.inference import batch_transcribe as bt
 from usmkit.inference.batch_audio import FbankFrontEnd

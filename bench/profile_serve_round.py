@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from common import result_path, run_header, write_result
-from phase_timer import PhaseTimer
 from serve_load import SR, make_checkpoint, recordings
+
+from tools.phase_timer import PhaseTimer
+from tools.results import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

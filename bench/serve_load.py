@@ -12,7 +12,9 @@ from sending that message to receiving the result. A stream *falls behind* real 
 last result comes more than ``--behind-s`` after its end signal (a server that keeps up needs one
 chunk's compute for that), or when the client itself could not send on time (then the number says
 nothing; it is reported). N passes when the p95 partial latency is below ``--p95-ms`` and no stream
-fell behind; the search stops at the first N that fails.
+fell behind; each N runs ``--repeats`` times against the same server (3 by default, ``tools.repeats``) and
+passes only when every repeat passes; its figures are the median of the repeats, with min and max under
+``repeats``. The search stops at the first N that fails.
 
 The model is ``small`` (29M) with random weights unless ``--checkpoint`` names a trained one: the
 cost of a chunk does not depend on the weights (with random weights every chunk has a partial
@@ -35,7 +37,7 @@ real-time streams' latencies and whether they kept real time, each kind reports 
 client got through and the server's resident memory (``rss_mb``: after start, peak during the run).
 Writes ``bench/results/serve_load_hostile.json``.
 
-    PYTHONPATH=. python bench/serve_load.py --hostile tiny,fast,idle --variants int8 --threads 1 --clients 8 --repeat 2
+    PYTHONPATH=. python bench/serve_load.py --hostile tiny,fast,idle --variants int8 --threads 1 --clients 8 --repeats 2
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ import numpy as np
 import soundfile as sf
 import torch
 import yaml
-from common import result_path, run_header, write_result
+
+from tools.repeats import add_repeats_argument, combine
+from tools.results import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -74,6 +78,7 @@ from usmkit.tasks import build_task  # noqa: E402
 SR = 16000
 BLOCK_MS = 100
 SEARCH = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+VARIED = "each repeat streams the same clients' audio, with the same start times, to the same running server"
 
 
 def synthetic(count: int = 40) -> tuple[list[np.ndarray], list[str]]:
@@ -477,7 +482,7 @@ def measure(url: str, audio, n: int, args) -> dict:
 
 def run_hostile(checkpoint: Path, audio, kinds: list[str], args, results: dict, tmp: Path) -> None:
     """``--hostile``: each kind (and first none) with a fresh server of the first variant and thread count,
-    ``--repeat`` times in turn (a shared machine's load then weighs on every kind alike); ``summary``: per
+    ``--repeats`` times in turn (a shared machine's load then weighs on every kind alike); ``summary``: per
     kind, the median p95 latency over the repeats and how many of them kept real time."""
     variant, threads = args.variants.split(",")[0], int(args.threads.split(",")[0])
     flags = ["--device", args.device] + (["--quantize", "int8"] if variant == "int8" else [])
@@ -497,7 +502,7 @@ def run_hostile(checkpoint: Path, audio, kinds: list[str], args, results: dict, 
     out = result_path("serve_load", "hostile")
     print(f"{'hostile':8s} {'N':>4s} {'p50 ms':>8s} {'p95 ms':>8s} {'max ms':>8s} {'behind':>6s} {'slot s':>6s} "
           f"{'batch':>6s} {'busy':>5s} {'rss MB':>11s}  real time")  # fmt: skip
-    for repeat, kind in ((r, k) for r in range(args.repeat) for k in ["none", *kinds]):
+    for repeat, kind in ((r, k) for r in range(args.repeats) for k in ["none", *kinds]):
         proc, url = start_server(checkpoint, flags, tmp / f"server_{kind}.log")
         load = os.getloadavg()[0]
         try:
@@ -567,7 +572,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8, help="--hostile: real-time streams beside the hostile client")
     ap.add_argument("--fast-clients", type=int, default=8, help="--hostile fast: streams sending ahead of real time")
     ap.add_argument("--idle-connections", type=int, default=64, help="--hostile idle: connections held open")
-    ap.add_argument("--repeat", type=int, default=1, help="--hostile: runs of every kind, in turn")
+    add_repeats_argument(ap)
     args = ap.parse_args()
     kinds = [k for k in args.hostile.split(",") if k]
     if any(k not in HOSTILE for k in kinds):
@@ -584,6 +589,7 @@ def main() -> None:
         criterion=f"p95 partial latency < {args.p95_ms:g} ms and no stream behind real time "
         f"(last result more than {args.behind_s:g} s after the end signal)",
         note=args.note,
+        repeats=args.repeats,
         variants={},
     )
     out = result_path("serve_load", None if args.device == "cpu" else args.device.split(":")[0])
@@ -609,7 +615,7 @@ def main() -> None:
             rows = []
             try:
                 for n in (n for n in SEARCH if args.min_clients <= n <= args.max_clients):
-                    row = measure(url, audio, n, args)
+                    row = combine([measure(url, audio, n, args) for _ in range(args.repeats)], VARIED)
                     rows.append(row)
                     lat = row["partial_latency_ms"]
                     print(f"{name:20s} {n:4d} {lat['p50']:8.1f} {lat['p95']:8.1f} {lat['max']:8.1f} "

@@ -38,7 +38,8 @@ import numpy as np
 import soundfile as sf
 import torch
 import yaml
-from common import result_path, run_header, write_result
+
+from tools.results import result_path, run_header, write_result
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

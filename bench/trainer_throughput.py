@@ -1,16 +1,21 @@
 """The trainer at USM sizes on one GPU: hours of audio per GPU-hour, loader wait, GPU busy, peak memory, MFU.
 
-    PYTHONPATH=. python bench/trainer_throughput.py [--variants base,large,usm600m,usm2b_ac]
+    PYTHONPATH=. python bench/trainer_throughput.py [--variants base,large,usm600m,usm2b_ac] [--repeats 3]
         [--compare-subsampling] [--manifest-dir data/synth] [--budget-scale 1.0] [--num-workers 10] [--json OUT]
     PYTHONPATH=. python bench/trainer_throughput.py --dry-run    # CPU, model=tiny: checks the plumbing
     PYTHONPATH=. python bench/trainer_throughput.py --variants large,large_fsdp --world-sizes 1,2,4 --json multi_gpu.json
+    PYTHONPATH=. python bench/trainer_throughput.py --variants base_ea,base,base_wh   # eager, compiled blocks, whole
 
 Each variant is the actual training command, ``python -m usmkit.cli.train recipe=stage3_ctc model=SIZE
 data.pad_to_frames=256 trainer.compile=true trainer.precision=bf16 ...``, on the embedded corpus's
 bucketed batches (built first when missing: ``python -m usmkit.cli.prepare synth out=data/synth size=default
 workers=16``; a ``model=tiny`` run with no steps then stores its features, so no variant pays for them).
 Each runs in its own process group with an empty inductor cache, and is killed after its time budget
-(nothing is saved). Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_pk][_xs][_tri][_fx][_fc][_fb][_cg][_dSECONDS]``:
+(nothing is saved). Each variant runs ``--repeats`` times (3 by default, ``tools.repeats``): every figure
+below is the median of the repeats, with their min, max and each repeat's own result under ``repeats``; each
+repeat is a fresh trainer process on the same corpus, seed and batches, and repeats after the first reuse the
+variant's inductor cache (so ``first_log_s`` falls; the steady-state figures come after compiling either way).
+Variant names are ``SIZE[_s8][_ac][_fsdp][_p64][_pk][_xs][_tri][_fx][_fc][_fb][_cg][_ea][_wh][_dSECONDS]``:
 
 - ``_s8``: ``model.subsampling_factor=8 model.chunk_size=100`` (the same 8 s chunks, of 80 ms frames);
 - ``_ac``: ``trainer.activation_checkpointing=true``;
@@ -31,6 +36,9 @@ Each runs in its own process group with an empty inductor cache, and is killed a
 - ``_fb``: ``data.fixed_batch_shapes=true``: one batch size per padded length, so a few batch shapes;
 - ``_cg``: ``_fb`` with ``trainer.compile_mode=reduce-overhead``: the compiled blocks replay as CUDA graphs,
   one recorded per batch shape (its budget is 1.5x, for the recording);
+- ``_ea``: eager, ``trainer.compile=false`` (against the compiled default: what compiling gains);
+- ``_wh``: ``trainer.compile_scope=whole`` (the whole step as one graph) instead of ``blocks`` (each
+  Conformer block and the front end on its own);
 - ``_dSECONDS``: ``data.max_duration=SECONDS`` (audio per batch) instead of the size's default (``SIZES``).
 
 ``--compare-subsampling`` runs ``large`` and ``large_s8`` side by side instead of the default list,
@@ -79,14 +87,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import result_path, run_header, write_result
+from tools.repeats import add_repeats_argument, repeat
+from tools.results import result_path, run_header, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # size -> (time budget s, data.max_duration s of audio per batch, trainer.log_every). A budget covers
 # start-up (model init, loader), compiling each padded length (~60-70 s for base on an H200,
-# bench/results/trainer_compile.json) and ~30 s of steady state; the default list takes ~7.5 min.
+# experiments/compile_scope/results/trainer_compile.json) and ~30 s of steady state; the default list takes
+# ~7.5 min a repeat.
 SIZES = {
     "tiny": (60, 60, 2),
     "base": (95, 400, 5),
@@ -100,11 +110,29 @@ PADDING = {  # batch padding: 4 padded lengths with ~30% padding, or 11 with ~13
     "p64": ["data.pad_to_frames=64", "data.num_buckets=30"],
     "pk": ["data.pack_to_frames=2048", "data.max_cut_duration=20.48"],  # packed rows of 20.48 s, one shape
 }
+VARIED = (
+    "a fresh trainer process each repeat, same corpus, seed and batches; repeats after the first reuse the "
+    "variant's inductor cache"
+)
 HOP_S = 0.01  # feature frame shift of the corpus (data.features.frame_shift_ms=10)
 PROBE_FRAMES = 256  # the utterance the FLOPs are counted on: 2.56 s
 
 
-FLAGS = ("s8", "ac", "fsdp", "p64", "pk", "xs", "tri", "fx", "fc", "fb", "cg")  # each explained in the module docstring
+FLAGS = (
+    "s8",
+    "ac",
+    "fsdp",
+    "p64",
+    "pk",
+    "xs",
+    "tri",
+    "fx",
+    "fc",
+    "fb",
+    "cg",
+    "ea",
+    "wh",
+)  # each explained in the module docstring
 NAME_PATTERN = "SIZE" + "".join(f"[_{flag}]" for flag in FLAGS) + "[_dSECONDS]"
 
 
@@ -123,6 +151,8 @@ class Variant:
     fused_conv: bool  # model.conv_impl=triton
     fixed_shapes: bool  # data.fixed_batch_shapes=true
     cuda_graphs: bool  # trainer.compile_mode=reduce-overhead (with fixed shapes)
+    eager: bool  # trainer.compile=false
+    whole: bool  # trainer.compile_scope=whole
     max_duration: int | None  # seconds of audio per batch; None = the size's (SIZES)
 
 
@@ -134,11 +164,13 @@ def parse_variant(name: str) -> Variant:
         raise SystemExit(f"unknown variant {name!r}: {NAME_PATTERN} with SIZE in {sorted(SIZES)}")
     if "pk" in flags and ({"p64", "fb"} & set(flags)):
         raise SystemExit(f"variant {name!r}: _pk fixes the batch shape itself, and not with _p64 or _fb")
+    if "ea" in flags and ({"cg", "wh"} & set(flags)):
+        raise SystemExit(f"variant {name!r}: _ea trains eager, so not with _cg or _wh (compile settings)")
     padding = "p64" if "p64" in flags else "pk" if "pk" in flags else "p256"
     return Variant(size, 8 if "s8" in flags else 4, "ac" in flags, "fsdp" in flags,
                    padding, "xs" in flags, "tri" in flags, "fx" in flags, "fc" in flags,
                    ("fb" in flags or "cg" in flags) and "pk" not in flags, "cg" in flags,
-                   durations[0] if durations else None)  # fmt: skip
+                   "ea" in flags, "wh" in flags, durations[0] if durations else None)  # fmt: skip
 
 
 def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
@@ -165,7 +197,7 @@ def flops_per_audio_second(size: str, factor: int, vocab: int = 512) -> float:
 
 def measure_peak() -> float:
     """The bf16 matmul peak (FLOP/s), in a process of its own so this one never holds GPU memory."""
-    code = "import sys; sys.path.insert(0, 'bench'); import torch; from train_throughput import measure_peak; "
+    code = "import torch; from tools.train_step import measure_peak; "
     code += "print(measure_peak(torch.device('cuda')))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -236,7 +268,9 @@ def command(name: str, args, exp: Path, world: int = 1) -> list[str]:
     if args.dry_run:  # compiling on a CPU takes minutes (experiments/compile_scope); fp32 as CPU runs train
         overrides += ["trainer.device=cpu", "trainer.precision=fp32", "trainer.compile=false"]
     else:
-        overrides += ["trainer.precision=bf16", "trainer.compile=true"]
+        overrides += ["trainer.precision=bf16", f"trainer.compile={str(not v.eager).lower()}"]
+    if v.whole:
+        overrides.append("trainer.compile_scope=whole")
     if v.factor == 8:
         overrides += ["model.subsampling_factor=8", "model.chunk_size=100"]
     if v.ac:
@@ -260,12 +294,15 @@ def command(name: str, args, exp: Path, world: int = 1) -> list[str]:
     return [*launcher, "usmkit.cli.train", *overrides]
 
 
-def run_variant(name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None, world: int = 1) -> dict:
+def run_variant(
+    name: str, args, work: Path, peak: float | None, gpu: GpuSampler | None, world: int = 1, rep: int = 0
+) -> dict:
+    """One launch of variant ``name`` on ``world`` GPUs (repeat ``rep``: its own experiment folder and log)."""
     v = parse_variant(name)
     budget = SIZES[v.size][0] * args.budget_scale * (1.5 if v.cuda_graphs else 1.0)
-    exp = work / f"{name}_x{world}"
+    exp = work / f"{name}_x{world}_r{rep}"
     metrics = exp / "metrics.jsonl"
-    log_path = work / f"{name}_x{world}.log"
+    log_path = work / f"{name}_x{world}_r{rep}.log"
     cmd = command(name, args, exp, world)
     env = _env(TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor_{name}"))
     if v.expandable:
@@ -353,6 +390,7 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="CPU, model=tiny (and tiny_fsdp), no compile")
     ap.add_argument("--world-sizes", default="1", help="comma-separated GPU counts to run every variant on")
     ap.add_argument("--json", default=None)
+    add_repeats_argument(ap)
     args = ap.parse_args()
     if args.dry_run:
         variants = (args.variants or "tiny,tiny_fsdp").split(",")
@@ -379,6 +417,7 @@ def main() -> None:
         corpus_and_features_s=prep_s,
         manifest_dir=args.manifest_dir,
         num_workers=args.num_workers,
+        repeats=args.repeats,
         variants={},
     )
     gpu = None if args.dry_run else GpuSampler()
@@ -390,33 +429,42 @@ def main() -> None:
                     if world == 1 and baseline != name and len(worlds) > 1:
                         continue  # compared with the plain twin's 1-GPU launch
                     key = name if worlds == [1] else f"{name}_x{world}"
-                    r = run_variant(name, args, Path(tmp), peak, gpu, world) | {"world_size": world}
+                    r = repeat(
+                        lambda i, name=name, world=world: run_variant(name, args, Path(tmp), peak, gpu, world, i),
+                        args.repeats,
+                        VARIED,
+                    ) | {"world_size": world}
                     base = result["variants"].get(f"{baseline}_x1", {}).get("audio_h_per_gpu_h")
                     if world > 1 and base and r.get("audio_h_per_gpu_h"):
                         r["scaling_efficiency"] = round(r["audio_h_per_gpu_h"] / base, 3)
                         r["scaling_baseline"] = f"{baseline}_x1"
                     result["variants"][key] = r
-                    print(f"{key:14s} {json.dumps(r)}", flush=True)
+                    print(f"{key:14s} {json.dumps({k: x for k, x in r.items() if k != 'repeats'})}", flush=True)
                     write_result(json_path, result)
     finally:
         if gpu is not None:
             gpu.stop()
     result["total_s"] = round(time.time() - t0, 1)
     write_result(json_path, result)
-    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'scaling':>7s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s} {'cache frees':>11s}"
+    head = f"{'variant':14s} {'audio h/GPU-h':>13s} {'min-max':>11s} {'scaling':>7s} {'loader wait':>11s} {'GPU busy':>8s} {'peak GiB':>8s} {'MFU':>6s} {'ceiling':>8s} {'1st log s':>9s} {'cache frees':>11s}"
     print("\n" + head)
     for name, r in result["variants"].items():
         if "error" in r:
             print(f"{name:14s} {r['error'][:100]}")
             continue
 
+        def spread(r, key):
+            lo, hi = r.get("repeats", {}).get("min", {}).get(key), r.get("repeats", {}).get("max", {}).get(key)
+            return f"{lo:.0f}-{hi:.0f}" if lo is not None else "-"
+
         def cell(key, fmt, r=r):
             return format(r[key], fmt) if r.get(key) is not None else "-"
 
         print(
-            f"{name:14s} {cell('audio_h_per_gpu_h', 'd'):>13s} {cell('scaling_efficiency', '.2f'):>7s} {cell('loader_wait', '.1%'):>11s} "
+            f"{name:14s} {cell('audio_h_per_gpu_h', '.0f'):>13s} {spread(r, 'audio_h_per_gpu_h'):>11s} "
+            f"{cell('scaling_efficiency', '.2f'):>7s} {cell('loader_wait', '.1%'):>11s} "
             f"{cell('gpu_busy', '.0%'):>8s} {cell('peak_mem_gib', '.1f'):>8s} {cell('mfu', '.1%'):>6s} "
-            f"{cell('ceiling_audio_h_per_gpu_h', 'd'):>8s} {cell('first_log_s', '.0f'):>9s} "
+            f"{cell('ceiling_audio_h_per_gpu_h', '.0f'):>8s} {cell('first_log_s', '.0f'):>9s} "
             f"{cell('alloc_retries_steady', '.0f'):>11s}"
         )
     print(f"total {result['total_s']:.0f} s (corpus and features {prep_s:.0f} s); JSON: {json_path}")

@@ -14,9 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import run_header  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.results import run_header  # noqa: E402
 from usmkit.training.curves import read_metrics  # noqa: E402
 
 SERIES = {  # metrics.jsonl key -> what the plot calls it

@@ -17,8 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import run_header, write_result  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.results import run_header, write_result  # noqa: E402
 
 SPLITS = ("dev_wer", "test_wer", "test_8k_wer")
 

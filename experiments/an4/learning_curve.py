@@ -25,10 +25,10 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from combine_seeds import read_report  # noqa: E402
-from common import run_header  # noqa: E402
 
+from tools.results import run_header  # noqa: E402
 from usmkit.training.curves import plot_training_curves, read_metrics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

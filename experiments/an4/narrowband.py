@@ -15,7 +15,7 @@ augmentation (from the first step, and from epoch 10 at full and half probabilit
         late_half=exp/an4_nbh
 
 A folder whose runs were also scored on ``test_tel`` (test through a telephone line: ``decode/<run>/<decode>_tel.json``,
-as ``experiments/an4/device_round.sh`` writes them) adds ``test_tel_wer`` to its rows and summary. ``--name`` names
+as ``experiments/an4/gpu_studies.sh`` writes them) adds ``test_tel_wer`` to its rows and summary. ``--name`` names
 the output files (default ``an4_narrowband``), ``--device`` the machine the runs trained on (default: this one),
 ``--command`` what trained them.
 """
@@ -29,9 +29,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from common import run_header  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.results import run_header  # noqa: E402
 from usmkit.training.curves import plot_training_curves, read_metrics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,7 +1,7 @@
 """What changes BEST-RQ's help at 10% of AN4's labels (the frozen start: encoder frozen 500 steps, then at half the
-learning rate): the pre-training pool (``experiments/an4/device_round.sh`` ROUND=6 and 7: AN4 train audio with and
-without the synthesizer's English corpus), the masking and the encoder's size (ROUND=8 and 9). Combines the recipe
-folders those rounds leave into one JSON (reports, each run's dev curve, each pre-training's last loss, accuracy
+learning rate): the pre-training pool (``experiments/an4/gpu_studies.sh synth_pool`` and ``synth_pool_seed1``: AN4 train audio
+with and without the synthesizer's English corpus), the masking and the encoder's size (``masking_size`` and
+``masking_more``). Combines the recipe folders those studies leave into one JSON (reports, each run's dev curve, each pre-training's last loss, accuracy
 and code perplexity) and two plots. Scores nothing: it reads what the recipe scored.
 
     PYTHONPATH=. python experiments/an4/pretrain_study.py --runs syn=exp/g/syn an=exp/g/an s10=exp/g/s10 \
@@ -24,11 +24,11 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_header  # noqa: E402
 from narrowband import dev_curve, plot_dev_curves  # noqa: E402
 
+from tools.results import run_header  # noqa: E402
 from usmkit.training.curves import read_metrics  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

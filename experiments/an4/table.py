@@ -1,6 +1,6 @@
 """The AN4 results table: every seed's row of the staged recipe's reports, and each table row's mean +- sd.
 
-    PYTHONPATH=. python experiments/an4/table.py            # -> bench/results/an4.json, and the table printed
+    PYTHONPATH=. python experiments/an4/table.py            # -> experiments/an4/results/an4_table.json, and the table printed
 
 Each table row names the recipe reports it pools (``FILE`` or ``FILE#NAME`` for the report ``NAME`` of a study
 file that holds several) and the variant it takes from them; every run of that variant is one seed's row
@@ -17,18 +17,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from combine_seeds import combine, read_report  # noqa: E402
-from common import RESULTS as BENCH_RESULTS  # noqa: E402
-from common import run_header, write_result  # noqa: E402
+
+from tools.results import run_header, write_result  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "results"
-GPU = "an4_gpu_pool17.json"  # the rows trained on one H200 (experiments/an4/device_round.sh)
-COPIES = (
-    "an4_narrowband_copies.json"  # its rounds 3-5: the narrowband copies, 4000 steps (experiments/an4/narrowband.py)
-)
-SYNTH = "an4_synth_pool.json"  # its rounds 6-7: the pre-training pool at 10% (experiments/an4/pretrain_study.py)
-MASKING = "an4_masking_size.json"  # its rounds 8-9: the masking and the encoder's size at 10%
+# The GPU studies' files (experiments/an4/gpu_studies.sh STUDY):
+GPU = "an4_gpu_pool17.json"  # pool17, pool17_more: the rows trained on one H200
+COPIES = "an4_narrowband_copies.json"  # narrowband, narrowband4000, las4000 (experiments/an4/narrowband.py)
+SYNTH = "an4_synth_pool.json"  # synth_pool, synth_pool_seed1: the pool at 10% (experiments/an4/pretrain_study.py)
+MASKING = "an4_masking_size.json"  # masking_size, masking_more: the masking and the encoder's size at 10%
 FROZEN = "frozen 500 steps, then at half the learning rate"
 
 
@@ -295,7 +294,7 @@ def markdown(rows: tuple[Row, ...], summaries: dict[str, list[dict]]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=HERE, help="the folder of the recipe reports")
-    ap.add_argument("--json", type=Path, default=BENCH_RESULTS / "an4.json")
+    ap.add_argument("--json", type=Path, default=HERE / "an4_table.json")
     args = ap.parse_args()
     rows, summaries = [], {}
     for row in ROWS:

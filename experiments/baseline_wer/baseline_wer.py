@@ -31,7 +31,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.common import REPO, result_path, run_header
+from tools.results import REPO, result_path, run_header
 
 RESULTS = result_path(__file__)
 

@@ -15,7 +15,7 @@ import usmkit.cli  # noqa: F401  (first: the OpenMP wait policy of the entry poi
 import argparse
 import collections
 
-from bench.common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 from usmkit.data.loader import split_loader
 from usmkit.inference.batches import transcribe_batches
 from usmkit.inference.evaluate import EvalConfig, build_word_decoder

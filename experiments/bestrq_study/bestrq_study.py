@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import REPO, result_path, run_header
+from tools.results import REPO, result_path, run_header
 
 RESULTS = result_path(__file__)
 EXP = "exp/study"

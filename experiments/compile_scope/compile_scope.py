@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.common import result_path, run_header, write_result  # noqa: E402
+from tools.results import result_path, run_header, write_result  # noqa: E402
 from usmkit.data.batch import Batch  # noqa: E402
 from usmkit.models.asr import AsrHeadConfig, AsrModel  # noqa: E402
 from usmkit.models.conformer import ConformerEncoder  # noqa: E402

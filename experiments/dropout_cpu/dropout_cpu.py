@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from bench.common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead, ctc_loss
 from usmkit.models.dropout import Dropout

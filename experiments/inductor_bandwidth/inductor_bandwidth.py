@@ -29,9 +29,7 @@ os.environ["TORCHINDUCTOR_PROFILE"] = "1"
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor_cache_")
 
 import argparse  # noqa: E402
-import sys  # noqa: E402
 from collections import defaultdict  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 import torch._inductor.config  # noqa: E402
@@ -55,9 +53,8 @@ def _noting_run(self, *args, stream, **kwargs):
 
 triton_heuristics.DebugAutotuner.run = _noting_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # the step of bench/train_throughput.py
-
-from train_throughput import (  # noqa: E402
+from tools.results import result_path, run_header, write_result  # noqa: E402
+from tools.train_step import (  # noqa: E402  (the step of bench/train_throughput.py)
     SHAPES,
     OursCTC,
     TorchaudioCTC,
@@ -66,8 +63,6 @@ from train_throughput import (  # noqa: E402
     make_batch,
     make_step,
 )
-
-from bench.common import result_path, run_header, write_result  # noqa: E402
 
 
 def copy_bandwidth() -> float:

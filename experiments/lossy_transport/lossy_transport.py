@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from bench.common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 from usmkit.data.config import FeatureConfig
 from usmkit.data.corpora.common import default_corpus_dir
 from usmkit.data.corpora.pack import PackSettings

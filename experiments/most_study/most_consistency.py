@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import torch
 
-from bench.common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 
 KEYS = ("consistency_rel", "loss_consistency", "dur_abs_log_err", "align_ok_frac")
 

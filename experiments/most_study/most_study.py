@@ -57,7 +57,8 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import REPO, last_step, result_path, run_header, write_result
+from tools.results import REPO, result_path, run_header, write_result
+from tools.train_runs import last_step
 
 TEST_SETS = ("test", "test_textonly")
 

@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from bench.common import result_path, run_header, write_result
+from tools.results import result_path, run_header, write_result
 
 INPUTS = (
     "speech",

@@ -33,7 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import bench_train_config, run_header, write_result
+from tools.results import run_header, write_result
+from tools.train_runs import bench_train_config
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 LAUNCH_CATS = {"cuda_runtime", "cuda_driver"}

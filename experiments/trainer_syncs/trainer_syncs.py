@@ -23,7 +23,8 @@ import traceback
 import warnings
 from pathlib import Path
 
-from bench.common import bench_train_config, run_header, write_result
+from tools.results import run_header, write_result
+from tools.train_runs import bench_train_config
 
 
 def _frame(f: traceback.FrameSummary) -> str:

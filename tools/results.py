@@ -1,10 +1,9 @@
-"""What every benchmark and study shares: the head of its JSON (command, device, date, torch) and where results go.
+"""The head of a benchmark's or study's JSON (command, device, date, torch) and where results go.
 
 Each script writes ``<its folder>/results/<script>[_variant].json`` (``bench/results/`` for the suite,
 ``experiments/<study>/results/`` for a study) whose first keys come from ``run_header``, so
 ``bench/README.md`` and ``experiments/README.md`` can index every result by the command that made it,
-the device and the date. Run scripts from the repository root: ``PYTHONPATH=. python bench/<script>.py ...``;
-studies import this module as ``bench.common``.
+the device and the date. Run scripts from the repository root: ``PYTHONPATH=. python bench/<script>.py ...``.
 """
 
 from __future__ import annotations
@@ -73,28 +72,3 @@ def write_result(path: str | os.PathLike, result: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
-
-
-def last_step(exp_dir: Path) -> int:
-    """The last step a training run logged in its ``metrics.jsonl`` (below its ``trainer.max_steps`` when
-    ``trainer.max_minutes`` stopped it)."""
-    rows = [json.loads(x) for x in (Path(exp_dir) / "metrics.jsonl").read_text().splitlines()]
-    return max((r["step"] for r in rows), default=0)
-
-
-def bench_train_config(name: str, steps: int, overrides: list[str]):
-    """The typed config and its YAML (what ``usmkit.training.recipe.run`` takes) of ``python -m usmkit.cli.train
-    <overrides>`` run for ``steps`` steps with no evaluation, checkpoints or progress bar in a fresh
-    ``/tmp/<name>_<time>``: for benchmarks that run the trainer in their own process."""
-    import time
-
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from usmkit.config import TrainConfig, from_dict
-
-    overrides = [*overrides, f"trainer.max_steps={steps}", "trainer.eval_every=0", "trainer.save_every=0",
-                 "trainer.progress=false", f"trainer.exp_dir=/tmp/{name}_{int(time.time())}"]  # fmt: skip
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        container = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)
