@@ -34,37 +34,51 @@ FROZEN = "frozen 500 steps, then at half the learning rate"
 @dataclass(frozen=True)
 class Row:
     """One line of the table: ``label``, the reports it pools, the variant taken from them, the decoding
-    whose WER is the line's best (``best``; greedy is always shown beside it), and whether the README's short
-    table shows it (``readme``; every row is in the JSON)."""
+    whose WER is the line's best (``best``; greedy is always shown beside it), and which of the README's short
+    tables shows it (``group``, a key of ``GROUPS``, under the label ``short``; every row is in the JSON)."""
 
     key: str
     label: str
     reports: tuple[str, ...]
     variant: str
     best: str = "ctc_lexicon"
-    readme: bool = True
+    group: str = ""
+    short: str = ""
+
+
+# The README's tables, one per training budget and machine: (key, heading).
+GROUPS = (
+    ("cpu2000", "2000 steps, 2 CPU cores, all labels"),
+    ("gpu2000", "2000 steps, one H200, all labels"),
+    ("cpu_longer", "Longer training, 2 CPU cores"),
+    ("gpu4000", "4000 steps, one H200"),
+    ("cpu_fewer", "Fewer labels, 2000 steps, 2 CPU cores"),
+)
 
 
 ROWS = (
-    Row("scratch", "from scratch", ("an4_narrowband.json#default",), "scratch"),
+    Row("scratch", "from scratch", ("an4_narrowband.json#default",), "scratch", group="cpu2000", short="from scratch"),
     Row(
         "scratch_packed",
         "from scratch, on packed rows (`data.pack_to_frames=1024`)",
         ("an4_packed_cpu.json",),
         "scratch",
-        readme=False,
     ),
     Row(
         "cb1",
         "from a BEST-RQ encoder (the first: 1 codebook, 1000 x 100 s on AN4 train audio, 0.7 h)",
         ("an4_cb1_cpu.json", "an4_cb1_p1_cpu.json"),
         "cb1",
+        group="cpu2000",
+        short="BEST-RQ encoder A",
     ),
     Row(
         "cb1_pool17",
         "from a second BEST-RQ encoder, pre-trained longer on more audio (3000 x 200 s on AN4 + Kathleen, 1.7 h; H200)",
         (f"{GPU}#cb1",),
         "cb1",
+        group="gpu2000",
+        short="BEST-RQ encoder B",
     ),
     Row(
         "las_ctc03",
@@ -72,7 +86,6 @@ ROWS = (
         ("an4_las_cpu.json",),
         "las",
         "lexicon_rescore",
-        readme=False,
     ),
     Row(
         "las_ctc07",
@@ -80,6 +93,8 @@ ROWS = (
         ("an4_las07_cpu.json",),
         "las",
         "lexicon_rescore",
+        group="cpu2000",
+        short="joint CTC/LAS from encoder A, CTC weight 0.7",
     ),
     Row(
         "las_pool17",
@@ -87,7 +102,6 @@ ROWS = (
         (f"{GPU}#las",),
         "las",
         "lexicon_rescore",
-        readme=False,
     ),
     Row(
         "las_pool17_sp",
@@ -95,30 +109,46 @@ ROWS = (
         (f"{GPU}#lsp",),
         "las",
         "lexicon_rescore",
+        group="gpu2000",
+        short="joint CTC/LAS from B, speed perturbation",
     ),
-    Row("scratch_h200", "from scratch (H200)", (f"{COPIES}#default",), "scratch", readme=False),
-    Row("scratch_4000", "from scratch, 4000 steps", ("an4_steps4000_cpu.json",), "scratch"),
-    Row("scratch_6000", "from scratch, 6000 steps", ("an4_steps6000_cpu.json",), "scratch"),
-    Row("scratch_4000_h200", "from scratch, 4000 steps (H200)", (f"{COPIES}#steps4000",), "scratch", readme=False),
+    Row("scratch_h200", "from scratch (H200)", (f"{COPIES}#default",), "scratch"),
+    Row(
+        "scratch_4000",
+        "from scratch, 4000 steps",
+        ("an4_steps4000_cpu.json",),
+        "scratch",
+        group="cpu_longer",
+        short="from scratch, 4000 steps",
+    ),
+    Row(
+        "scratch_6000",
+        "from scratch, 6000 steps",
+        ("an4_steps6000_cpu.json",),
+        "scratch",
+        group="cpu_longer",
+        short="from scratch, 6000 steps",
+    ),
+    Row("scratch_4000_h200", "from scratch, 4000 steps (H200)", (f"{COPIES}#steps4000",), "scratch"),
     Row(
         "scratch_copies_h200",
         "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`; H200)",
         (f"{COPIES}#copies",),
         "scratch",
-        readme=False,
     ),
     Row(
         "scratch_copies_4000_h200",
         "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`), 4000 steps (H200)",
         (f"{COPIES}#copies4000",),
         "scratch",
-        readme=False,
     ),
     Row(
         "scratch_copies_6000",
         "from scratch, on train and its 8 kHz-channel copy (`--narrowband-copies`), 6000 steps",
         ("an4_copies6000_cpu.json#copies6000",),
         "scratch",
+        group="cpu_longer",
+        short="from scratch + 8 kHz copies, 6000 steps",
     ),
     Row(
         "las_h200",
@@ -126,7 +156,6 @@ ROWS = (
         (f"{COPIES}#las",),
         "las",
         "lexicon_rescore",
-        readme=False,
     ),
     Row(
         "las_4000_h200",
@@ -134,7 +163,6 @@ ROWS = (
         (f"{COPIES}#las4000",),
         "las",
         "lexicon_rescore",
-        readme=False,
     ),
     Row(
         "las_copies_h200",
@@ -142,7 +170,6 @@ ROWS = (
         (f"{COPIES}#las_copies",),
         "las",
         "lexicon_rescore",
-        readme=False,
     ),
     Row(
         "las_copies_4000_h200",
@@ -150,109 +177,127 @@ ROWS = (
         (f"{COPIES}#las_copies4000",),
         "las",
         "lexicon_rescore",
+        group="gpu4000",
+        short="joint CTC/LAS from an A-type encoder + 8 kHz copies",
     ),
     Row(
         "scratch_otf",
         "from scratch, features computed on the fly (the augmentation's feature path, no augmentation)",
         ("an4_features_otf_cpu.json",),
         "scratch",
+        group="cpu2000",
+        short="from scratch, features computed on the fly",
     ),
     Row(
         "scratch_aug",
         "from scratch, waveform augmentation (narrowband, low-pass, reverb) from epoch 10",
         ("an4_narrowband.json#late",),
         "scratch",
+        group="cpu2000",
+        short="from scratch, waveform augmentation from epoch 10",
     ),
-    Row("scratch_10", "10% of the labels (7 speakers), from scratch", ("an4_labels10.json",), "scratch"),
-    Row("scratch_10_h200", "10% of the labels, from scratch (H200)", (f"{GPU}#s10",), "scratch", readme=False),
+    Row(
+        "scratch_10",
+        "10% of the labels (7 speakers), from scratch",
+        ("an4_labels10.json",),
+        "scratch",
+        group="cpu_fewer",
+        short="10% of the labels (7 speakers), from scratch",
+    ),
+    Row("scratch_10_h200", "10% of the labels, from scratch (H200)", (f"{GPU}#s10",), "scratch"),
     Row(
         "scratch_10_h200_fp32",
         "10% of the labels, from scratch, fp32 (`trainer.precision=fp32`; H200)",
         ("an4_labels10_fp32_h200.json",),
         "scratch",
-        readme=False,
     ),
-    Row("cb1_10", "10% of the labels, from the first encoder", ("an4_labels10.json",), "cb1", readme=False),
-    Row("cb1p_10", "10% of the labels, from the second encoder (H200)", (f"{GPU}#l10",), "cb1", readme=False),
+    Row("cb1_10", "10% of the labels, from the first encoder", ("an4_labels10.json",), "cb1"),
+    Row("cb1p_10", "10% of the labels, from the second encoder (H200)", (f"{GPU}#l10",), "cb1"),
     Row(
         "cb1p_10_frozen_cpu",
         "10% of the labels, from the second encoder, frozen 500 steps, then at half the learning rate",
         ("an4_labels10_frozen_cpu.json",),
         "cb1",
+        group="cpu_fewer",
+        short="10%, encoder B, frozen 500 steps, then lr / 2",
     ),
     Row(
         "cb1p_10_frozen",
         "10% of the labels, from the second encoder, frozen 500 steps, then at half the learning rate (H200)",
         (f"{GPU}#l10f",),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1p_10_frozen1000",
         "10% of the labels, from the second encoder, frozen 1000 steps, then at a quarter (H200)",
         (f"{GPU}#l10g",),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_10_an4_frozen",
         f"10% of the labels, BEST-RQ 1000 x 100 s on AN4 train audio, {FROZEN} (H200)",
         (f"{SYNTH}#an", f"{SYNTH}#an1"),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_10_synth_frozen",
         f"10% of the labels, BEST-RQ on AN4 train audio + 7.8 h of synthetic English, {FROZEN} (H200)",
         (f"{SYNTH}#syn", f"{SYNTH}#syn1"),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_synth",
         "from the BEST-RQ encoder of AN4 train audio + synthetic English (H200)",
         (f"{SYNTH}#syn100",),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_10_mask05",
         f"10% of the labels, BEST-RQ on AN4 train audio, masked spans from 0.5% of the frames, {FROZEN} (H200)",
         (f"{MASKING}#mk05",),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_10_mask2",
         f"10% of the labels, BEST-RQ on AN4 train audio, masked spans from 2% of the frames, {FROZEN} (H200)",
         (f"{MASKING}#mk2", f"{MASKING}#mk21"),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_10_mask4",
         f"10% of the labels, BEST-RQ on AN4 train audio, masked spans from 4% of the frames, {FROZEN} (H200)",
         (f"{MASKING}#mk4",),
         "cb1",
-        readme=False,
     ),
     Row(
         "cb1_10_d256",
         f"10% of the labels, a d256 x 12 encoder (20M), BEST-RQ on AN4 train audio, {FROZEN} (H200)",
         (f"{MASKING}#big",),
         "cb1",
-        readme=False,
     ),
     Row(
         "scratch_10_d256",
         "10% of the labels, a d256 x 12 encoder (20M), from scratch (H200)",
         (f"{MASKING}#bigs",),
         "scratch",
-        readme=False,
     ),
-    Row("scratch_30", "30% of the labels (20 speakers), from scratch", ("an4_labels30.json",), "scratch"),
-    Row("cb1_30", "30% of the labels, from the first encoder", ("an4_labels30.json",), "cb1"),
-    Row("cb1p_30", "30% of the labels, from the second encoder (H200)", (f"{GPU}#l30",), "cb1", readme=False),
+    Row(
+        "scratch_30",
+        "30% of the labels (20 speakers), from scratch",
+        ("an4_labels30.json",),
+        "scratch",
+        group="cpu_fewer",
+        short="30% of the labels (20 speakers), from scratch",
+    ),
+    Row(
+        "cb1_30",
+        "30% of the labels, from the first encoder",
+        ("an4_labels30.json",),
+        "cb1",
+        group="cpu_fewer",
+        short="30%, encoder A",
+    ),
+    Row("cb1p_30", "30% of the labels, from the second encoder (H200)", (f"{GPU}#l30",), "cb1"),
 )
 
 
@@ -273,11 +318,19 @@ def cell(entry: dict | None, split: str = "test_wer") -> str:
 
 
 def markdown(rows: tuple[Row, ...], summaries: dict[str, list[dict]]) -> str:
+    """The README's tables: one per ``GROUPS`` entry, under its heading."""
+    lines = []
+    for key, heading in GROUPS:
+        lines += ["", f"**{heading}**", ""] + group_table([r for r in rows if r.group == key], summaries)
+    return "\n".join(lines[1:])
+
+
+def group_table(rows: list[Row], summaries: dict[str, list[dict]]) -> list[str]:
     lines = [
         "| AN4 `tiny` model | test WER, best decoding | greedy | 8 kHz channel, best | runs |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for row in (r for r in rows if r.readme):
+    for row in rows:
         by = {e["decode"]: e for e in summaries[row.key]}
         best = by.get(row.best)
         runs = best["runs"] if best else 0
@@ -286,9 +339,9 @@ def markdown(rows: tuple[Row, ...], summaries: dict[str, list[dict]]) -> str:
             f" ({len(seeds)} pre-training x {runs // len(seeds)} fine-tuning seeds)" if len(seeds) > 1 else ""
         )
         lines.append(
-            f"| {row.label} | {cell(best)} | {cell(by.get('ctc_greedy'))} | {cell(best, 'test_8k_wer')} | {over} |"
+            f"| {row.short} | {cell(best)} | {cell(by.get('ctc_greedy'))} | {cell(best, 'test_8k_wer')} | {over} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> None:
