@@ -88,13 +88,12 @@ def bench_train_config(name: str, steps: int, overrides: list[str]):
     ``/tmp/<name>_<time>``: for benchmarks that run the trainer in their own process."""
     import time
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    import yaml
 
+    from usmkit.cli.compose import compose_train
     from usmkit.config import TrainConfig, from_dict
 
     overrides = [*overrides, f"trainer.max_steps={steps}", "trainer.eval_every=0", "trainer.save_every=0",
                  "trainer.progress=false", f"trainer.exp_dir=/tmp/{name}_{int(time.time())}"]  # fmt: skip
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        container = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)
+    container = compose_train(overrides, command="bench")
+    return from_dict(TrainConfig, container), yaml.safe_dump(container, sort_keys=False)
