@@ -68,7 +68,9 @@ def model_shorthand(arg: str) -> str:
     from usmkit.models.presets import PRESETS
 
     if name not in PRESETS:
-        raise ConfigError(f"model={name}: no such encoder preset; choose one of {', '.join(PRESETS)} (usmkit.cli.train)")
+        raise ConfigError(
+            f"model={name}: no such encoder preset; choose one of {', '.join(PRESETS)} (usmkit.cli.train)"
+        )
     return f"model.preset={name}"
 
 

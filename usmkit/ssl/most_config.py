@@ -70,7 +70,7 @@ class MostConfig:
     # text predicts, so the shared blocks learn to read text frames as unsure as speech frames are.
     text_noise: float = 0.0
     unlabeled_split: str = "unlabeled"
-    text_only: str | None = None  # JSON lines of {"text", "language"}; null = <data.manifest_dir>/<data.corpus>_text_only.jsonl.gz
+    text_only: str | None = None  # JSON lines of {"text", "language"}; null = <corpus>_text_only.jsonl.gz
     unlabeled_ratio: float = 1.0  # each stream's batch holds <ratio> * data.max_duration seconds
     paired_ratio: float = 1.0
     text_ratio: float = 1.0  # a sentence counts as tokens * text_seconds_per_token seconds
