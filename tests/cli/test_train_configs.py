@@ -81,3 +81,31 @@ def test_model_names_a_preset_and_an_unknown_one_is_named():
     assert cfg.model.preset == "base"
     with pytest.raises(ConfigError, match="model=huge: no such encoder preset; choose one of tiny, small"):
         composed(["model=huge"], has_gpu=True)
+
+
+def test_each_check_of_the_run_directory_runs_once_per_launch(monkeypatch, tmp_path):
+    """``check_experiment_dir`` and ``check_resume_config`` run once, in the recipe's checks, before the log file
+    is opened in the directory."""
+    import logging
+    import sys
+
+    from usmkit.checkpointing.output_dir import check_experiment_dir
+    from usmkit.cli import train
+    from usmkit.training.recipe import TrainingRecipe
+    from usmkit.training.resume_config import check_resume_config
+
+    calls = []
+    for original in (check_experiment_dir, check_resume_config):
+
+        def counted(*args, _original=original, **kwargs):
+            calls.append((_original.__name__, (tmp_path / "exp" / "train.log").exists()))
+            return _original(*args, **kwargs)
+
+        for module in list(sys.modules.values()):  # every module that imported it by name
+            if getattr(module, original.__name__, None) is original:
+                monkeypatch.setattr(module, original.__name__, counted)
+    monkeypatch.setattr(TrainingRecipe, "run", lambda self: {})
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # setup_logging replaces them: restored after
+    assert train.main(["recipe=stage3_ctc", f"trainer.exp_dir={tmp_path / 'exp'}", "trainer.device=cpu"]) == 0
+    assert sorted(calls) == [("check_experiment_dir", False), ("check_resume_config", False)]
