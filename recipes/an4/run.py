@@ -26,10 +26,10 @@ No stage named: all four, in order.
 - report: mean +- standard deviation over the seeds per variant and decoding, ensembles apart, and how
   many configurations were scored on test; every row to ``--report`` (bench/results/an4.json).
 
-Each step that succeeds leaves a record (its command) in ``OUT/steps/`` (``usmkit/recipes/steps.py``). A rerun skips the steps recorded
-with the same command and resumes a training run stopped part way, so a stage reruns alone and an
-interrupted stage goes on where it stopped; a step recorded with another command is refused (remove its
-record and its outputs to redo it). Logs: ``OUT/logs/<step>.log``.
+Each step that succeeds leaves a record (its command) in ``OUT/steps/`` (``usmkit/recipes/steps.py``). A rerun
+skips the steps recorded with the same command and resumes a training run stopped part way, so a stage reruns
+alone and an interrupted stage goes on where it stopped; a step recorded with another command is refused
+(remove its record and its outputs to redo it). Logs: ``OUT/logs/<step>.log``.
 
 Train on a GPU machine, decode on another (run both from the same folder with the same ``--out``: runs
 find their manifests by the relative path they were trained with):
