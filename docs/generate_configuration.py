@@ -4,12 +4,12 @@
     PYTHONPATH=. python docs/generate_configuration.py --check   # exit 1 when it is stale
 
 Every key of ``usmkit.config.TrainConfig`` (and the dataclasses nested in it) and of
-``usmkit.inference.evaluate.EvalConfig``, grouped by section: dotted key, type, the dataclass default, the
-value ``python -m usmkit.cli.train`` (or ``usmkit.cli.evaluate``) composes from ``usmkit/conf`` where it
-differs, and what the key does. The description is the source's own words, first found of: the comment lines
-right above the field and its trailing ``# comment``; the class docstring's item for it (``- ``key``: ...``);
-the comment on the key's line in ``usmkit/conf/*.yaml``. Tests regenerate the file and compare
-(``tests/test_docs.py``), so a config change that is not regenerated fails there.
+``usmkit.inference.evaluate.EvalConfig``, grouped by section: dotted key, type, the dataclass default (the one
+home of every default: ``usmkit/conf/train.yaml`` starts from it) and what the key does; then what each recipe
+and corpus of ``usmkit/conf`` changes. The description is the source's own words, first found of: the comment
+lines right above the field and its trailing ``# comment``; the class docstring's item for it (``- ``key``:
+...``); the comment on the key's line in the recipes' ``task.*`` keys or ``usmkit/conf/evaluate.yaml``. Tests
+regenerate the file and compare (``tests/test_docs.py``), so a config change that is not regenerated fails there.
 """
 
 from __future__ import annotations
@@ -51,23 +51,22 @@ unknown key or a bad value stops it with one `error: ...` line naming the key.
 
 How a training config is composed, last one winning:
 
-1. `usmkit/conf/train.yaml`, the base settings;
-2. its groups, each chosen by name: `recipe=stage1|stage2|stage3_ctc|stage3_las|stage3_joint`
-   (`conf/recipe/`, what is trained; default `stage3_ctc`), `model=tiny|small|base|large|usm600m|usm2b`
-   (`conf/model/`, the encoder size; default `tiny`) and `data=synth|an4|kathleen|fsdd` (`conf/data/`, the
-   corpus; default `synth`, the demo corpus `make demo` builds);
-3. the command line's overrides, e.g. `trainer.max_steps=3000 'model.overrides={d_model: 192}'`.
+1. the dataclasses' defaults, the tables below (`usmkit/conf/train.yaml` starts from them and sets nothing);
+2. the corpus, `data=synth|an4|kathleen|fsdd` (`conf/data/`; default `synth`, the demo corpus `make demo`
+   builds), and the recipe, `recipe=stage1|stage2|stage3_ctc|stage3_las|stage3_joint` (`conf/recipe/`, what is
+   trained; default `stage3_ctc`): each sets only what it changes, listed under [Recipes and corpora](#recipes-and-corpora);
+3. the command line's overrides, e.g. `trainer.max_steps=3000 'model.overrides={d_model: 192}'`. The encoder
+   size is `model.preset`; `model=small` is short for `model.preset=small`.
 
 On a machine without a GPU, a bare recipe (nothing named but the recipe and `init_from=`,
-`trainer.exp_dir=`, `data.manifest_dir=`, `resume=`) runs with settings that finish in minutes on two cores
-(`usmkit/training/cpu_defaults.py`); it prints them, and they are saved with the config that ran. Add
+`trainer.exp_dir=`, `data.manifest_dir=`, `resume=`) runs as `recipe=<recipe>_cpu`, the same recipe with
+settings that finish in minutes on two cores (`conf/recipe/<recipe>_cpu.yaml`); it prints them, and they are
+saved with the config that ran. Name one (`recipe=stage3_ctc_cpu`) to add settings of your own to it. Add
 `--cfg` to a command to print its composed config instead of running it, `--help` for its groups; every run
 saves the config it ran with beside its checkpoints.
 
-In the tables, *default* is the dataclass's and *composed* the value `python -m usmkit.cli.train` with no
-overrides starts from (`recipe=stage3_ctc model=tiny data=synth`; for `model.overrides`, the `tiny` preset),
-shown where the two differ. Recipes and groups set other values: see each YAML file. Usage beyond single keys
-(runs and checkpoints, tokenizers, decoding, data options, streaming) is in [usage.md](usage.md).
+Usage beyond single keys (runs and checkpoints, tokenizers, decoding, data options, streaming) is in
+[usage.md](usage.md).
 """
 
 EVAL_PREAMBLE = """\
@@ -139,10 +138,10 @@ def docstring_items(cls: type) -> tuple[dict[str, str], str]:
 
 
 def yaml_comments() -> dict[str, str]:
-    """``dotted.key -> comment`` from the comments on key lines of ``usmkit/conf/train.yaml``, of the recipes'
-    ``task.*`` keys and of ``evaluate.yaml`` (under ``evaluate.``). The groups' other comments describe
-    their own values, not the key. The first file wins."""
-    files = [CONF / "train.yaml", *sorted((CONF / "recipe").glob("*.yaml")), CONF / "evaluate.yaml"]
+    """``dotted.key -> comment`` from the comments on key lines of the recipes' ``task.*`` keys and of
+    ``usmkit/conf/evaluate.yaml`` (under ``evaluate.``). The groups' other comments describe their own values,
+    not the key. The first file wins."""
+    files = [*sorted((CONF / "recipe").glob("*.yaml")), CONF / "evaluate.yaml"]
     result: dict[str, str] = {}
     for path in files:
         prefix = "evaluate." if path.stem == "evaluate" else ""
@@ -207,31 +206,44 @@ def default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def _same_number(a: Any, b: Any) -> bool:
-    numbers = (int, float)
-    return isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and float(a) == float(b)
+def group_settings(path: Path) -> tuple[list[str], list[tuple[str, str]]]:
+    """What a recipe or corpus file of ``usmkit/conf`` sets: the configs it starts from (its defaults list)
+    and its ``(dotted key, value as written)`` pairs (interpolations left as written)."""
+    import yaml
 
+    node = yaml.safe_load(path.read_text()) or {}
+    bases = [str(b) for b in node.pop("defaults", []) if b != "_self_"]
+    prefix = "" if path.read_text().startswith("# @package _global_") else f"{path.parent.name}."
+    pairs: list[tuple[str, str]] = []
 
-def composed(config: str, overrides: list[str]) -> dict[str, Any]:
-    """The flattened config Hydra composes from ``usmkit/conf/<config>.yaml`` (interpolations left as written)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        container = OmegaConf.to_container(compose(config, overrides=overrides), resolve=False)
-    flat: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict) and node:
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict) and value and not key.endswith("overrides"):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else k)
         else:
-            flat[prefix[:-1]] = node
+            pairs.append((prefix + key, value_text(value)))
 
-    walk(container, "")
-    return flat
+    walk(node, "")
+    return bases, pairs
+
+
+def groups_section() -> list[str]:
+    """One row per recipe and corpus: what it changes from the defaults."""
+    out = [
+        "## Recipes and corpora",
+        "",
+        "What each `recipe=` and `data=` option of `usmkit/conf` sets; every other key keeps its default. "
+        "A `<recipe>_cpu` recipe is what a bare command runs on a machine without a GPU.",
+        "",
+        "| option | sets |",
+        "| --- | --- |",
+    ]
+    for group in ("recipe", "data"):
+        for path in sorted((CONF / group).glob("*.yaml")):
+            bases, pairs = group_settings(path)
+            sets = [f"{group} {b}'s settings, then" for b in bases] + [code_cell(f"{k}={v}") for k, v in pairs]
+            out.append(f"| `{group}={path.stem}` | {' '.join(sets)} |")
+    return out + [""]
 
 
 # -- the document ------------------------------------------------------------------------------------------
@@ -246,14 +258,12 @@ def code_cell(text: str) -> str:
     return f"`{text}`".replace("|", "\\|")
 
 
-def row(key: str, tp: Any, default: str, composed_value: str, description: str) -> str:
-    """One table row; ``composed_value`` is shown only where it differs from ``default``."""
-    shown = "" if composed_value in ("", default) else code_cell(composed_value)
-    return f"| `{key}` | {code_cell(type_name(tp))} | {code_cell(default)} | {shown} | {cell(description)} |"
+def row(key: str, tp: Any, default: str, description: str) -> str:
+    return f"| `{key}` | {code_cell(type_name(tp))} | {code_cell(default)} | {cell(description)} |"
 
 
 def section(
-    title: str, cls: type, prefix: str, yaml: dict[str, str], yaml_prefix: str, values: dict[str, Any]
+    title: str, cls: type, prefix: str, yaml: dict[str, str], yaml_prefix: str
 ) -> tuple[list[str], list[tuple[str, type, str]]]:
     """The markdown of one dataclass's keys, and its nested dataclasses (key prefix, class, YAML prefix)."""
     hints = typing.get_type_hints(cls)
@@ -262,7 +272,7 @@ def section(
     out = [f"## {title}", "", f"`{cls.__module__}.{cls.__qualname__}`", ""]
     for para in filter(None, prose.split("\n\n")):
         out += [re.sub(r"``([^`]+)``", r"`\1`", " ".join(para.split())), ""]
-    out += ["| key | type | default | composed | description |", "| --- | --- | --- | --- | --- |"]
+    out += ["| key | type | default | description |", "| --- | --- | --- | --- |"]
     nested = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
@@ -271,34 +281,28 @@ def section(
             continue
         default = default_of(f)
         default_s = "required" if default is dataclasses.MISSING else value_text(default)
-        value = values.get(key, dataclasses.MISSING)
-        if value is dataclasses.MISSING or value == "???" or _same_number(value, default):
-            value_s = ""  # not composed, required there too, or the same number written another way (0, 0.0)
-        else:
-            value_s = value_text(value)
         text = comments.get(f.name) or items.get(f.name) or yaml.get(f"{yaml_prefix}{f.name}", "")
-        out.append(row(key, hints[f.name], default_s, value_s, text))
+        out.append(row(key, hints[f.name], default_s, text))
     return out + [""], nested
 
 
 def document() -> str:
     yaml = yaml_comments()
     out = [PREAMBLE]
-    train = composed("train", [])
     todo: list[tuple[str, str, type, str]] = [("Top level", "", TrainConfig, "")]
     while todo:
         title, prefix, cls, yaml_prefix = todo.pop(0)
-        text, nested = section(title, cls, prefix, yaml, yaml_prefix, train)
+        text, nested = section(title, cls, prefix, yaml, yaml_prefix)
         out += text
         if cls is ModelSection:
             out += overrides_section()
         todo = [(f"`{p[:-1]}`", p, c, y) for p, c, y in nested] + todo
+    out += groups_section()
     out += ["# Evaluation", "", EVAL_PREAMBLE]
-    evaluate = composed("evaluate", [])
     todo = [("Top level (evaluation)", "", EvalConfig, "evaluate.")]
     while todo:
         title, prefix, cls, yaml_prefix = todo.pop(0)
-        text, nested = section(title, cls, prefix, yaml, yaml_prefix, evaluate)
+        text, nested = section(title, cls, prefix, yaml, yaml_prefix)
         out += text
         todo = [(f"`{p[:-1]}` (evaluation)", p, c, y) for p, c, y in nested] + todo
     return "\n".join(out).rstrip("\n") + "\n"
@@ -309,7 +313,8 @@ def overrides_section() -> list[str]:
     hints = typing.get_type_hints(ConformerConfig)
     comments = field_comments(ConformerConfig)
     own = {f.name for f in dataclasses.fields(ModelSection)} | {"input_dim"}  # set by model.* and the features
-    tiny = preset("tiny", input_dim=80)
+    default_preset = ModelSection().preset
+    sized = preset(default_preset, input_dim=80)
     out = [
         "## `model.overrides`",
         "",
@@ -317,19 +322,16 @@ def overrides_section() -> list[str]:
         "",
         "A mapping of any other encoder hyper-parameter, applied on top of the `model.preset` size "
         "(`usmkit/models/presets.py`), e.g. `'model.overrides={d_model: 192, num_layers: 6}'`. "
-        "`input_dim` comes from `data.features.num_mel_bins`. *preset*: the size preset sets it.",
+        f"`input_dim` comes from `data.features.num_mel_bins`. *default*: the default preset's (`{default_preset}`); "
+        "another preset sets its own.",
         "",
-        "| key | type | default | composed (`tiny`) | description |",
-        "| --- | --- | --- | --- | --- |",
+        "| key | type | default | description |",
+        "| --- | --- | --- | --- |",
     ]
     for f in dataclasses.fields(ConformerConfig):
         if f.name not in own:
-            default = default_of(f)
-            default_s = "preset" if default is dataclasses.MISSING else value_text(default)
             text = comments.get(f.name, "")
-            out.append(
-                row(f"model.overrides.{f.name}", hints[f.name], default_s, value_text(getattr(tiny, f.name)), text)
-            )
+            out.append(row(f"model.overrides.{f.name}", hints[f.name], value_text(getattr(sized, f.name)), text))
     return out + [""]
 
 

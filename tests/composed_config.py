@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import yaml
 
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
-
+from usmkit.cli.compose import compose_train
 from usmkit.config import TrainConfig, from_dict
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "usmkit" / "conf"
 
 
 def train_config(*overrides: str) -> tuple[TrainConfig, str]:
     """The typed config and its YAML (what ``usmkit.training.recipe.run`` takes), from Hydra overrides."""
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        dcfg = compose("train", overrides=list(overrides))
-    container = OmegaConf.to_container(dcfg, resolve=True)
-    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)
+    container = compose_train(list(overrides), command="tests")
+    return from_dict(TrainConfig, container), yaml.safe_dump(container, sort_keys=False)

@@ -6,8 +6,6 @@ import json
 import time
 from pathlib import Path
 
-from tools.results import REPO
-
 
 def last_step(exp_dir: Path) -> int:
     """The last step a training run logged in its ``metrics.jsonl`` (below its ``trainer.max_steps`` when
@@ -20,13 +18,12 @@ def bench_train_config(name: str, steps: int, overrides: list[str]):
     """The typed config and its YAML (what ``usmkit.training.recipe.run`` takes) of ``python -m usmkit.cli.train
     <overrides>`` run for ``steps`` steps with no evaluation, checkpoints or progress bar in a fresh
     ``/tmp/<name>_<time>``: for benchmarks that run the trainer in their own process."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    import yaml
 
+    from usmkit.cli.compose import compose_train
     from usmkit.config import TrainConfig, from_dict
 
     overrides = [*overrides, f"trainer.max_steps={steps}", "trainer.eval_every=0", "trainer.save_every=0",
                  "trainer.progress=false", f"trainer.exp_dir=/tmp/{name}_{int(time.time())}"]  # fmt: skip
-    with initialize_config_dir(str(REPO / "usmkit" / "conf"), version_base="1.3"):
-        container = OmegaConf.to_container(compose("train", overrides=overrides), resolve=True)
-    return from_dict(TrainConfig, container), OmegaConf.to_yaml(container)
+    container = compose_train(overrides, command="bench")
+    return from_dict(TrainConfig, container), yaml.safe_dump(container, sort_keys=False)

@@ -87,8 +87,8 @@ class OptimConfig:
     # (names starting ``encoder.``) learn at ``lr * encoder_lr_scale``, and not at all during the first
     # ``freeze_encoder_steps`` steps, so the randomly initialized head settles before its gradients
     # reach the encoder (fairseq's ``freeze_finetune_updates`` for wav2vec 2.0).
-    encoder_lr_scale: float = 1.0
-    freeze_encoder_steps: int = 0
+    encoder_lr_scale: float = 1.0  # fine-tuning from init_from: the encoder's share of lr
+    freeze_encoder_steps: int = 0  # fine-tuning: steps in which only the new head learns
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and self.lr < float("inf")):
@@ -118,14 +118,14 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    exp_dir: str = "exp/run"  # checkpoints, metrics.jsonl, TensorBoard, the tokenizer and the config that ran
-    max_steps: int = 1000  # optimizer steps; the learning-rate schedule counts to it
+    exp_dir: str = "exp/run"  # each recipe writes to exp/<recipe>; checkpoints, metrics.jsonl, TensorBoard, the tokenizer and the config that ran
+    max_steps: int = 2000  # optimizer steps; the learning-rate schedule counts to it
     # A wall-clock budget on top of max_steps (0 = none): once this many minutes of training have passed,
     # the run evaluates, saves and stops early, as after its last step (a job's time limit, a shared GPU).
     max_minutes: float = 0.0
     log_every: int = 10  # steps per logged window (metrics.jsonl, TensorBoard)
-    eval_every: int = 200  # dev loss + dev WER; 0 disables
-    save_every: int = 200  # steps between checkpoints; 0 = only the last
+    eval_every: int = 500  # dev loss + dev WER; 0 disables
+    save_every: int = 500  # steps between checkpoints; 0 = only the last
     keep_last: int = 3  # checkpoints kept besides the best
     # Write checkpoints in the background (usmkit/checkpointing/async_save.py): the loop waits only while the
     # weights and train state are copied into host memory (one more copy of both, held until written), then

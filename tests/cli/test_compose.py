@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from usmkit.cli.compose import compose_dataclass, compose_yaml
-from usmkit.config import ConfigError, TrainConfig, from_dict
+from usmkit.cli.compose import compose_dataclass, compose_train, compose_yaml
+from usmkit.config import ConfigError, OptimConfig, TrainConfig, TrainerConfig, from_dict
+from usmkit.inference.evaluate import EvalConfig
 
 
 @dataclass(frozen=True)
@@ -56,26 +57,45 @@ def test_help_prints_the_usage(capsys) -> None:
 
 
 def test_train_config_composes_recipes_and_overrides() -> None:
-    cfg = from_dict(TrainConfig, compose_yaml("train", ["recipe=stage1", "trainer.max_steps=7"], command="t"))
+    cfg = from_dict(TrainConfig, compose_train(["recipe=stage1", "trainer.max_steps=7"], command="t"))
     assert cfg.task.kind == "bestrq" and cfg.trainer.max_steps == 7
-    assert cfg.trainer.exp_dir == "exp/stage1"  # ${hydra:runtime.choices.recipe} resolves
+    assert cfg.trainer.exp_dir == "exp/stage1"  # each recipe names its folder
+
+
+def test_the_train_yaml_starts_from_every_dataclass_default() -> None:
+    """train.yaml holds no defaults of its own: a key no YAML sets composes to the dataclass's default, and
+    is set like any other, without Hydra's ``+``."""
+    from usmkit.cli.compose import _field_paths
+
+    bare = from_dict(TrainConfig, compose_train(["recipe=stage3_ctc"], command="t"))
+    assert bare.trainer == replace(TrainerConfig(), exp_dir="exp/stage3_ctc")
+    assert bare.optim == OptimConfig() and bare.task.las == TrainConfig().task.las
+    assert bare.data.allow_urls is False
+    got = from_dict(TrainConfig, compose_train(["data.allow_urls=true", "task.las.dim=64"], command="t"))
+    assert got.data.allow_urls is True and got.task.las.dim == 64
+    assert "trainer.max_steps" in set(_field_paths(TrainConfig))
 
 
 def test_a_schema_key_the_yaml_leaves_out_is_settable_without_plus() -> None:
-    with pytest.raises(ConfigError, match="unknown key data.allow_urls"):
-        compose_yaml("train", ["data.allow_urls=true"], command="t")
-    got = compose_yaml("train", ["data.allow_urls=true"], command="t", schema=TrainConfig)
-    assert from_dict(TrainConfig, got).data.allow_urls is True
+    @dataclass(frozen=True)
+    class _Evaluate(EvalConfig):
+        extra: int = 0
+
+    with pytest.raises(ConfigError, match="unknown key extra"):
+        compose_yaml("evaluate", ["checkpoint=x", "extra=3"], command="t")
+    got = compose_yaml("evaluate", ["checkpoint=x", "extra=3"], command="t", schema=_Evaluate)
+    assert from_dict(_Evaluate, got).extra == 3
 
 
 @pytest.mark.parametrize(
     ("bad", "named"),
     [
         (["trainer.max_stepz=3"], "unknown key trainer.max_stepz .*did you mean trainer.max_steps"),
-        (["recipe=nope"], "recipe/nope.*choose one of stage1, stage2"),
+        (["recipe=nope"], "recipe/nope.*choose one of stage1, stage1_cpu, stage2"),
+        (["model=huge"], "model=huge: no such encoder preset"),
         (["trainer.max_steps=[3"], "overrides look like key=value"),
     ],
 )
 def test_train_config_errors_name_the_override(bad, named) -> None:
     with pytest.raises(ConfigError, match=named):
-        compose_yaml("train", bad, command="usmkit.cli.train", schema=TrainConfig)
+        compose_train(bad, command="usmkit.cli.train")

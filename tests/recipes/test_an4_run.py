@@ -1,6 +1,6 @@
 """recipes/an4/run.py: the commands it builds from override dicts (they compose into the configs usmkit's
-commands read), the step records that let a stage rerun alone, the mean +- sd report, the encoder it hands
-from GPU pre-training to CPU fine-tuning, and (slow) the whole recipe end to end on a tiny fake AN4."""
+commands read), the mean +- sd report, and (slow) the whole recipe end to end on a tiny fake AN4. The steps it
+runs them as: tests/recipes/test_steps.py; the encoder it hands on: tests/recipes/test_handoff.py."""
 
 from __future__ import annotations
 
@@ -12,15 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from usmkit.checkpointing.checkpoint import MODEL_FILE, load_weights, save_checkpoint
-from usmkit.cli.compose import compose_yaml
-from usmkit.config import TaskConfig, TrainConfig, from_dict
+from usmkit.checkpointing.checkpoint import MODEL_FILE
+from usmkit.cli.compose import compose_train, compose_yaml
+from usmkit.config import TrainConfig, from_dict
 from usmkit.inference.evaluate import EvalConfig
-from usmkit.models.presets import tiny
-from usmkit.tasks import build_task
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "an4"
@@ -36,13 +32,14 @@ def _load(name: str, path: Path):
 
 @pytest.fixture(scope="module")
 def an4_run():
-    """recipes/an4/run.py as a module (its folder on sys.path, as when it runs as a script: it imports steps.py)."""
+    """recipes/an4/run.py as a module (its folder on sys.path, as when it runs as a script: it imports settings.py
+    and report.py)."""
     sys.path.insert(0, str(RECIPE))
     try:
         yield _load("an4_run", RECIPE / "run.py")
     finally:
         sys.path.remove(str(RECIPE))
-        for name in ("an4_run", "steps"):
+        for name in ("an4_run", "settings", "report"):
             sys.modules.pop(name, None)
 
 
@@ -55,24 +52,6 @@ def _overrides(step) -> dict[str, str]:
 
 
 # ---- building commands ---------------------------------------------------------------------------
-
-
-def test_render_writes_hydra_overrides(an4_run):
-    from steps import parse_overrides, render
-
-    assert render({"a.b": [0.9, 1.0], "m": {"d_model": 64, "x": True}, "n": None, "p": Path("a/b"), "s": "x y"}) == [
-        "a.b=[0.9,1.0]",
-        "m={d_model: 64, x: true}",
-        "n=null",
-        "p=a/b",
-        "s='x y'",
-    ]
-    assert parse_overrides(["trainer.max_steps=5", "data.speed_perturb=[0.9,1.1]", "trainer.max_steps=6"]) == {
-        "trainer.max_steps": 6,
-        "data.speed_perturb": [0.9, 1.1],
-    }
-    with pytest.raises(ValueError, match="not an override"):
-        parse_overrides(["trainer.max_steps"])
 
 
 def test_every_run_with_its_seeds_and_what_it_starts_from(an4_run, tmp_path):
@@ -146,7 +125,7 @@ def test_the_commands_compose_into_the_configs_usmkit_reads(an4_run, tmp_path):
         ("cb1_p0_s0", "ctc"),
         ("las_p0_s0", "las"),
     ):
-        cfg = from_dict(TrainConfig, compose_yaml("train", steps[name].argv(), command="test", schema=TrainConfig))
+        cfg = from_dict(TrainConfig, compose_train(steps[name].argv(), command="test"))
         assert cfg.task.kind == kind and cfg.trainer.exp_dir == str(tmp_path / "runs" / name), name
         assert cfg.model.overrides == {"subsampling_channels": 32} and cfg.vocab_size == 290
     tune = _by_name(an4_run.decode_steps(s))["tune_lexicon_cb1_p0_s0"]
@@ -185,7 +164,7 @@ def test_lexicon_rescoring_of_las_runs_tests_once_with_the_weight_best_on_dev(an
     cfg = from_dict(EvalConfig, compose_yaml("evaluate", test.argv(), command="t"))
     assert cfg.test_sets == ("test",) and cfg.rescore_ctc_weight == 0.5  # the first of the two best on dev
     (out / "lexicon_rescore.json").write_text(json.dumps({"sets": {"test": {"wer": 0.07, "cer": 0.03}}}))
-    assert an4_run.scores(s, "las_p0_s0", "lexicon_rescore") == {
+    assert sys.modules["report"].scores(s, "las_p0_s0", "lexicon_rescore") == {
         "dev_wer": 0.08, "test_wer": 0.07, "test_cer": 0.03, "rescore_ctc_weight": 0.5
     }  # fmt: skip
 
@@ -276,72 +255,6 @@ def test_a_synthetic_pool_adds_the_synthesizers_audio_to_what_best_rq_learns_fro
         an4_run.parse_args([*argv, "--pool", "an4,librispeech"])
 
 
-# ---- running steps -------------------------------------------------------------------------------
-
-
-def _fake_steps(an4_run, tmp_path, value=1, device="cpu"):
-    Step = an4_run.Step
-    return [
-        Step("a", "usmkit.cli.prepare", {"out": tmp_path / "a"}, positional=("an4",)),
-        Step(
-            "b",
-            "usmkit.cli.train",
-            {"trainer.exp_dir": tmp_path / "b", "trainer.seed": value, "trainer.device": device},
-            ("a",),
-        ),
-        Step("c", "usmkit.cli.train", {"trainer.exp_dir": tmp_path / "c"}, ("a",)),
-        Step("d", "usmkit.cli.evaluate", lambda: {"x": (tmp_path / "b.out").read_text()}, ("b",)),
-    ]
-
-
-def test_steps_run_after_their_deps_once_and_are_skipped_when_recorded(an4_run, tmp_path, capsys):
-    ran = []
-
-    def execute(step, argv):
-        ran.append((step.name, argv))
-        if step.name == "b":
-            (tmp_path / "b.out").write_text("from-b")
-
-    an4_run.run_steps("train", _fake_steps(an4_run, tmp_path), tmp_path, 2, execute)
-    order = [name for name, _ in ran]
-    assert sorted(order) == ["a", "b", "c", "d"] and order[0] == "a" and order.index("d") > order.index("b")
-    assert dict(ran)["d"] == ["x=from-b"] and dict(ran)["a"][0] == "an4"
-    assert json.loads((tmp_path / "steps" / "b.json").read_text())["argv"] == dict(ran)["b"]
-    assert "ETA" in capsys.readouterr().out
-
-    ran.clear()  # done is done wherever it runs next
-    an4_run.run_steps("train", _fake_steps(an4_run, tmp_path, device="cuda"), tmp_path, 2, execute)
-    assert ran == [] and "4 done before, 0 to run" in capsys.readouterr().out
-
-    # A step recorded with other arguments is refused (and what needs it does not run); the others still run.
-    (tmp_path / "steps" / "c.json").unlink()
-    with pytest.raises(an4_run.StageFailed, match=r"b: done before with other arguments \(trainer.seed: 1 -> 2\)"):
-        an4_run.run_steps("train", _fake_steps(an4_run, tmp_path, value=2), tmp_path, 2, execute)
-    assert [name for name, _ in ran] == ["c"]
-
-
-def test_a_failed_step_stops_what_needs_it_only_and_an_interrupted_run_resumes(an4_run, tmp_path):
-    ran = []
-    (tmp_path / "c" / "checkpoints" / "step-000002").mkdir(parents=True)  # c was stopped part way
-
-    def execute(step, argv):
-        ran.append((step.name, argv))
-        if step.name == "b":
-            raise RuntimeError("exit status 1")
-
-    with pytest.raises(an4_run.StageFailed) as failed:
-        an4_run.run_steps("train", _fake_steps(an4_run, tmp_path), tmp_path, 1, execute)
-    assert "b: exit status 1" in str(failed.value) and "d: not run: it needs b" in str(failed.value)
-    assert [name for name, _ in ran] == ["a", "b", "c"] and dict(ran)["c"][-1] == "resume=true"
-    assert json.loads((tmp_path / "steps" / "c.json").read_text())["argv"] == dict(ran)["c"][:-1]  # recorded without it
-    assert not (tmp_path / "steps" / "b.json").exists()
-
-    # An earlier stage's step that was never done: named, and nothing that needs it runs.
-    later = an4_run.Step("e", "usmkit.cli.evaluate", {"x": 1}, ("never",))
-    with pytest.raises(an4_run.StageFailed, match="e: not run: it needs never, not done"):
-        an4_run.run_steps("decode", [later], tmp_path, 1, execute)
-
-
 # ---- the report ----------------------------------------------------------------------------------
 
 
@@ -407,28 +320,7 @@ def test_report_rows_per_seed_mean_and_sd_and_ensembles_apart(an4_run, tmp_path)
     ]  # fmt: skip  (read back as written: no arithmetic)
     assert report["test_configurations"] == 12  # 11 single-model rows + 1 ensemble, each scored on test once
     assert report["missing"] == ["cb1_p0_s2 ctc_lexicon", "ensemble_scratch ctc_lexicon"]
-    assert an4_run.mean_sd([0.2]) == (0.2, None)
-
-
-# ---- the encoder handed from pre-training to fine-tuning -----------------------------------------
-
-
-def test_saved_encoder_holds_only_the_encoder_and_initializes_a_ctc_model(an4_run, tmp_path):
-    encoder_cfg = tiny(subsampling_channels=32)
-    bestrq = build_task(TaskConfig(kind="bestrq"), encoder_cfg, 0)
-    save_checkpoint(tmp_path / "stage1" / "checkpoints", 10, bestrq, {"step": 10}, "task:\n  kind: bestrq\n")
-    assert any(not k.startswith("encoder.") for k in bestrq.state_dict())  # the quantizer and heads
-
-    an4_run.save_encoder(tmp_path / "stage1", tmp_path / "encoder")
-    saved = load_file(tmp_path / "encoder" / MODEL_FILE)
-    assert saved and all(k.startswith("encoder.") for k in saved)
-    assert (tmp_path / "encoder" / "config.yaml").read_text() == "task:\n  kind: bestrq\n"
-
-    ctc = build_task(TaskConfig(kind="ctc"), encoder_cfg, 30)
-    loaded = load_weights(ctc, tmp_path / "encoder", prefix="encoder.")
-    assert sorted(loaded) == sorted(k for k in ctc.state_dict() if k.startswith("encoder."))
-    for k in loaded:
-        torch.testing.assert_close(ctc.state_dict()[k], bestrq.state_dict()[k])
+    assert sys.modules["report"].mean_sd([0.2]) == (0.2, None)
 
 
 # ---- end to end ----------------------------------------------------------------------------------

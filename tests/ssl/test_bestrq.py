@@ -282,12 +282,11 @@ def test_with_the_real_tiny_conformer():
 
 
 def _compose_train(overrides: list[str]):
-    hydra = pytest.importorskip("hydra")
-    import usmkit
+    from omegaconf import OmegaConf
 
-    conf_dir = str(Path(usmkit.__file__).parent / "conf")
-    with hydra.initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
-        return hydra.compose(config_name="train", overrides=overrides)
+    from usmkit.cli.compose import compose_train
+
+    return OmegaConf.create(compose_train(overrides, command="test"))
 
 
 def test_stage1_recipe_composes_to_the_defaults():

@@ -1,9 +1,11 @@
 """How every ``python -m usmkit.cli.*`` command reads its arguments: Hydra overrides.
 
-``key=value``, ``group=option`` (``recipe=stage1``, ``model=small``), ``+key=value`` for a key the
+``key=value``, ``group=option`` (``recipe=stage1``, ``data=an4``), ``+key=value`` for a key the
 config does not have, composed by Hydra's compose API against a YAML config of ``usmkit/conf``
 (``compose_yaml``: train, evaluate) or against a command's dataclass (``compose_dataclass``: export,
-demo, prepare). What comes back is plain data; a DictConfig never leaves this module.
+demo, prepare). A YAML config starts from its dataclass's defaults (``<name>_defaults`` in its defaults
+list, stored from the dataclass here), so the YAML holds only what a recipe or a corpus changes.
+What comes back is plain data; a DictConfig never leaves this module.
 
 Unlike ``@hydra.main``, errors are ours: an unknown key, a missing option or a malformed override is
 one ``error:`` line naming it (with the closest known keys), exit status 2, as for any user error.
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from usmkit.config import ConfigError
+from usmkit.config import ConfigError, TrainConfig, to_dict
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 T = TypeVar("T")
@@ -28,24 +30,48 @@ def compose_yaml(
 ) -> dict[str, Any]:
     """``usmkit/conf/<config_name>.yaml`` with ``argv``'s overrides, resolved (``${...}`` included).
 
-    ``schema``: the dataclass the result becomes; a key it has that the YAML leaves out (its default
-    applies) can be set like any other, without Hydra's ``+``."""
+    ``schema``: the dataclass the result becomes. Its defaults are stored as ``<config_name>_defaults``
+    for the YAML's defaults list to start from, and a key it has that the YAML leaves out can be set like
+    any other, without Hydra's ``+``."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict
 
     overrides = _options(argv, command, usage or _yaml_usage(config_name, command))
     known = set(_field_paths(schema)) if schema is not None else set()
+    if schema is not None:
+        ConfigStore.instance().store(name=f"{config_name}_defaults", node=_defaults(schema))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=config_name):
         try:
             cfg = _compose_adding_schema_keys(compose, config_name, overrides, known)
-            HydraConfig.instance().set_config(cfg)  # for ${hydra:runtime.choices.recipe}
+            HydraConfig.instance().set_config(cfg)  # for ${hydra:...} interpolations (runtime.choices.recipe)
             with open_dict(cfg):
                 del cfg["hydra"]
             container = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
         except Exception as e:
             raise _config_error(e, overrides, command, lambda: compose(config_name)) from None
     return _maybe_print(container, argv)
+
+
+def compose_train(argv: Sequence[str], *, command: str = "usmkit.cli.train") -> dict[str, Any]:
+    """``python -m usmkit.cli.train argv``'s config: ``usmkit/conf/train.yaml`` over ``TrainConfig``'s
+    defaults, ``model=NAME`` read as ``model.preset=NAME``."""
+    return compose_yaml("train", [model_shorthand(a) for a in argv], command=command, schema=TrainConfig)
+
+
+def model_shorthand(arg: str) -> str:
+    """``model=small`` -> ``model.preset=small``: the encoder size is one key, named like a config group."""
+    key, sep, name = arg.partition("=")
+    if key != "model" or not sep:
+        return arg
+    from usmkit.models.presets import PRESETS
+
+    if name not in PRESETS:
+        raise ConfigError(
+            f"model={name}: no such encoder preset; choose one of {', '.join(PRESETS)} (usmkit.cli.train)"
+        )
+    return f"model.preset={name}"
 
 
 def _compose_adding_schema_keys(compose, config_name: str, overrides: list[str], known: set[str]):
@@ -60,6 +86,19 @@ def _compose_adding_schema_keys(compose, config_name: str, overrides: list[str],
             if key not in known or i is None:
                 raise
             overrides = [*overrides[:i], f"+{overrides[i]}", *overrides[i + 1 :]]
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    """The dataclass's defaults as plain data (a required field, which has none, left out)."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default_factory())
+    return out
 
 
 def _field_paths(cls: type, prefix: str = ""):
@@ -187,6 +226,9 @@ def _yaml_usage(config_name: str, command: str) -> str:
     groups = {d.name: sorted(p.stem for p in d.glob("*.yaml")) for d in sorted(CONF_DIR.iterdir()) if d.is_dir()}
     lines = [f"usage: python -m {command} [group=option ...] [key=value ...] [--cfg] [--debug]", "", *header, ""]
     if config_name == "train":
+        from usmkit.models.presets import PRESETS
+
         lines += [f"  {g}={'|'.join(opts)}" for g, opts in groups.items()]
+        lines += [f"  model={'|'.join(PRESETS)}  (the encoder size: model.preset)"]
     lines += ["", "Every key, its type and default: docs/configuration.md. --cfg prints the composed config."]
     return "\n".join(lines)

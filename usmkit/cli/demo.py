@@ -55,13 +55,14 @@ def _run(cmd: list[str], log: list[dict]) -> None:
 
 
 def train_command(py: str, data: Path, exp: Path, steps: int) -> list[str]:
-    """The demo's training run (``python -m usmkit.cli.train ...``)."""
-    from usmkit.training.cpu_defaults import CPU_CTC, LIGHT_SPEC
-
+    """The demo's training run (``python -m usmkit.cli.train ...``): ``recipe=stage3_ctc_cpu``'s model and
+    optimizer (usmkit/conf/recipe/stage3_ctc_cpu.yaml), a streaming encoder, light SpecAugment against
+    overfitting the training voices over the longer run, its own tokenizer and steps."""
     every = max(1, steps // 3)
     return [
-        py, "-m", "usmkit.cli.train", "recipe=stage3_ctc", "model=tiny",
-        "model.chunk_size=16", "model.left_chunks=4", "model.causal_conv=true", *CPU_CTC, *LIGHT_SPEC,
+        py, "-m", "usmkit.cli.train", "recipe=stage3_ctc_cpu", "model=tiny",
+        "model.chunk_size=16", "model.left_chunks=4", "model.causal_conv=true",
+        "data.spec_augment.enabled=true", "data.spec_augment.time_masks=2", "data.spec_augment.freq_width=15",
         f"data.manifest_dir={data}", "vocab_size=290", f"tokenizer={exp}/tokenizer/tokenizer.model",
         f"trainer.exp_dir={exp}", f"trainer.max_steps={steps}", f"trainer.eval_every={every}",
         f"trainer.save_every={every}",

@@ -34,12 +34,12 @@ EOS_ID = 3
 class LASConfig:
     """Attention-decoder hyper-parameters. ``dim=None``: decoder width = encoder width."""
 
-    num_layers: int = 4
+    num_layers: int = 2  # decoder blocks: a small decoder over the encoder's output
     num_heads: int = 4
     ff_mult: int = 4
     dropout: float = 0.1
     label_smoothing: float = 0.1
-    dim: int | None = None
+    dim: int | None = None  # decoder width; null = the encoder width
     tie_embeddings: bool = True
 
     def __post_init__(self) -> None:

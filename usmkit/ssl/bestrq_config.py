@@ -17,16 +17,16 @@ class BestRQConfig:
     generator (and the fixed masks used in eval mode), so targets never depend on the global RNG.
     """
 
-    num_codebooks: int = 16
+    num_codebooks: int = 16  # independent projection + codebook + softmax each (USM's multi-softmax)
     codebook_size: int = 8192
     code_dim: int = 16
-    stack_frames: int = 4
-    mask_prob: float = 0.01
+    stack_frames: int = 4  # feature frames per target = one encoder frame (4 x 10 ms, or 8)
+    mask_prob: float = 0.01  # probability that a frame starts a masked span
     mask_span_ms: float = 400.0
-    frame_shift_ms: float = 10.0
-    noise_std: float = 0.1
+    frame_shift_ms: float = 10.0  # spans are counted in feature frames
+    noise_std: float = 0.1  # masked frames are replaced by N(0, 0.1) noise
     min_one_span: bool = True  # an utterance that drew no span gets one, so every utterance adds to the loss
-    seed: int = 0
+    seed: int = 0  # the quantizer's own seed: fixed targets whatever trainer.seed is
 
     def __post_init__(self) -> None:
         for name in ("num_codebooks", "codebook_size", "code_dim", "stack_frames"):

@@ -46,18 +46,18 @@ class MostConfig:
     of ``{"text", "language"}``), ``None`` = ``<data.manifest_dir>/<data.corpus>_text_only.jsonl.gz``.
     """
 
-    text_layer: int | None = None
+    text_layer: int | None = None  # text replaces the input of this encoder block; null = a third of the blocks
     text_token_blocks: int = 1  # Conformer blocks over the token embeddings (context for the durations)
     text_frame_blocks: int = 1  # Conformer blocks over the upsampled frames
     max_token_frames: int = 32  # a predicted duration is clipped to this many encoder frames (1.28 s)
-    bestrq_weight: float = 1.0
-    ctc_weight: float = 1.0
-    duration_weight: float = 1.0
-    consistency_weight: float = 1.0
-    text_weight: float = 1.0
-    text_warmup_steps: int = 500
-    align_warmup_steps: int = 0
-    align_from: str | None = None
+    bestrq_weight: float = 1.0  # BEST-RQ on unlabeled audio (each weight: 0 = that loss is off, not computed)
+    ctc_weight: float = 1.0  # CTC on paired speech
+    duration_weight: float = 1.0  # MSE of predicted against aligned log durations
+    consistency_weight: float = 1.0  # MSE between text-encoder frames and the speech encoder's block-k input
+    text_weight: float = 1.0  # CTC reconstruction of masked text-only data through the shared blocks
+    text_warmup_steps: int = 500  # the text-only loss starts after this many steps
+    align_warmup_steps: int = 0  # the duration and consistency losses start after this many steps
+    align_from: str | None = None  # a CTC checkpoint to align the paired data with; null = this model's own CTC head
     consistency_detach_speech: bool = True  # the speech side is the target: consistency moves only the text encoder
     text_mask_prob: float = 0.08  # a text frame starts a masked span with this probability
     text_mask_span: int = 4  # encoder frames per masked span (0.08 and 4 mask ~28% of the frames)
@@ -70,11 +70,11 @@ class MostConfig:
     # text predicts, so the shared blocks learn to read text frames as unsure as speech frames are.
     text_noise: float = 0.0
     unlabeled_split: str = "unlabeled"
-    text_only: str | None = None
-    unlabeled_ratio: float = 1.0
+    text_only: str | None = None  # JSON lines of {"text", "language"}; null = <corpus>_text_only.jsonl.gz
+    unlabeled_ratio: float = 1.0  # each stream's batch holds <ratio> * data.max_duration seconds
     paired_ratio: float = 1.0
-    text_ratio: float = 1.0
-    text_seconds_per_token: float | None = None
+    text_ratio: float = 1.0  # a sentence counts as tokens * text_seconds_per_token seconds
+    text_seconds_per_token: float | None = None  # null = measured on the paired training transcripts
     # Text padded as ``data.pad_to_frames`` pads audio, in the same feature frames (0 = none; set both
     # alike): the text-only frames to the encoder length of audio padded to a multiple of it, so the shared
     # blocks meet the speech's lengths, and the text encoder's tokens to a multiple of it / the

@@ -1,14 +1,14 @@
-"""How the AN4 recipe runs its commands: steps built from override dicts, run after what they need, each
-recorded once done so that a rerun skips it.
+"""A recipe's commands as steps: built from override dicts, run after what they need, each recorded once done
+so that a rerun skips it (``recipes/an4/run.py`` is one such recipe).
 
     step = Step("scratch_s0", "usmkit.cli.train", {"recipe": "stage3_ctc", "trainer.seed": 0}, deps=("prep",))
     run_steps("train", [step, ...], out=Path("exp/an4_recipe"), jobs=4, execute=subprocess_runner(out, 4))
 
 A step is ``python -m <module> [<positional> ...] key=value ...``. Its record, ``OUT/steps/<name>.json``,
 holds the arguments it ran with; a step recorded with the same arguments (the device and loader workers
-aside) is skipped, one recorded with others is refused (its outputs are of another command). A training step (``trainer.exp_dir=``) whose
-folder holds a checkpoint but no record was stopped part way: it goes on with ``resume=true``.
-"""
+aside) is skipped, one recorded with others is refused (its outputs are of another command). A training
+step (``trainer.exp_dir=``) whose folder holds a checkpoint but no record was stopped part way: it goes on
+with ``resume=true``. Steps whose deps are done run side by side, up to ``jobs`` at a time."""
 
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def recorded(out: Path, step: Step, argv: list[str]) -> bool:
         ]
         raise StageFailed(
             f"done before with other arguments ({'; '.join(changed[:4])}): remove {path} and the step's "
-            "outputs to redo it, or use another --out"
+            "outputs to redo it, or use another output folder"
         )
     return True
 
