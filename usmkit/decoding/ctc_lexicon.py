@@ -141,6 +141,32 @@ def write_lexicon(words: Iterable[str], tokenizer, path: str | Path) -> int:
     return len(lines)
 
 
+class LMReadError(UsageError):
+    """A word LM file that KenLM cannot read."""
+
+
+def lexicon_problem(lexicon: Path, tokens: Path) -> str | None:
+    """The first line of ``lexicon`` that flashlight cannot read, as ``"FILE, line N: what"`` (None: every line
+    is a word, a tab and pieces listed in ``tokens``). Ours: flashlight's reader names the piece, not the line.
+
+    A line reads ``word<TAB>piece piece ...`` (``write_lexicon``)."""
+    try:
+        pieces = set(tokens.read_text(encoding="utf-8").splitlines())
+        lines = lexicon.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{lexicon} cannot be read ({e})"
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        word, _, spelling = line.partition("\t")
+        if not word.strip() or not spelling.split():
+            return f"{lexicon}, line {n}: {line[:80]!r} is not a word, a tab and its pieces"
+        unknown = [p for p in spelling.split() if p not in pieces]
+        if unknown:
+            return f"{lexicon}, line {n}: the piece {unknown[0][:40]!r} of {word[:40]!r} is not a token of the model"
+    return None
+
+
 class LexiconDecoder:
     """Words of the best lexicon-constrained beam per utterance: ``decoder(log_probs, lengths) -> [str]``.
 
@@ -169,11 +195,17 @@ class LexiconDecoder:
                 self._decoder = self._build_biased(ctc_decoder, directory, lm, tokenizer, cfg)
             else:
                 self._decoder = self._build(ctc_decoder, directory / LEXICON_FILE, directory, lm, tokenizer, cfg)
-        except RuntimeError as e:  # KenLM's reader: a file that is not an LM
-            if not cfg.lm_path:
+        except (RuntimeError, ValueError) as e:  # flashlight's lexicon reader, or KenLM's: a file it cannot read
+            problem = lexicon_problem(directory / LEXICON_FILE, directory / TOKENS_FILE)
+            if problem is not None:
+                raise UsageError(
+                    f"{problem}: each line of a lexicon is a word, a tab and its pieces, every piece a line of "
+                    f"{directory / TOKENS_FILE}; build the lexicon again"
+                ) from e
+            if not cfg.lm_path or not isinstance(e, RuntimeError):
                 raise
             first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise UsageError(
+            raise LMReadError(
                 f"lexicon.lm_path={cfg.lm_path} cannot be read as an ARPA or KenLM binary LM ({first}); "
                 "pass one (e.g. made by KenLM's lmplz) or leave lexicon.lm_path out to use the built one"
             ) from e
