@@ -36,6 +36,7 @@ WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word
 UNK_WORD = "<unk>"
 BOS_WORD, EOS_WORD = "<s>", "</s>"
 TOKENS_FILE, LEXICON_FILE, LM_FILE = "tokens.txt", "lexicon.txt", "lm.arpa"  # what ``LexiconDecoder.build`` writes
+LEXICON_DIR = "lexicon"  # their folder beside a model: in an experiment directory and in an export
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,21 @@ def write_lexicon(words: Iterable[str], tokenizer, path: str | Path) -> int:
             lines.append(f"{word}\t{' '.join(pieces)}")
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return len(lines)
+
+
+def write_lexicon_files(texts: Iterable[str], tokenizer, directory: str | Path, cfg: LexiconConfig) -> int:
+    """Write ``tokens.txt``, ``lexicon.txt`` and (order > 0, no ``lm_path``) ``lm.arpa`` of ``texts`` (normalized
+    transcripts) into ``directory``: what ``LexiconDecoder`` reads. Returns the lexicon's words."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sentences = [t.split() for t in texts if t.strip()]
+    if not sentences:
+        raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
+    write_tokens(tokenizer, directory / TOKENS_FILE)
+    words = write_lexicon((w for s in sentences for w in s), tokenizer, directory / LEXICON_FILE)
+    if cfg.order > 0 and cfg.lm_path is None:
+        write_arpa(sentences, directory / LM_FILE, order=cfg.order)
+    return words
 
 
 class LMReadError(UsageError):
@@ -246,15 +262,7 @@ class LexiconDecoder:
     ) -> LexiconDecoder:
         """Write tokens, lexicon and LM for ``texts`` (normalized transcripts) into ``directory``, then load
         (with the ``bias`` phrases, if any)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        sentences = [t.split() for t in texts if t.strip()]
-        if not sentences:
-            raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
-        write_tokens(tokenizer, directory / TOKENS_FILE)
-        write_lexicon((w for s in sentences for w in s), tokenizer, directory / LEXICON_FILE)
-        if cfg.order > 0 and cfg.lm_path is None:
-            write_arpa(sentences, directory / LM_FILE, order=cfg.order)
+        write_lexicon_files(texts, tokenizer, directory, cfg)
         return cls(tokenizer, directory, cfg, bias)
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:

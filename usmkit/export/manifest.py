@@ -25,14 +25,13 @@ from typing import Literal
 from usmkit.checkpointing.checkpoint import file_record
 from usmkit.config import ConfigError, from_dict, to_dict
 from usmkit.data.config import FeatureConfig
-from usmkit.decoding.ctc_lexicon import LEXICON_FILE, TOKENS_FILE, LexiconConfig
+from usmkit.decoding.ctc_lexicon import LEXICON_DIR, LEXICON_FILE, TOKENS_FILE, LexiconConfig
 from usmkit.errors import UsageError
 from usmkit.models.config import ConformerConfig
 
 MANIFEST_FILE = "export.json"
 MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, MANIFEST_VERSION)  # 1: no lexicon, no SHA-256
-LEXICON_DIR = "lexicon"  # the bundled lexicon's folder in an export
 
 Format = Literal["onnx", "aoti"]
 Quantize = Literal["none", "int8"]

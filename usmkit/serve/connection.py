@@ -7,6 +7,10 @@ A connection reads one message at a time and stops reading (so TCP slows the cli
 - it is ahead of ``--max-messages-per-second`` (``access.MessageRate``): every message costs the event
   loop the same, whatever its size, so a client of tiny messages cannot take the loop from others.
 
+A paced client's answer to the keepalive ping waits behind its audio; its socket
+(``client_socket.ClientSocket``) counts the audio arriving meanwhile as the answer, so pacing never
+costs a client its connection or its final results.
+
 A connection that sends no start signal within ``--start-timeout`` seconds is closed with a message; a
 started stream that gets no message for ``--idle-timeout`` seconds is ended as if its end signal had
 come: its audio is decoded, its results sent, then the message saying why. Shutting the server down
