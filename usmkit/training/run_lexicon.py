@@ -34,8 +34,8 @@ def write_run_lexicon(cfg: TrainConfig, tokenizer, exp_dir: str | Path) -> Path 
         texts = lexicon_texts(cfg)
         with replaced_dir_atomically(folder) as tmp:
             words = write_lexicon_files(texts, tokenizer, tmp, STREAMING_LEXICON)
-    except (FileNotFoundError, ValueError) as e:
-        log.warning("%s not written: the training transcripts could not be read for a lexicon (%s)", folder, e)
+    except (OSError, ValueError) as e:  # no readable split (a Shar-only corpus), no text, or a full disk
+        log.warning("%s not written: %s; --lexicon will rebuild it from the training corpus", folder, e)
         return None
     log.info("lexicon for --lexicon: %d words of %d training transcripts in %s", words, len(texts), folder)
     return folder
