@@ -267,6 +267,7 @@ def test_a_dns_rebinding_page_is_refused_and_allowed_hosts_let_a_name_in(recogni
         ("Host: 127.0.0.1", "Origin: http://127.0.0.1", "Origin: http://evil.example"),
         ("Host: 127.0.0.1", "Host: evil.example", "Origin: http://evil.example"),
         ("Host: 127.0.0.1", "Authorization: Bearer a", "Authorization: Bearer b"),
+        ("Host: 127.0.0.1", "Upgrade: websocket"),  # with handshake()'s own: twice
     ],
 )
 def test_a_header_named_twice_gets_400_without_a_traceback(recognizer, headers, caplog):

@@ -16,7 +16,7 @@ from websockets.datastructures import Headers
 
 LOOPBACK_NAMES = ("localhost",)  # and every name under .localhost (RFC 6761: browsers resolve them to loopback)
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # a server bound to every interface
-CHECKED_HEADERS = ("Host", "Origin", "Authorization")  # those the checks read: one of each at most
+CHECKED_HEADERS = ("Host", "Origin", "Authorization", "Upgrade")  # those the server reads: one of each at most
 
 
 class HeaderError(ValueError):
