@@ -197,8 +197,10 @@ def _check_bundle_layout(manifest: ExportManifest, path: Path) -> None:
     bundle = manifest.lexicon
     if bundle is None:
         return
-    expected = {"lexicon.tokens": (bundle.tokens, f"{LEXICON_DIR}/{TOKENS_FILE}"),
-                "lexicon.lexicon": (bundle.lexicon, f"{LEXICON_DIR}/{LEXICON_FILE}")}  # fmt: skip
+    expected = {
+        "lexicon.tokens": (bundle.tokens, f"{LEXICON_DIR}/{TOKENS_FILE}"),
+        "lexicon.lexicon": (bundle.lexicon, f"{LEXICON_DIR}/{LEXICON_FILE}"),
+    }
     for key, (name, where) in expected.items():
         if name != where:
             raise ExportError(f"{path}: {key}={name!r}, where an export's lexicon holds it as {where!r}")
