@@ -166,6 +166,18 @@ def test_lexicon_decoding_spells_only_training_words(corpus, resumed_run, greedy
         assert set(example["hyp"].split()) <= train_words
 
 
+def test_a_run_carries_its_lexicon_and_lm(corpus, resumed_run):
+    """``exp/lexicon/``: the tokens, lexicon and unigram LM of the training transcripts, what ``--lexicon``
+    decodes with from any folder (``usmkit.training.run_lexicon``)."""
+    from usmkit.data.manifests import load_cuts
+
+    folder = resumed_run / "lexicon"
+    assert {p.name for p in folder.iterdir()} == {"tokens.txt", "lexicon.txt", "lm.arpa"}
+    words = {line.split("\t")[0] for line in (folder / "lexicon.txt").read_text().splitlines() if line}
+    train_words = {w for c in load_cuts(corpus, "train") for s in c.supervisions for w in s.text.split()}
+    assert words == train_words
+
+
 def test_averaged_checkpoint_is_a_checkpoint(resumed_run, greedy_eval, tmp_path):
     """The average of the last two checkpoints (steps 3 and 6) is a checkpoint evaluate takes."""
     avg = _run([str(resumed_run), "--last", "2"], tmp_path, module="usmkit.cli.average")

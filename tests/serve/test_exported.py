@@ -73,7 +73,7 @@ def test_serve_model_options_are_checked(lexicon_model, audio_ckpt):
         (["--engine", "onnx"], "--engine onnx needs --model"),
         (["--engine", "onnx", "--model", str(onnx), "--quantize", "int8"], "export with quantize=int8"),
         (["--engine", "aoti", "--model", str(onnx)], "holds an export of format onnx"),
-        (["--checkpoint", str(audio_ckpt), "--lexicon"], "training transcripts of"),  # no training manifest
+        (["--checkpoint", str(audio_ckpt), "--lexicon"], "carries no lexicon/"),  # no lexicon, no training manifest
         (["--checkpoint", str(ckpt), "--lexicon", "--decode", "ctc_beam", "--rescore"], "rescore"),
     ]
     for argv, message in cases:

@@ -1,5 +1,6 @@
 """One client must not stall or exhaust ``usmkit-serve``: tiny messages, audio sent faster than it is
-decoded, connections that never start or go silent, web pages of other sites.
+decoded, connections that never start or go silent, web pages of other sites (and pages of other names
+that resolve to the server), headers named twice.
 
 ``Gate`` holds the server's worker at an encoder step, so that audio piles up in the streams as it does
 on a loaded server; what the server does with the pile is then the same on any machine.
@@ -8,7 +9,10 @@ on a loaded server; what the server does with the pile is then the same on any m
 from __future__ import annotations
 
 import json
+import re
 import threading
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import pytest
@@ -220,3 +224,78 @@ def test_the_buffer_must_hold_two_rounds_of_audio(recognizer):
 
     with pytest.raises(UsageError, match="--max-buffer-seconds 0.1 is too small"):
         start_server(recognizer, max_buffer_seconds=0.1)
+
+
+def handshake(port: int, *headers: str) -> bytes:
+    """The server's answer (status line and headers) to a WebSocket handshake with ``headers`` (raw lines)."""
+    import socket
+
+    lines = ["GET / HTTP/1.1", "Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Version: 13",
+             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", *headers]  # fmt: skip
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data and (chunk := sock.recv(65536)):
+            data += chunk
+        length = re.search(rb"Content-Length: (\d+)", data)
+        while length and len(data.partition(b"\r\n\r\n")[2]) < int(length.group(1)):
+            data += sock.recv(65536)  # the body
+    return data
+
+
+def test_a_dns_rebinding_page_is_refused_and_allowed_hosts_let_a_name_in(recognizer):
+    running = start_server(recognizer, allowed_hosts=("asr.example",))
+    port = running.server.port
+    try:
+        evil = handshake(port, f"Host: evil.example:{port}", f"Origin: http://evil.example:{port}")
+        assert evil.startswith(b"HTTP/1.1 403") and b"--allowed-hosts" in evil
+        page = urllib.request.Request(running.url.replace("ws:", "http:"), headers={"Host": f"evil.example:{port}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(page, timeout=10)
+        refused.value.close()
+        assert refused.value.code == 403  # the page and /stats too
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"asr.example:{port}"):
+            ok = handshake(port, f"Host: {host}", f"Origin: http://{host}")
+            assert ok.startswith(b"HTTP/1.1 101"), (host, ok)
+    finally:
+        running.close()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        ("Host: 127.0.0.1", "Origin: http://127.0.0.1", "Origin: http://evil.example"),
+        ("Host: 127.0.0.1", "Host: evil.example", "Origin: http://evil.example"),
+        ("Host: 127.0.0.1", "Authorization: Bearer a", "Authorization: Bearer b"),
+        ("Host: 127.0.0.1", "Upgrade: websocket"),  # with handshake()'s own: twice
+    ],
+)
+def test_a_header_named_twice_gets_400_without_a_traceback(recognizer, headers, caplog):
+    running = start_server(recognizer)
+    try:
+        reply = handshake(running.server.port, *headers)
+    finally:
+        running.close()
+    assert reply.startswith(b"HTTP/1.1 400") and b"headers: a request carries at most one" in reply
+    assert "Traceback" not in caplog.text and "MultipleValuesError" not in caplog.text
+
+
+def test_a_client_of_tiny_messages_faster_than_real_time_is_paced_and_gets_its_final(recognizer, wavs):
+    """2-ms messages sent at loopback speed: the server reads them at --max-messages-per-second, and the
+    keepalive pings meanwhile (one every 0.3 s, whose pongs queue behind the audio) do not close the client."""
+    pcm = pcm_bytes(wavs["b"])
+    plain = start_server(recognizer)
+    try:
+        reference, _ = stream(plain.url, pcm)  # the same audio in 100-ms messages
+    finally:
+        plain.close()
+    running = start_server(recognizer, max_messages_per_second=300, ping_interval=0.3, ping_timeout=0.3)
+    try:
+        messages, code = stream(running.url, pcm, block=64)  # 1200 messages: 4 s at 300 a second
+        assert wait_until(lambda: running.call(lambda: len(running.server.connections)) == 0)
+    finally:
+        running.close()
+    assert code == 1000, messages[-3:]
+    assert messages[-1] == {"status": "ok", "type": "speech_end"} and messages[-2]["type"] == "final_result"
+    assert best_finals(messages) == best_finals(reference)
+    assert running.server.traffic.messages_in >= len(pcm) // 64

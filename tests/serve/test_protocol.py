@@ -3,6 +3,7 @@ the command line's, concurrent clients, errors, the token, the connection limit,
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import socket
@@ -236,11 +237,11 @@ def test_head_gets_the_headers_of_get_without_a_body_and_other_methods_405(serve
         head, _, body = data.partition(b"\r\n\r\n")
         return head, body
 
-    get_head, get_body = exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    head, body = exchange(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+    get_head, get_body = exchange(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    head, body = exchange(b"HEAD / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and body == b"" and get_body
     assert f"Content-Length: {len(get_body)}".encode() in head and b"Content-Length" in get_head
-    head, _ = exchange(b"DELETE / HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, _ = exchange(b"DELETE / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 405") and b"Allow: GET, HEAD" in head
 
 
@@ -335,5 +336,59 @@ def test_command_line_errors_exit_2_with_one_line(tmp_path, capsys, recognizer, 
     try:
         with pytest.raises(Exception, match="cannot listen on 127.0.0.1:"):
             start_server(recognizer, port=running.server.port)
+    finally:
+        running.close()
+
+
+def test_the_websocket_layers_closes_are_explained_with_failed_first(recognizer):
+    """Text that is not UTF-8 (1007) and a message over the size limit (1009) get the documented ``failed``
+    message before the close, as the server's own refusals do (a long signal: ``failed`` and 1008)."""
+    running = start_server(recognizer, max_buffer_seconds=1.0)  # 32,000-byte messages at most
+    try:
+        with connect(running.url, open_timeout=10) as ws:
+            ws.send(b'{"signal": "start", "x": "\xff\xfe"}', text=True)
+            invalid, code = messages_until_closed(ws)
+        assert code == 1007 and invalid[-1]["status"] == "failed" and "not UTF-8" in invalid[-1]["message"]
+        with connect(running.url, open_timeout=10) as ws:
+            with contextlib.suppress(ConnectionClosed):
+                ws.send(json.dumps({"signal": "start", "pad": "x" * 40_000}))
+            big, code = messages_until_closed(ws)
+        assert code == 1009 and big[-1]["status"] == "failed" and "limit of 32000 bytes" in big[-1]["message"]
+        with connect(running.url, open_timeout=10) as ws:
+            ws.send(json.dumps({"signal": "start", "pad": "x" * 5000}))
+            long, code = messages_until_closed(ws)
+        assert code == 1008 and long[-1]["status"] == "failed"
+    finally:
+        running.close()
+
+
+def test_a_client_refused_as_busy_after_sending_audio_is_closed_at_once(recognizer, wavs):
+    """A client whose start and audio arrive with its handshake, before the server refuses it as busy: its
+    answer to the close comes behind that audio, which the server reads and drops to see it."""
+    from websockets.client import ClientProtocol
+    from websockets.frames import Frame, Opcode
+    from websockets.uri import parse_uri
+
+    running = start_server(recognizer, max_connections=1)
+    try:
+        with connect(running.url, open_timeout=10) as first:
+            first.send(json.dumps({"signal": "start"}))
+            assert json.loads(first.recv(timeout=10))["type"] == "server_ready"
+            client = ClientProtocol(parse_uri(running.url))
+            client.send_request(client.connect())
+            frames = [Frame(Opcode.TEXT, json.dumps({"signal": "start"}).encode())]
+            frames += [Frame(Opcode.BINARY, pcm_bytes(wavs["a"])[:3200])] * 20
+            with socket.create_connection(("127.0.0.1", running.server.port), timeout=20) as sock:
+                sock.sendall(b"".join([*client.data_to_send(), *(f.serialize(mask=True) for f in frames)]))
+                began, replies = time.monotonic(), []
+                while data := sock.recv(65536):
+                    client.receive_data(data)
+                    events = client.events_received()
+                    replies += [json.loads(e.data) for e in events if isinstance(e, Frame) and e.opcode is Opcode.TEXT]
+                    sock.sendall(b"".join(client.data_to_send()))  # our close, answering the server's
+                took = time.monotonic() - began
+        assert client.close_rcvd is not None and client.close_rcvd.code == 1013
+        assert replies[0]["status"] == "failed" and "busy" in replies[0]["message"]
+        assert took < 3.0, f"the close took {took:.1f} s"
     finally:
         running.close()

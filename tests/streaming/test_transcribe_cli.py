@@ -66,8 +66,10 @@ def make_checkpoint(
     chunk: int | None = 4,
     left: int = 2,
     one_word: bool = True,
+    manifest_dir: str | None = None,
 ) -> Path:
-    """Experiment dir ``root`` with checkpoints/step-000001, config, tokenizer and feature stats.
+    """Experiment dir ``root`` with checkpoints/step-000001, config, tokenizer and feature stats
+    (``manifest_dir``: the corpus its config names, none by default).
 
     ``one_word``: the CTC head prefers one word-initial token everywhere (see the module docstring);
     False keeps its random weights, so the (garbage) text depends on the audio.
@@ -83,7 +85,7 @@ def make_checkpoint(
             dropout=0.0,
             overrides={"zero_init_residual": False},  # random residual branches: every path contributes
         ),  # fmt: skip
-        data=DataConfig(manifest_dir=str(root / "no-manifests")),
+        data=DataConfig(manifest_dir=manifest_dir or str(root / "no-manifests")),
         trainer=TrainerConfig(exp_dir=str(root)),
         tokenizer=str(tokenizer.path),
     )
@@ -440,3 +442,54 @@ def test_pipeline_api_streams_what_the_whole_input_gives(ckpt):
     assert stream.stats.audio_s == pytest.approx(stats.audio_s) and len(stream.stats.latencies_s) == 22
     with pytest.raises(ModelError, match="--rescore needs an attention"):
         load_model(ckpt, rescore=True)
+
+
+def trained_here(root: Path) -> Path:
+    """``root/exp``, a model "trained in" ``root``: its config names the corpus ``data/corpus`` relative to
+    ``root`` (as ``make demo`` does), and that corpus has a train split of ``TEXTS``."""
+    from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
+
+    from usmkit.data.manifests import manifest_path, write_manifest
+
+    corpus = root / "data" / "corpus"
+    corpus.mkdir(parents=True)
+    sf.write(corpus / "speech.wav", speechlike(1.0), SR, subtype="PCM_16")
+    rec = Recording.from_file(corpus / "speech.wav")
+    cuts = [
+        MonoCut(f"t{i}", 0.0, rec.duration, 0, recording=rec,
+                supervisions=[SupervisionSegment(f"t{i}", rec.id, 0.0, rec.duration, text=text)])
+        for i, text in enumerate(TEXTS)
+    ]  # fmt: skip
+    write_manifest(CutSet.from_cuts(cuts), manifest_path(corpus, "synth", "cuts", "train"))
+    return make_checkpoint(root / "exp", one_word=False, manifest_dir="data/corpus")
+
+
+def test_lexicon_travels_with_the_experiment(capsys, tmp_path, audio, monkeypatch):
+    """A run carries the lexicon and LM of its training transcripts (``exp/lexicon/``, written when training
+    starts), so ``--lexicon`` works from any folder; one trained before that still works from its own folder
+    (rebuilt from the corpus) and elsewhere says why it cannot, in one line."""
+    from usmkit.streaming.pipeline import load_model
+    from usmkit.training.run_lexicon import write_run_lexicon
+
+    (tmp_path / "here").mkdir()
+    exp = trained_here(tmp_path / "here")
+    lexicon = ("--lexicon", "--word-score", "3", "--no-partials")
+    monkeypatch.chdir(tmp_path / "here")
+    code, rebuilt, err = run_cli(capsys, audio, "--checkpoint", exp, *lexicon)  # no lexicon/: rebuilt
+    assert code == 0 and finals(rebuilt), err
+    loaded = load_model(exp)
+    assert write_run_lexicon(loaded.cfg, loaded.tokenizer, exp) == exp / "lexicon"
+    assert {p.name for p in (exp / "lexicon").iterdir()} == {"tokens.txt", "lexicon.txt", "lm.arpa"}
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, carried, err = run_cli(capsys, audio, "--checkpoint", exp, *lexicon)
+    assert code == 0, err
+    assert finals(carried) == finals(rebuilt)  # the same words and LM as the rebuild from the corpus
+
+    shutil.rmtree(exp / "lexicon")  # an experiment trained before runs carried their lexicon
+    code, _, err = run_cli(capsys, audio, "--checkpoint", exp, *lexicon)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "carries no lexicon/" in err and "Run from the folder the model was trained in" in err
+    assert "data/corpus" in err

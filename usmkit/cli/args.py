@@ -14,12 +14,13 @@ instead of argparse's own ``sys.exit(2)`` with the usage, so ``main()`` stays in
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from pathlib import Path
 
 import torch
 
-from usmkit.decoding.ctc_lexicon import STREAMING_LEXICON
+from usmkit.decoding.ctc_lexicon import LEXICON_DIR, LEXICON_FILE, STREAMING_LEXICON, TOKENS_FILE
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
 from usmkit.streaming.decoder import DecoderConfig, EndpointConfig
@@ -28,6 +29,9 @@ from usmkit.streaming.decoder import DecoderConfig, EndpointConfig
 class UsageParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+log = logging.getLogger(__name__)
 
 
 def positive_int(text: str) -> int:
@@ -226,8 +230,9 @@ def check_model_choice(args: argparse.Namespace) -> None:
 def lexicon_decoder(args: argparse.Namespace, loaded):
     """With ``--lexicon``: the ``LexiconDecoder`` of the model's training transcripts (None without it).
     ``loaded``: an export (its bundled lexicon and settings, ``--lm-weight`` / ``--word-score`` replacing
-    them) or a checkpoint (``usmkit.streaming.pipeline.LoadedModel``: built from its training manifests as
-    ``usmkit.cli.evaluate decode=ctc_lexicon`` builds it, with ``STREAMING_LEXICON``'s settings)."""
+    them) or a checkpoint (``usmkit.streaming.pipeline.LoadedModel``: the lexicon and LM its experiment carries,
+    ``run_lexicon``, else built from its training manifests as ``usmkit.cli.evaluate decode=ctc_lexicon`` builds
+    it; ``STREAMING_LEXICON``'s settings)."""
     if not args.lexicon:
         if args.bias_phrases:
             raise UsageError(f"--bias-phrases {args.bias_phrases} boosts phrases in the lexicon search: add --lexicon")
@@ -248,16 +253,38 @@ def lexicon_decoder(args: argparse.Namespace, loaded):
         return loaded.word_decoder(bias, **changes)
     from dataclasses import replace
 
+    from usmkit.checkpointing.checkpoint import run_dir
+    from usmkit.decoding.ctc_lexicon import LexiconDecoder
     from usmkit.inference.evaluate import EvalConfig, build_word_decoder
 
     lexicon = replace(STREAMING_LEXICON, **{k: v for k, v in changes.items() if v is not None})
     if bias and lexicon.lm_weight <= 0:
         raise UsageError("--bias-phrases adds to the word LM's score: use --lm-weight > 0")
+    carried = run_lexicon(loaded)
+    if carried is not None:
+        return LexiconDecoder(loaded.tokenizer, carried, lexicon, bias)
     cfg = EvalConfig(checkpoint=str(loaded.checkpoint), decode="ctc_lexicon", lexicon=lexicon)
     try:
         return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer, bias=bias)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(
-            f"--lexicon builds its words from the training transcripts of {loaded.checkpoint}, which could not be "
-            f"read: {e}"
+            f"--lexicon: {run_dir(loaded.checkpoint)} carries no {LEXICON_DIR}/ (trained before experiments kept "
+            "their lexicon), and the training transcripts it is rebuilt from could not be read: "
+            f"{e}. Run from the folder the model was trained in (its data.manifest_dir, "
+            f"{loaded.cfg.data.manifest_dir}, is read from there), or train it again: a run now carries its lexicon"
         ) from e
+
+
+def run_lexicon(loaded) -> Path | None:
+    """The lexicon folder the checkpoint's experiment carries (``usmkit.training.run_lexicon``), None when it has
+    none (trained before experiments kept one) or one written for another tokenizer."""
+    from usmkit.checkpointing.checkpoint import run_dir
+
+    folder = run_dir(loaded.checkpoint) / LEXICON_DIR
+    if not (folder / LEXICON_FILE).is_file() or not (folder / TOKENS_FILE).is_file():
+        return None
+    pieces = [loaded.tokenizer.id_to_piece(i) for i in range(loaded.tokenizer.vocab_size)]
+    if (folder / TOKENS_FILE).read_text(encoding="utf-8").splitlines() != pieces:
+        log.warning("%s was written for another tokenizer than %s's: rebuilding the lexicon", folder, loaded.checkpoint)
+        return None
+    return folder

@@ -38,7 +38,8 @@ from usmkit.cli.args import (
     positive_int,
 )
 from usmkit.errors import UsageError, strip_debug_flag, user_errors
-from usmkit.serve.server import ServeConfig, serve_until_stopped
+from usmkit.serve.config import ServeConfig
+from usmkit.serve.server import serve_until_stopped
 from usmkit.serve.session import Recognizer
 from usmkit.streaming.pipeline import ModelError, load_model, streaming_mask
 from usmkit.streaming.quantize import quantize_linear_int8
@@ -70,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="comma-separated web origins (https://app.example) whose pages may open sockets, besides the "
         "server's own page; '*' allows any page. Clients that are not browsers send no Origin and are allowed",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated host names (asr.example) clients may reach the server by, besides its address, "
+        "loopback names and --host; '*' allows any. Others get HTTP 403 (a page whose name was made to resolve to "
+        "this server, DNS rebinding, sends its own name)",
     )
     p.add_argument(
         "--max-buffer-seconds",
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             start_timeout=args.start_timeout,
             idle_timeout=args.idle_timeout,
             allowed_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+            allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
             drain_seconds=args.drain_seconds,
         )
         start = time.perf_counter()

@@ -36,6 +36,7 @@ WORD_BOUNDARY = "\u2581"  # sentencepiece's "▁", the first character of a word
 UNK_WORD = "<unk>"
 BOS_WORD, EOS_WORD = "<s>", "</s>"
 TOKENS_FILE, LEXICON_FILE, LM_FILE = "tokens.txt", "lexicon.txt", "lm.arpa"  # what ``LexiconDecoder.build`` writes
+LEXICON_DIR = "lexicon"  # their folder beside a model: in an experiment directory and in an export
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,47 @@ def write_lexicon(words: Iterable[str], tokenizer, path: str | Path) -> int:
     return len(lines)
 
 
+def write_lexicon_files(texts: Iterable[str], tokenizer, directory: str | Path, cfg: LexiconConfig) -> int:
+    """Write ``tokens.txt``, ``lexicon.txt`` and (order > 0, no ``lm_path``) ``lm.arpa`` of ``texts`` (normalized
+    transcripts) into ``directory``: what ``LexiconDecoder`` reads. Returns the lexicon's words."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    sentences = [t.split() for t in texts if t.strip()]
+    if not sentences:
+        raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
+    write_tokens(tokenizer, directory / TOKENS_FILE)
+    words = write_lexicon((w for s in sentences for w in s), tokenizer, directory / LEXICON_FILE)
+    if cfg.order > 0 and cfg.lm_path is None:
+        write_arpa(sentences, directory / LM_FILE, order=cfg.order)
+    return words
+
+
+class LMReadError(UsageError):
+    """A word LM file that KenLM cannot read."""
+
+
+def lexicon_problem(lexicon: Path, tokens: Path) -> str | None:
+    """The first line of ``lexicon`` that flashlight cannot read, as ``"FILE, line N: what"`` (None: every line
+    is a word, a tab and pieces listed in ``tokens``). Ours: flashlight's reader names the piece, not the line.
+
+    A line reads ``word<TAB>piece piece ...`` (``write_lexicon``)."""
+    try:
+        pieces = set(tokens.read_text(encoding="utf-8").splitlines())
+        lines = lexicon.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{lexicon} cannot be read ({e})"
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        word, _, spelling = line.partition("\t")
+        if not word.strip() or not spelling.split():
+            return f"{lexicon}, line {n}: {line[:80]!r} is not a word, a tab and its pieces"
+        unknown = [p for p in spelling.split() if p not in pieces]
+        if unknown:
+            return f"{lexicon}, line {n}: the piece {unknown[0][:40]!r} of {word[:40]!r} is not a token of the model"
+    return None
+
+
 class LexiconDecoder:
     """Words of the best lexicon-constrained beam per utterance: ``decoder(log_probs, lengths) -> [str]``.
 
@@ -169,11 +211,17 @@ class LexiconDecoder:
                 self._decoder = self._build_biased(ctc_decoder, directory, lm, tokenizer, cfg)
             else:
                 self._decoder = self._build(ctc_decoder, directory / LEXICON_FILE, directory, lm, tokenizer, cfg)
-        except RuntimeError as e:  # KenLM's reader: a file that is not an LM
-            if not cfg.lm_path:
+        except (RuntimeError, ValueError) as e:  # flashlight's lexicon reader, or KenLM's: a file it cannot read
+            problem = lexicon_problem(directory / LEXICON_FILE, directory / TOKENS_FILE)
+            if problem is not None:
+                raise UsageError(
+                    f"{problem}: each line of a lexicon is a word, a tab and its pieces, every piece a line of "
+                    f"{directory / TOKENS_FILE}; build the lexicon again"
+                ) from e
+            if not cfg.lm_path or not isinstance(e, RuntimeError):
                 raise
             first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise UsageError(
+            raise LMReadError(
                 f"lexicon.lm_path={cfg.lm_path} cannot be read as an ARPA or KenLM binary LM ({first}); "
                 "pass one (e.g. made by KenLM's lmplz) or leave lexicon.lm_path out to use the built one"
             ) from e
@@ -214,15 +262,7 @@ class LexiconDecoder:
     ) -> LexiconDecoder:
         """Write tokens, lexicon and LM for ``texts`` (normalized transcripts) into ``directory``, then load
         (with the ``bias`` phrases, if any)."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        sentences = [t.split() for t in texts if t.strip()]
-        if not sentences:
-            raise ValueError("LexiconDecoder.build: no transcripts to build a lexicon from")
-        write_tokens(tokenizer, directory / TOKENS_FILE)
-        write_lexicon((w for s in sentences for w in s), tokenizer, directory / LEXICON_FILE)
-        if cfg.order > 0 and cfg.lm_path is None:
-            write_arpa(sentences, directory / LM_FILE, order=cfg.order)
+        write_lexicon_files(texts, tokenizer, directory, cfg)
         return cls(tokenizer, directory, cfg, bias)
 
     def __call__(self, log_probs: torch.Tensor, lengths: torch.Tensor) -> list[str]:

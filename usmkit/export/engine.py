@@ -27,7 +27,7 @@ from torch import nn
 from usmkit.data.config import FeatureConfig
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
-from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder, LMReadError
 from usmkit.export.graphs import STEP_INPUTS, STEP_OUTPUTS
 from usmkit.export.manifest import LEXICON_DIR, ExportError, ExportManifest, read_manifest, verify_files
 from usmkit.models.config import ConformerConfig
@@ -159,7 +159,14 @@ class LoadedExport:
         """The bundled lexicon and word LM as a ``LexiconDecoder`` (lexicon finals), with the settings of
         ``lexicon_config(**changes)``, e.g. ``lm_weight=0.8``, and the ``bias`` phrases if any
         (``usmkit.decoding.biasing``)."""
-        return LexiconDecoder(self.tokenizer, self.path / LEXICON_DIR, self.lexicon_config(**changes), bias)
+        cfg = self.lexicon_config(**changes)
+        try:
+            return LexiconDecoder(self.tokenizer, self.path / LEXICON_DIR, cfg, bias)
+        except LMReadError as e:
+            raise ExportError(
+                f"{cfg.lm_path} (export.json's lexicon.lm) cannot be read as an ARPA or KenLM binary LM; export the "
+                "checkpoint again"
+            ) from e
 
 
 def load_export(directory: str | Path, threads: int | None = None) -> LoadedExport:

@@ -9,7 +9,9 @@ encoder configs. ``lexicon`` names the bundled lexicon decoding (``LexiconFiles`
 LM of the checkpoint's training transcripts, and the settings they decode with), and ``sha256`` holds
 the SHA-256 of every file of the export, checked when it is loaded (``verify_files``).
 
-Version 1 manifests (no lexicon, no SHA-256) are still read.
+Every name is a path inside the export's folder: ``read_manifest`` refuses an absolute path, a ``..``, or
+a link that leads out of the folder, naming the key, before any file is opened; a version-2 manifest must
+list the SHA-256 of every file it names. Version 1 manifests (no lexicon, no SHA-256) are still read.
 """
 
 from __future__ import annotations
@@ -17,20 +19,19 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from usmkit.checkpointing.checkpoint import file_record
 from usmkit.config import ConfigError, from_dict, to_dict
 from usmkit.data.config import FeatureConfig
-from usmkit.decoding.ctc_lexicon import LexiconConfig
+from usmkit.decoding.ctc_lexicon import LEXICON_DIR, LEXICON_FILE, TOKENS_FILE, LexiconConfig
 from usmkit.errors import UsageError
 from usmkit.models.config import ConformerConfig
 
 MANIFEST_FILE = "export.json"
 MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, MANIFEST_VERSION)  # 1: no lexicon, no SHA-256
-LEXICON_DIR = "lexicon"  # the bundled lexicon's folder in an export
 
 Format = Literal["onnx", "aoti"]
 Quantize = Literal["none", "int8"]
@@ -96,12 +97,24 @@ class ExportManifest:
     lexicon: LexiconFiles | None = None  # None: exported without its training transcripts (no lexicon decoding)
     sha256: dict[str, str] = field(default_factory=dict)  # every file above, by name
 
+    def named_files(self) -> dict[str, str]:
+        """The files the manifest names, beside it, by their key in ``export.json``."""
+        named = {
+            "stream_step.file": self.stream_step.file,
+            "offline.file": self.offline.file,
+            "tokenizer": self.tokenizer,
+            "feature_stats": self.feature_stats,
+            "ctc_head": self.ctc_head,
+        }
+        if self.lexicon is not None:
+            named |= {"lexicon.tokens": self.lexicon.tokens, "lexicon.lexicon": self.lexicon.lexicon}
+            if self.lexicon.lm:
+                named["lexicon.lm"] = self.lexicon.lm
+        return named
+
     def files(self) -> tuple[str, ...]:
         """The files the manifest names, beside it."""
-        names = [self.stream_step.file, self.offline.file, self.tokenizer, self.feature_stats, self.ctc_head]
-        if self.lexicon is not None:
-            names += [self.lexicon.tokens, self.lexicon.lexicon, *([self.lexicon.lm] if self.lexicon.lm else [])]
-        return tuple(names)
+        return tuple(self.named_files().values())
 
 
 def write_manifest(manifest: ExportManifest, directory: Path) -> Path:
@@ -137,10 +150,62 @@ def read_manifest(directory: str | Path) -> ExportManifest:
         manifest = from_dict(ExportManifest, data)
     except ConfigError as e:
         raise ExportError(f"{path} is not a usmkit export manifest: {e}") from e
+    named = manifest.named_files() | {f"sha256[{name!r}]": name for name in manifest.sha256}
+    for key, name in named.items():
+        check_inside(directory, name, f"{path}: {key}")
+    _check_bundle_layout(manifest, path)
+    if manifest.version >= 2:
+        unlisted = [name for name in manifest.files() if name not in manifest.sha256]
+        if unlisted:
+            raise ExportError(
+                f"{path}: sha256 lists no SHA-256 for {', '.join(unlisted)}: a version-{manifest.version} export "
+                "records one for every file it names, so a changed file is caught; copy the export again or export "
+                "the checkpoint again"
+            )
     for name in manifest.files():
         if not (directory / name).is_file():
             raise ExportError(f"{directory / name} is missing (named by {path}); export the checkpoint again")
     return manifest
+
+
+def check_inside(directory: Path, name: str, key: str) -> Path:
+    """``directory / name``, refused (``ExportError`` naming ``key``) unless it lies inside ``directory``: no
+    absolute path, no ``..``, no link leading out. Judged by the names alone; nothing is opened.
+
+    >>> check_inside(Path("/exp/export_onnx"), "lexicon/lm.arpa", "lexicon.lm")
+    PosixPath('/exp/export_onnx/lexicon/lm.arpa')
+    """
+    parts = PurePosixPath(name).parts
+    if not name or PurePosixPath(name).is_absolute() or "\\" in name or ".." in parts or Path(name).is_absolute():
+        raise ExportError(
+            f"{key}={name!r} is not a file inside the export folder: an export names only files in its own folder "
+            "(no absolute paths, no ..); export the checkpoint again"
+        )
+    target = Path(directory) / name
+    root = Path(directory).resolve()
+    if not target.resolve().is_relative_to(root):
+        raise ExportError(
+            f"{key}={name!r} leads out of the export folder (a link to {target.resolve()}): an export holds its "
+            "own files; copy the export again without links"
+        )
+    return target
+
+
+def _check_bundle_layout(manifest: ExportManifest, path: Path) -> None:
+    """The lexicon's files where the engine reads them: ``lexicon/tokens.txt``, ``lexicon/lexicon.txt`` and an LM
+    in ``lexicon/`` (``LexiconDecoder`` reads the folder)."""
+    bundle = manifest.lexicon
+    if bundle is None:
+        return
+    expected = {
+        "lexicon.tokens": (bundle.tokens, f"{LEXICON_DIR}/{TOKENS_FILE}"),
+        "lexicon.lexicon": (bundle.lexicon, f"{LEXICON_DIR}/{LEXICON_FILE}"),
+    }
+    for key, (name, where) in expected.items():
+        if name != where:
+            raise ExportError(f"{path}: {key}={name!r}, where an export's lexicon holds it as {where!r}")
+    if bundle.lm is not None and PurePosixPath(bundle.lm).parent != PurePosixPath(LEXICON_DIR):
+        raise ExportError(f"{path}: lexicon.lm={bundle.lm!r}, where an export's LM lies in {LEXICON_DIR}/")
 
 
 def file_digests(directory: Path, names) -> dict[str, str]:

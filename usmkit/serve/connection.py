@@ -7,6 +7,10 @@ A connection reads one message at a time and stops reading (so TCP slows the cli
 - it is ahead of ``--max-messages-per-second`` (``access.MessageRate``): every message costs the event
   loop the same, whatever its size, so a client of tiny messages cannot take the loop from others.
 
+A paced client's answer to the keepalive ping waits behind its audio; its socket
+(``client_socket.ClientSocket``) counts the audio arriving meanwhile as the answer, so pacing never
+costs a client its connection or its final results.
+
 A connection that sends no start signal within ``--start-timeout`` seconds is closed with a message; a
 started stream that gets no message for ``--idle-timeout`` seconds is ended as if its end signal had
 come: its audio is decoded, its results sent, then the message saying why. Shutting the server down
@@ -18,13 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from usmkit.serve.access import MessageRate
-from usmkit.serve.batcher import Error
+from usmkit.serve.batcher import Batcher, Error
+from usmkit.serve.client_socket import discard_messages
+from usmkit.serve.config import ServeConfig
 from usmkit.serve.protocol import (
     EndSignal,
     ProtocolError,
@@ -36,10 +42,7 @@ from usmkit.serve.protocol import (
     server_ready,
     speech_end,
 )
-from usmkit.serve.session import End, Final, Partial, ServerStream
-
-if TYPE_CHECKING:
-    from usmkit.serve.server import Server
+from usmkit.serve.session import End, Final, Partial, Recognizer, ServerStream
 
 log = logging.getLogger("usmkit.serve")
 
@@ -49,12 +52,31 @@ CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_ERROR, CLOSE_TRY_LATER = 100
 RATE_PAUSE_S = 0.02
 
 
-class Connection:
-    """One client: its messages in (``run``), its stream's results out through an outbox, in order."""
+@dataclass
+class Traffic:
+    """What all the server's clients sent: the ``/stats`` counters every connection adds to."""
 
-    def __init__(self, server: Server, ws: ServerConnection, peer: str) -> None:
-        self.server = server
-        self.cfg = server.cfg
+    messages_in: int = 0  # messages read
+    samples_in: int = 0  # audio samples received
+
+
+class Connection:
+    """One client: its messages in (``run``), its stream's results out through an outbox, in order. Its
+    stream is decoded by ``batcher`` with ``recognizer``'s model; ``traffic`` counts what it reads."""
+
+    def __init__(
+        self,
+        ws: ServerConnection,
+        peer: str,
+        cfg: ServeConfig,
+        recognizer: Recognizer,
+        batcher: Batcher,
+        traffic: Traffic,
+    ) -> None:
+        self.cfg = cfg
+        self.recognizer = recognizer
+        self.batcher = batcher
+        self.traffic = traffic
         self.ws = ws
         self.peer = peer
         self.stream: ServerStream | None = None
@@ -62,7 +84,7 @@ class Connection:
         self.ended = False  # no more audio is taken: the end signal came, or the server ended the stream
         self.cut: tuple[str, int] | None = None  # (message, close code) when the server ended the stream
         self.outcome = "client left"  # for the log
-        self.buffer_limit = round(self.cfg.max_buffer_seconds * server.recognizer.sample_rate)  # samples
+        self.buffer_limit = round(self.cfg.max_buffer_seconds * recognizer.sample_rate)  # samples
         self._rate = MessageRate(self.cfg.max_messages_per_second)
         self._room = asyncio.Event()  # set after each round of the stream: its buffer may have room again
         self._outbox: asyncio.Queue[str | tuple[int, str]] = asyncio.Queue()
@@ -94,7 +116,7 @@ class Connection:
                 if self._closing:
                     break
                 pause = self._rate.wait(loop.time())
-                self.server.messages_in += 1
+                self.traffic.messages_in += 1
                 try:
                     if isinstance(message, str):
                         self._on_text(message)
@@ -111,8 +133,14 @@ class Connection:
             pass  # the client vanished mid-stream
         finally:
             if self._closing:
+                # What is queued, then the close; the client's messages meanwhile are dropped, so that its
+                # answer to the close is read at once, not after the audio it had queued.
+                reader = asyncio.create_task(discard_messages(self.ws))
                 with contextlib.suppress(ConnectionClosed):
-                    await writer  # what is queued, then the close
+                    await writer
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
             else:
                 writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -182,7 +210,7 @@ class Connection:
         self.ended = True
         self._room.set()
         self.stream.end()
-        self.server.batcher.notify(self.stream)
+        self.batcher.notify(self.stream)
 
     def shutdown(self) -> None:
         """The server is stopping: finish what was received, then close (1001, going away)."""
@@ -199,7 +227,7 @@ class Connection:
         """Detach the stream from the batcher (its state is dropped with it)."""
         if self.stream is not None:
             self._audio_s = self.audio_s
-            self.server.batcher.remove(self.stream)
+            self.batcher.remove(self.stream)
             self.stream = None
 
     # ------------------------------------------------------------------ client messages
@@ -209,8 +237,8 @@ class Connection:
             if self.start is not None:
                 raise ProtocolError('the stream has already started: send audio, then {"signal": "end"}')
             self.start = signal_
-            self.stream = self.server.recognizer.new_stream(signal_.nbest, signal_.continuous_decoding)
-            self.server.batcher.add(self.stream, self.deliver)
+            self.stream = self.recognizer.new_stream(signal_.nbest, signal_.continuous_decoding)
+            self.batcher.add(self.stream, self.deliver)
             self._outbox.put_nowait(server_ready())
             return
         assert isinstance(signal_, EndSignal)
@@ -222,7 +250,7 @@ class Connection:
             raise ProtocolError("the end signal came twice")
         self.ended = True
         self.stream.end()
-        self.server.batcher.notify(self.stream)
+        self.batcher.notify(self.stream)
 
     def _on_audio(self, data: bytes) -> None:
         if self.start is None:
@@ -238,8 +266,8 @@ class Connection:
         if data:
             before = self.stream.samples_in
             if self.stream.push(data):
-                self.server.batcher.notify(self.stream)
-            self.server.samples_in += self.stream.samples_in - before
+                self.batcher.notify(self.stream)
+            self.traffic.samples_in += self.stream.samples_in - before
         if over:
             self.cut_stream(
                 f"the stream reached the server's limit of {self.cfg.max_seconds:g} s of audio "

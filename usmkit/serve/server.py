@@ -18,7 +18,9 @@ per stream (also the largest binary message), ``--max-messages-per-second`` per 
 ``--start-timeout`` and ``--idle-timeout``; ``--token`` (or ``$USMKIT_SERVE_TOKEN``): a shared
 secret each WebSocket client (and ``/stats``) must send, as ``?token=...`` in the URL or an
 ``Authorization: Bearer ...`` header; ``--allowed-origins``: the web pages, besides the server's own,
-whose scripts may open a socket. Any error a client causes is sent to it as
+whose scripts may open a socket; ``--allowed-hosts``: the names, besides its addresses and loopback
+names, that a request's ``Host`` may give it (a page of another name resolved to the server, DNS
+rebinding, is refused; ``access.host_ok``). Any error a client causes is sent to it as
 ``{"status": "failed", "message": ...}`` before its connection is closed; the others go on. SIGTERM
 stops accepting, finishes the streams (their audio so far decoded, results sent) for at most
 ``--drain-seconds``, then exits. Binds to the loopback interface unless ``--host`` says otherwise.
@@ -34,7 +36,6 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
 from http import HTTPStatus
 from importlib import resources
 from urllib.parse import urlsplit
@@ -44,9 +45,11 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
 from usmkit.errors import UsageError
-from usmkit.serve.access import origin_ok, token_ok
+from usmkit.serve.access import CHECKED_HEADERS, HeaderError, host_ok, one_header, origin_ok, token_ok
 from usmkit.serve.batcher import Batcher
-from usmkit.serve.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_LATER, Connection
+from usmkit.serve.client_socket import ClientSocket, close_discarding
+from usmkit.serve.config import ServeConfig
+from usmkit.serve.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_LATER, Connection, Traffic
 from usmkit.serve.protocol import MAX_SIGNAL_CHARS, failed
 from usmkit.serve.session import Recognizer
 
@@ -66,46 +69,11 @@ QUEUED_FRAMES = (4, 1)  # websockets' read buffer per connection (high, low wate
 RECEIVE_BUFFER_BYTES = 256 * 1024
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """Where the server listens and what it allows (``usmkit-serve --help`` explains each)."""
-
-    host: str = "127.0.0.1"
-    port: int = 10086
-    max_connections: int = 64
-    max_seconds: float = 3600.0
-    max_batch: int = 32
-    token: str | None = None
-    max_buffer_seconds: float = 60.0  # undecoded audio per stream; also the largest binary message
-    max_messages_per_second: float = 1000.0
-    start_timeout: float = 10.0
-    idle_timeout: float = 30.0
-    allowed_origins: tuple[str, ...] = ()
-    drain_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.max_batch < 1 or self.max_seconds <= 0:
-            raise ValueError(
-                f"max_connections and max_batch must be >= 1 and max_seconds > 0, got {self.max_connections}, "
-                f"{self.max_batch} and {self.max_seconds}"
-            )
-        timing = {
-            "max_buffer_seconds": self.max_buffer_seconds,
-            "max_messages_per_second": self.max_messages_per_second,
-            "start_timeout": self.start_timeout,
-            "idle_timeout": self.idle_timeout,
-        }
-        for name, value in timing.items():
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        if self.drain_seconds < 0:
-            raise ValueError(f"drain_seconds must be >= 0, got {self.drain_seconds}")
-
-
 class Server:
     """The WebSocket server around a ``Recognizer``: ``async with Server(...) as s:`` listens on ``s.port``."""
 
-    def __init__(self, recognizer: Recognizer, cfg: ServeConfig = ServeConfig()) -> None:
+    def __init__(self, recognizer: Recognizer, cfg: ServeConfig | None = None) -> None:
+        cfg = cfg or ServeConfig()
         least = 2 * recognizer.round_samples / recognizer.sample_rate  # a stream must hold two rounds of audio
         if cfg.max_buffer_seconds < least:
             raise UsageError(
@@ -118,8 +86,7 @@ class Server:
         self.connections: set[Connection] = set()
         self.port: int | None = None
         self.draining = False
-        self.messages_in = 0  # messages read from all clients
-        self.samples_in = 0  # audio samples received from all clients
+        self.traffic = Traffic()  # what all clients sent
         self._ws_server = None
         self._batcher_task: asyncio.Task | None = None
 
@@ -146,6 +113,9 @@ class Server:
                 max_size=self.max_message_bytes,
                 max_queue=QUEUED_FRAMES,  # a connection that is not read holds at most this many frames
                 compression=None,  # PCM does not compress; deflating it costs both sides CPU
+                create_connection=ClientSocket,
+                ping_interval=self.cfg.ping_interval,
+                ping_timeout=self.cfg.ping_timeout,
             )
         except OSError as e:
             self._batcher_task.cancel()
@@ -184,14 +154,17 @@ class Server:
         return {
             "connections": len(self.connections),
             "streams": self.batcher.streams,
-            "messages_in": self.messages_in,
-            "audio_in_s": round(self.samples_in / self.recognizer.sample_rate, 3),
+            "messages_in": self.traffic.messages_in,
+            "audio_in_s": round(self.traffic.samples_in / self.recognizer.sample_rate, 3),
             **self.batcher.stats.as_dict(),
         }
 
     # ------------------------------------------------------------------ HTTP: the page and /stats
     def _http(self, connection: ServerConnection, request: Request) -> Response | None:
-        if request.headers.get("Upgrade", "").lower() == "websocket":
+        refused = self._refused_request(connection, request)
+        if refused is not None:
+            return refused
+        if (request.headers.get("Upgrade") or "").lower() == "websocket":
             if origin_ok(request.headers, self.cfg.allowed_origins):
                 return None  # the WebSocket handshake goes on
             origin = request.headers.get("Origin")
@@ -230,6 +203,27 @@ class Server:
             response = dataclasses.replace(response, body=b"")
         return response
 
+    def _refused_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """400 for headers that cannot be judged (one named twice), 403 for a ``Host`` that does not name this
+        server (``access.host_ok``); None for a request that may go on."""
+        try:
+            for name in CHECKED_HEADERS:
+                one_header(request.headers, name)
+        except HeaderError as e:
+            log.warning("refused a request: %s", e)
+            return _response(connection, HTTPStatus.BAD_REQUEST, f"{e}\n", "text/plain")
+        host = one_header(request.headers, "Host")
+        if host_ok(host, self.cfg.host, self.cfg.allowed_hosts):
+            return None
+        log.warning("refused a request for the host %r (not a name of this server, nor in --allowed-hosts)", host)
+        return _response(
+            connection,
+            HTTPStatus.FORBIDDEN,
+            f"{host!r} is not a name of this server: reach it by its address or a loopback name, or add the name "
+            "to the server's --allowed-hosts\n",
+            "text/plain",
+        )
+
     # ------------------------------------------------------------------ WebSocket connections
     async def _handle(self, ws: ServerConnection) -> None:
         peer = _peer(ws)
@@ -249,7 +243,7 @@ class Server:
                 CLOSE_TRY_LATER,
             )
             return
-        conn = Connection(self, ws, peer)
+        conn = Connection(ws, peer, self.cfg, self.recognizer, self.batcher, self.traffic)
         self.connections.add(conn)
         started = time.monotonic()
         log.info("connect %s (%d/%d connections)", peer, len(self.connections), self.cfg.max_connections)
@@ -277,7 +271,7 @@ def _peer(ws: ServerConnection) -> str:
 async def _refuse(ws: ServerConnection, message: str, code: int = CLOSE_POLICY) -> None:
     with contextlib.suppress(ConnectionClosed):
         await ws.send(failed(message))
-        await ws.close(code, "refused")
+        await close_discarding(ws, code, "refused")
 
 
 def _response(connection: ServerConnection, status: HTTPStatus, body: str, content_type: str) -> Response:

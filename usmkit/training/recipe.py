@@ -53,6 +53,7 @@ from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
 from usmkit.training.memory_check import check_memory
 from usmkit.training.resume_config import check_resume_config
+from usmkit.training.run_lexicon import write_run_lexicon
 from usmkit.training.task_spec import train_spec
 from usmkit.training.trainer import Trainer, check_options
 
@@ -137,6 +138,7 @@ class TrainingRecipe:
         stats = rank0_first(rank, lambda: load_stats(cfg, stats_cuts), "the feature statistics")
         if rank == 0:
             self._write_run_files(stats, tokenizer)
+            write_run_lexicon(cfg, tokenizer, self.exp_dir)  # what --lexicon decodes with, wherever the run goes
         pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
         if cfg.task.kind == "most":  # three streams in every step: unlabeled audio, paired, text-only
             if cfg.task.most.align_from:
