@@ -145,6 +145,19 @@ def test_asterisk_recipe_reads_unpacked_packages_alike(tmp_path):
     assert not (from_folders / "packages").exists()  # the unpacked audio is read where it is
 
 
+def test_asterisk_rerun_with_fewer_languages_removes_their_splits(tmp_path):
+    out, debs = tmp_path / "asterisk", make_debs(tmp_path / "unpacked", unpacked=True)
+    assert prepare(out, debs, "on_error=skip") == 0
+    other = out / "asterisk_cuts_test_8k.jsonl.gz"  # another recipe's split (prepare bandlimit) in the folder
+    other.write_bytes((out / "asterisk_cuts_test.jsonl.gz").read_bytes())
+    assert prepare_main(["asterisk", f"out={out}", f"debs={debs}", "languages=[en]", "on_error=skip"]) == 0
+    splits = set(available_splits(out, "asterisk"))
+    assert splits == {"train", "dev", "test", "unlabeled", "train_en", "dev_en", "test_en", "test_8k"}
+    assert not list(out.glob("asterisk_*_ru.jsonl.gz"))
+    assert {c.supervisions[0].language for c in load_cuts(out, "train", corpus="asterisk")} == {"en"}
+    assert set(json.loads((out / "corpus.json").read_text())["languages"]) == {"en"}
+
+
 def test_asterisk_recipe_stops_at_an_unreadable_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         prepare(tmp_path / "out", make_debs(tmp_path / "debs"))

@@ -174,7 +174,7 @@ def prepare_asterisk(
     cuts = load_cuts_of(prompts, faults, counts, num_jobs)
     for lang in languages:
         counts[lang].unreadable.update(faults[lang].counts())
-    cut_sets = write_corpus(out_dir, CORPUS, cuts, assign_splits(prompts, seed))
+    cut_sets = write_corpus(out_dir, CORPUS, cuts, assign_splits(prompts, seed), languages, LANGUAGES)
     meta = [{"name": p.name, "version": p.version, "source": p.source} for p in packages]
     data = summary(CORPUS, cut_sets, counts, meta, LICENSES, seed)
     data["narrowband"] = {"source_rate": NARROWBAND_RATE, "loaded_at": 16000}

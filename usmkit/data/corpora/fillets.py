@@ -190,7 +190,7 @@ def prepare_fillets(
     cuts = load_cuts_of(prompts, faults, counts, num_jobs)
     for lang in languages:
         counts[lang].unreadable.update(faults[lang].counts())
-    cut_sets = write_corpus(out_dir, CORPUS, cuts, assign_splits(prompts, seed))
+    cut_sets = write_corpus(out_dir, CORPUS, cuts, assign_splits(prompts, seed), languages, LANGUAGES)
     meta = [{"name": p.name, "version": p.version, "source": p.source} for p in packages]
     data = summary(CORPUS, cut_sets, counts, meta, LICENSES, seed)
     write_summary(out_dir, data)

@@ -45,6 +45,7 @@ from usmkit.data.corpora.common import (
     write_split,
     write_unlabeled_split,
 )
+from usmkit.data.manifests import KINDS, manifest_path
 from usmkit.metrics import normalize_text
 
 SAMPLE_RATE = 16000
@@ -206,9 +207,17 @@ def load_cuts_of(
     return cuts
 
 
-def write_corpus(out_dir: Path, corpus: str, cuts: Sequence[MonoCut], split_of: Mapping[str, str]) -> dict[str, CutSet]:
-    """Write every split (all languages, and ``{split}_{language}``) and ``unlabeled``; returns them by name."""
-    languages = sorted({c.supervisions[0].language for c in cuts})
+def write_corpus(
+    out_dir: Path,
+    corpus: str,
+    cuts: Sequence[MonoCut],
+    split_of: Mapping[str, str],
+    languages: Sequence[str],
+    known: Sequence[str] = (),
+) -> dict[str, CutSet]:
+    """Write every split (all ``languages``, and ``{split}_{language}``) and ``unlabeled``; returns them by name.
+    The per-language manifests of the ``known`` languages (the recipe's) not in this run, left by an earlier
+    run, are removed, so that every split in ``out_dir`` comes from this run."""
     result: dict[str, CutSet] = {}
     for split in SPLITS:
         chosen = [c for c in cuts if split_of[c.id] == split]
@@ -218,6 +227,10 @@ def write_corpus(out_dir: Path, corpus: str, cuts: Sequence[MonoCut], split_of: 
                 raise RecipeError(f"{corpus} split {split}_{language} is empty: too few usable {language} prompts")
             result[f"{split}_{language}"] = CutSet.from_cuts(part)
         result[split] = CutSet.from_cuts(chosen)
+    for language in sorted(set(known) - set(languages)):
+        for split in SPLITS:
+            for kind in KINDS:
+                manifest_path(out_dir, corpus, kind, f"{split}_{language}").unlink(missing_ok=True)
     for name, cut_set in result.items():
         write_split(out_dir, corpus, name, cut_set)
     result["unlabeled"] = unlabeled_cuts(result["train"], language="")
