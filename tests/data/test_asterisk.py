@@ -108,6 +108,8 @@ def test_asterisk_recipe_counts_every_file_and_splits_by_text(tmp_path):
     assert en["without_text"] == 1 and en["texts_without_audio"] == 1 and en["duplicate_texts"] == 1
     assert en["used"] == len(EN) - 6 and ru["used"] == len(RU) - 2
     assert ru["left_out"] == {"number": 1, "other script": 1}
+    for row in (en, ru):  # the texts of the prompts kept are split, those left out after reading the audio too
+        assert [row["splits"][s]["texts"] for s in ("dev", "test")] == [1, 1]
     assert (en["license"], ru["license"]) == ("CC-BY-SA-3.0", "CC-BY-3.0")
     assert {p["name"]: p["version"] for p in summary["packages"]}["asterisk-core-sounds-ru-wav"] == "1.6.1-1"
 
@@ -156,6 +158,23 @@ def test_asterisk_rerun_with_fewer_languages_removes_their_splits(tmp_path):
     assert not list(out.glob("asterisk_*_ru.jsonl.gz"))
     assert {c.supervisions[0].language for c in load_cuts(out, "train", corpus="asterisk")} == {"en"}
     assert set(json.loads((out / "corpus.json").read_text())["languages"]) == {"en"}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_texts_left_out_after_reading_the_audio_take_no_split_place(tmp_path, seed):
+    """Three usable texts and one too long for its audio: whatever the seed, each split gets one usable text."""
+    voice = f"usr/share/asterisk/sounds/{VOICES['ru']}"
+    prompts = {"a": ("Один.", 1.0), "b": ("Два.", 1.0), "c": ("Три.", 1.0), "d": ("Это слишком длинный текст.", 0.2)}
+    wavs = {f"{voice}/{key}.wav": wav_bytes(sec, i) for i, (key, (_, sec)) in enumerate(prompts.items())}
+    lines = "\n".join(f"{key}: {text}" for key, (text, _) in prompts.items())
+    text = {"usr/share/doc/asterisk-core-sounds-ru/core-sounds-ru.txt.gz": gzip.compress(lines.encode())}
+    write_deb(tmp_path / "debs", "asterisk-core-sounds-ru-wav", wavs)
+    write_deb(tmp_path / "debs", "asterisk-core-sounds-ru", text)
+    out = tmp_path / "out"
+    assert prepare_main(["asterisk", f"out={out}", f"debs={tmp_path / 'debs'}", "languages=[ru]", f"seed={seed}"]) == 0
+    row = json.loads((out / "corpus.json").read_text())["languages"]["ru"]
+    assert row["left_out"] == {"text too long for the audio": 1}
+    assert {split: v["texts"] for split, v in row["splits"].items()} == {"train": 1, "dev": 1, "test": 1}
 
 
 def test_asterisk_recipe_stops_at_an_unreadable_file(tmp_path, capsys):

@@ -174,7 +174,9 @@ def prepare_asterisk(
     cuts = load_cuts_of(prompts, faults, counts, num_jobs)
     for lang in languages:
         counts[lang].unreadable.update(faults[lang].counts())
-    cut_sets = write_corpus(out_dir, CORPUS, cuts, assign_splits(prompts, seed), languages, LANGUAGES)
+    usable = {cut.id for cut in cuts}  # split the texts of the prompts kept, so that no split is left empty
+    split_of = assign_splits([p for p in prompts if p.id in usable], seed)
+    cut_sets = write_corpus(out_dir, CORPUS, cuts, split_of, languages, LANGUAGES)
     meta = [{"name": p.name, "version": p.version, "source": p.source} for p in packages]
     data = summary(CORPUS, cut_sets, counts, meta, LICENSES, seed)
     data["narrowband"] = {"source_rate": NARROWBAND_RATE, "loaded_at": 16000}
