@@ -21,7 +21,7 @@ def ar_archive(members: list[tuple[str, bytes]]) -> bytes:
 def tar_bytes(files: Mapping[str, bytes], compression: str = "xz", links: Mapping[str, str] | None = None) -> bytes:
     """A tar of ``files`` (path -> content, paths as written, e.g. ``./usr/...``) and symbolic ``links``."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode=f"w:{compression}") as tar:
+    with tarfile.open(fileobj=buffer, mode="w" if compression == "zst" else f"w:{compression}") as tar:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -30,6 +30,11 @@ def tar_bytes(files: Mapping[str, bytes], compression: str = "xz", links: Mappin
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
+    if compression == "zst":  # as dpkg-deb -Zzstd writes it: a stream without the content size in its header
+        import zstandard
+
+        stream = zstandard.ZstdCompressor().compressobj()
+        return stream.compress(buffer.getvalue()) + stream.flush()
     return buffer.getvalue()
 
 

@@ -30,7 +30,7 @@ def test_ar_members_refuses_bad_archives(blob, words):
         list(ar_members(blob, "bad.deb"))
 
 
-@pytest.mark.parametrize("compression", ["xz", "gz"])
+@pytest.mark.parametrize("compression", ["xz", "gz", "zst"])
 def test_extract_deb_writes_only_wanted_regular_files_inside_dest(tmp_path, compression):
     files = {"usr/share/a/one.wav": b"1", "usr/share/a/two.txt": b"2", "usr/share/doc/p/copyright": b"c"}
     deb = write_deb(tmp_path / "debs", "p", files, compression, links={"./usr/share/a/link.wav": "/etc/passwd"})

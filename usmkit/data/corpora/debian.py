@@ -1,9 +1,9 @@
 """Debian packages as corpus sources: a ``.deb`` file, or the folder it was unpacked to.
 
 A ``.deb`` is an ``ar`` archive holding ``debian-binary``, ``control.tar.*`` and ``data.tar.{xz,gz,zst}``;
-the package's files are in ``data.tar``. Python's ``tarfile`` reads xz and gz (``zst``, the Ubuntu default,
-needs the ``zstandard`` package); the standard library has no ``ar`` reader, so ``ar_members`` is our own
-(the format is a magic line and 60-byte member headers, ``man 5 ar``).
+the package's files are in ``data.tar``. Python's ``tarfile`` reads xz and gz, and the ``zstandard`` package
+zst (Ubuntu's default); the standard library has no ``ar`` reader, so ``ar_members`` is our own (the format is
+a magic line and 60-byte member headers, ``man 5 ar``).
 
 A recipe asks for a package by name in a folder ``debs`` (``apt-get download NAME`` writes
 ``NAME_VERSION_ARCH.deb``)::
