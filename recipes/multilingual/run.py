@@ -9,8 +9,10 @@ No stage named: all four, in order.
 - data: ``prepare asterisk`` (en, es, fr, it, ru) and ``prepare fillets`` (cs, nl) from the packages in ``--debs``
   (``apt-get download ...``: docs/recipes.md), then one corpus ``multilingual`` (``prepare pool labeled=true``) with
   ``train`` and ``dev`` of every chosen language and each language's ``train_LANG``, ``dev_LANG``, ``test_LANG``;
-  then one tokenizer (sentencepiece over every script, byte fallback; ``--vocab-size``) on ``train``, shared by
-  every run, so the models differ in their training data only.
+  with ``--english DIR:CORPUS ...`` (prepared English corpora, e.g. ``data/an4:an4 data/kathleen:kathleen``)
+  their ``train`` and ``dev`` join the multilingual model's, and it is scored on their ``test`` too; then one
+  tokenizer (sentencepiece over every script, byte fallback; ``--vocab-size``) on ``train``, shared by every run,
+  so the models differ in their training data only.
 - train: per seed, the multilingual model (``train``, languages drawn with probability proportional to
   n_l^(1/T), ``--temperature``: ``data.language_temperature``) and one model per language (``train_LANG``), each
   ``--steps`` steps from scratch, the ``--model`` encoder.
@@ -63,6 +65,7 @@ class Settings:
     jobs: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
     report: Path | None = None
+    english: tuple[tuple[Path, str], ...] = ()  # prepared English corpora (folder, corpus name): AN4, Kathleen
 
     @property
     def data(self) -> Path:
@@ -71,6 +74,10 @@ class Settings:
     @property
     def tokenizer(self) -> Path:
         return self.data / "tokenizer" / "tokenizer.model"
+
+    def scored(self) -> list[str]:
+        """What the multilingual model is scored on: each language's test split, and each English corpus's."""
+        return [*self.languages, *(corpus for _, corpus in self.english)]
 
     def corpora(self) -> dict[str, tuple[str, ...]]:
         """The source corpora with the chosen languages of each."""
@@ -101,6 +108,11 @@ def data_steps(s: Settings) -> list[Step]:
         for lang in langs:
             for split in ("train", "dev", "test"):
                 pools[f"{split}_{lang}"] = [f"{folder}:{corpus}:{split}_{lang}"]
+    for folder, corpus in s.english:  # their train and dev join the multilingual model's; scored apart
+        for split in ("train", "dev"):
+            pools[split].append(f"{folder}:{corpus}:{split}")
+        for split in ("dev", "test"):
+            pools[f"{split}_{corpus}"] = [f"{folder}:{corpus}:{split}"]
     for split, inputs in pools.items():
         pool = {"out": s.data, "corpus": CORPUS, "split": split, "labeled": True, "inputs": inputs}
         steps.append(Step(f"pool_{split}", "usmkit.cli.prepare", pool, deps, positional=("pool",)))
@@ -149,7 +161,7 @@ def train_steps(s: Settings) -> list[Step]:
 def decode_steps(s: Settings) -> list[Step]:
     steps = []
     for name, (_, _, lang) in run_names(s).items():
-        langs = [lang] if lang else list(s.languages)
+        langs = [lang] if lang else s.scored()
         sets = [f"{split}_{x}" for x in langs for split in ("dev", "test")]
         overrides = {
             "checkpoint": s.out / "runs" / name,
@@ -187,7 +199,7 @@ def build_report(s: Settings) -> dict[str, Any]:
             missing.append(name)
             continue
         sets = json.loads(path.read_text())["sets"]
-        for x in [lang] if lang else s.languages:
+        for x in [lang] if lang else s.scored():
             rows.append(
                 {
                     "run": name,
@@ -198,7 +210,7 @@ def build_report(s: Settings) -> dict[str, Any]:
                 }
             )
     summary = []
-    for lang in s.languages:
+    for lang in s.scored():
         for model in ("single", "multilingual"):
             group = [r for r in rows if (r["language"], r["model"]) == (lang, model)]
             if not group:
@@ -247,6 +259,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--workers", type=int, default=d.workers, help="loader workers per training run")
     ap.add_argument("--jobs", type=int, default=d.jobs, help="steps side by side")
     ap.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides of every training run")
+    ap.add_argument(
+        "--english",
+        nargs="*",
+        default=[],
+        metavar="DIR:CORPUS",
+        help="prepared English corpora whose train and dev join the multilingual model's (e.g. data/an4:an4)",
+    )
     ap.add_argument("--report", type=Path, default=None, help="write the report's JSON here (default OUT/report.json)")
     a = ap.parse_args(argv)
     bad = [x for x in a.stages if x not in STAGES]
@@ -272,6 +291,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         jobs=a.jobs,
         extra=parse_overrides(a.extra),
         report=a.report,
+        english=tuple((Path(folder), corpus) for folder, _, corpus in (x.rpartition(":") for x in a.english)),
     )
     return tuple(a.stages) or STAGES, settings
 

@@ -63,6 +63,19 @@ def test_steps_train_one_multilingual_model_and_one_per_language(ml_run, tmp_pat
     assert decode["decode_en_s0"]["test_sets"] == "[dev_en,test_en]"
 
 
+def test_english_corpora_join_the_multilingual_training_and_are_scored_apart(ml_run, tmp_path):
+    argv = ["--out", str(tmp_path), "--languages", "en,nl", "--seeds", "0", "--english", "d/an4:an4", "d/k:kathleen"]
+    _, s = ml_run.parse_args(argv)
+    data = {step.name: _overrides(step) for step in ml_run.data_steps(s)}
+    assert data["pool_train"]["inputs"].endswith(",d/an4:an4:train,d/k:kathleen:train]")
+    assert data["pool_dev"]["inputs"].endswith(",d/an4:an4:dev,d/k:kathleen:dev]")
+    assert data["pool_test_an4"]["inputs"] == "[d/an4:an4:test]" and "pool_train_an4" not in data
+    train = {step.name for step in ml_run.train_steps(s)}
+    assert train == {"multi_s0", "en_s0", "nl_s0"}  # no single-corpus model of the English corpora
+    decode = {step.name: _overrides(step) for step in ml_run.decode_steps(s)}
+    assert decode["decode_multi_s0"]["test_sets"].endswith(",dev_an4,test_an4,dev_kathleen,test_kathleen]")
+
+
 def test_report_means_and_sds_per_language_and_model(ml_run, tmp_path):
     _, s = ml_run.parse_args(["--out", str(tmp_path), "--languages", "en,ru", "--seeds", "0,1"])
     scores = {"multi_s0": 0.1, "multi_s1": 0.3, "en_s0": 0.2, "en_s1": 0.4, "ru_s0": 0.5}  # ru_s1 not decoded
