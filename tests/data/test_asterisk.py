@@ -185,6 +185,16 @@ def test_asterisk_recipe_stops_at_an_unreadable_file(tmp_path, capsys):
     assert "error:" in err and "broken.wav" in err and "on_error=skip" in err
 
 
+def test_asterisk_recipe_refuses_another_corpus_folder(tmp_path, capsys):
+    other = tmp_path / "kathleen"
+    other.mkdir()
+    (other / "kathleen_cuts_train.jsonl.gz").write_bytes(b"")
+    with pytest.raises(SystemExit) as exit_:
+        prepare(other, make_debs(tmp_path / "debs"), "on_error=skip")
+    assert exit_.value.code == 2 and "kathleen" in capsys.readouterr().err
+    assert sorted(p.name for p in other.iterdir()) == ["kathleen_cuts_train.jsonl.gz"]
+
+
 def test_asterisk_recipe_names_the_missing_package(tmp_path, capsys):
     debs = make_debs(tmp_path / "debs")
     next(debs.glob("asterisk-core-sounds-ru_*.deb")).unlink()
