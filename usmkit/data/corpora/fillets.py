@@ -175,6 +175,8 @@ def prepare_fillets(
     if unknown or not languages:
         raise RecipeError(f"languages={','.join(languages)}: choose among {','.join(LANGUAGES)}")
     debs, out_dir = Path(debs), Path(out_dir)
+    if not debs.is_dir():
+        raise RecipeError(f"debs={debs} is not a folder; pass the folder where `apt-get download ...` wrote the .debs")
     out_dir.mkdir(parents=True, exist_ok=True)
     want = _want(languages)
     data_pkg = package_root(debs, "fillets-ng-data", out_dir / "packages", want)
