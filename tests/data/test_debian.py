@@ -71,3 +71,6 @@ def test_package_root_prefers_the_deb_then_unpacked_folders(tmp_path):
     assert b.root == debs / "pkg-b" and b.version == ""
     with pytest.raises(RecipeError, match="apt-get download pkg-c"):
         package_root(debs, "pkg-c", tmp_path / "out", want=lambda p: True)
+    installed = tmp_path / "root"  # an installed system: debs=/
+    (installed / "usr" / "share").mkdir(parents=True)
+    assert package_root(installed, "pkg-c", tmp_path / "out", want=lambda p: True).root == installed
