@@ -1,5 +1,5 @@
 """One CTC model on the seven languages of Debian's speech packages against one model per language, at equal
-steps (issue 60), every step a usmkit command (printed as it runs).
+steps, every step a usmkit command (printed as it runs).
 
     python recipes/multilingual/run.py --debs DEBS [data] [train] [decode] [report] [--out exp/multilingual]
         [--languages en,es,fr,it,ru,cs,nl] [--seeds 0,1,2] [--steps 2000] [--temperature 3] [--jobs 1] ...
@@ -23,7 +23,7 @@ No stage named: all four, in order.
 
 The asterisk audio is 8 kHz, loaded at 16 kHz (its band above 4 kHz empty), as the narrowband test sets of the
 AN4 recipe are. Steps are recorded in ``OUT/steps/`` and skipped when rerun with the same command
-(``recipes/an4/steps.py``); logs in ``OUT/logs/``.
+(``usmkit.recipes.steps``); logs in ``OUT/logs/``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "an4"))  # the step runner the AN4 recipe uses
-from steps import Execute, StageFailed, Step, run_steps, subprocess_runner  # noqa: E402
+from usmkit.recipes.steps import Execute, StageFailed, Step, run_steps, subprocess_runner
 
 STAGES = ("data", "train", "decode", "report")
 CORPORA = {"asterisk": ("en", "es", "fr", "it", "ru"), "fillets": ("cs", "nl")}
@@ -273,7 +272,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     unknown = [x for x in languages if x not in LANGUAGES]
     if bad or unknown or not languages:
         ap.error(f"stages must be of {', '.join(STAGES)}; languages of {', '.join(LANGUAGES)}")
-    from steps import parse_overrides
+    from usmkit.recipes.steps import parse_overrides
 
     settings = Settings(
         debs=a.debs,

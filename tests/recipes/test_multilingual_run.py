@@ -26,9 +26,7 @@ def ml_run():
         spec.loader.exec_module(module)
         yield module
     finally:
-        for name in ("multilingual_run", "steps"):
-            sys.modules.pop(name, None)
-        sys.path.remove(str(REPO / "recipes" / "an4"))
+        sys.modules.pop("multilingual_run", None)
 
 
 def _overrides(step) -> dict[str, str]:
