@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import time
 from itertools import islice
 
 import pytest
@@ -9,7 +11,7 @@ import torch
 from lhotse import CutSet
 
 from usmkit.data.config import DataConfig, FeatureConfig
-from usmkit.data.loader import make_loader, prepare_cuts
+from usmkit.data.loader import StopSignalsIgnored, make_loader, prepare_cuts, shutdown_workers
 from usmkit.data.normalize import compute_global_stats
 from usmkit.data.sampling import language_balanced, make_sampler
 
@@ -304,3 +306,52 @@ def test_fixed_batch_shapes_reach_the_batches(audio_corpus, stats, tiny_tokenize
             assert int(batch.feature_lens.max()) > T - 64, "padded to the batch's own length"
             shapes.add((B, T))
     assert len(shapes) >= 2
+
+
+class _Handlers(torch.utils.data.Dataset):
+    """Item i: the worker's SIGINT and SIGTERM handlers and what its own ``worker_init_fn`` recorded."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple:
+        return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), _Handlers.ran
+
+
+_Handlers.ran = None
+
+
+def _record_worker(worker_id: int) -> None:
+    _Handlers.ran = f"worker {worker_id}"
+
+
+def test_loader_workers_ignore_stop_signals_and_run_the_callers_init():
+    """A signal to the whole process group (a scheduler's SIGTERM, a terminal's Ctrl-C) must not end the loader's
+    workers: the main process finishes its step with their batches and saves it."""
+    loader = torch.utils.data.DataLoader(
+        _Handlers(), batch_size=None, num_workers=1, worker_init_fn=StopSignalsIgnored(_record_worker)
+    )
+    for sigint, sigterm, ran in loader:
+        assert sigint == signal.SIG_IGN and sigterm == signal.SIG_IGN and ran == "worker 0"
+
+
+class _Stuck(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i > 0:
+            time.sleep(120)  # a worker that never answers the request to stop
+        return i
+
+
+def test_shutdown_ends_a_worker_that_ignores_the_request_and_sigterm():
+    """torch ends a worker that does not stop when asked with SIGTERM, which ours ignore: ``shutdown_workers``
+    kills it, and the main process is not failed by that worker's exit."""
+    loader = torch.utils.data.DataLoader(_Stuck(), batch_size=None, num_workers=1, worker_init_fn=StopSignalsIgnored())
+    live = iter(loader)
+    assert next(live) == 0
+    workers = list(live._workers)
+    shutdown_workers(live)
+    assert not any(w.is_alive() for w in workers)
+    time.sleep(0.2)  # a SIGCHLD handler that failed the process would have raised by now

@@ -286,19 +286,20 @@ def test_two_agents_of_a_c10d_rendezvous_train_as_one_launch(synth_corpus, tmp_p
 
 @pytest.mark.slow  # ~60 s each
 @pytest.mark.parametrize(
-    "to, signum",
-    [("group", signal.SIGINT), ("agent", signal.SIGTERM)],
-    ids=["ctrl_c_in_a_terminal", "sigterm_to_torchrun"],
+    "to, signum, workers",
+    [("group", signal.SIGINT, 0), ("agent", signal.SIGTERM, 0), ("agent", signal.SIGTERM, 1)],
+    ids=["ctrl_c_in_a_terminal", "sigterm_to_torchrun", "sigterm_to_torchrun_with_loader_workers"],
 )
 def test_a_signal_to_a_torchrun_launch_saves_the_step_on_every_rank_and_resume_goes_on(
-    synth_corpus, tmp_path, to, signum
+    synth_corpus, tmp_path, to, signum, workers
 ):
     """Ctrl-C in a terminal reaches torchrun and both workers, and torchrun passes the signal on to them
-    again; a scheduler's SIGTERM reaches torchrun, which passes it on. Either way both ranks stop after the
-    same step, rank 0 saves it, the run says where, and ``resume=true`` trains on from there to the end."""
+    again; a scheduler's SIGTERM reaches torchrun, which passes it on to each worker's whole process group
+    (its loader workers too). Either way both ranks stop after the same step, rank 0 saves it, the run says
+    where, and ``resume=true`` trains on from there to the end."""
     exp = tmp_path / "exp"
-    args = [f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}", "trainer.max_steps=400",
-            "trainer.save_every=0", "trainer.eval_every=0"]  # fmt: skip
+    args = [f"data.num_workers={workers}", f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}",
+            "trainer.max_steps=400", "trainer.save_every=0", "trainer.eval_every=0"]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(HARNESS),
            *FAST, *args]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

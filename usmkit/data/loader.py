@@ -16,7 +16,7 @@ import functools
 import logging
 import signal
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -169,7 +169,7 @@ class AsrLoader:
             # Its own generator: each iter() draws a worker base seed from it, never from the global RNG,
             # which the trainer restores on resume (the workers' draws are re-seeded per batch anyway).
             generator=torch.Generator().manual_seed(seed),
-            worker_init_fn=ignore_sigint,
+            worker_init_fn=StopSignalsIgnored(),
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -216,20 +216,44 @@ class AsrLoader:
         self.sampler.load_state_dict(state)  # lhotse consumes the dict it gets
 
 
-def ignore_sigint(worker_id: int) -> None:
-    """A worker process's start: a Ctrl-C in a terminal reaches the whole process group, and the training
-    process, which stops after its step on SIGINT (``usmkit.training.stop_signals``), still needs the
-    workers' batches; they end with it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+class StopSignalsIgnored:
+    """A DataLoader ``worker_init_fn``: the worker process ignores SIGINT and SIGTERM, then runs ``then`` (the
+    caller's own ``worker_init_fn``, if any).
+
+    A Ctrl-C in a terminal reaches the whole foreground process group, and a scheduler's SIGTERM (``timeout``,
+    SLURM, ``kill -- -PGID``, torchrun passing its own on to each worker's session) the whole group too. The
+    training process owns shutdown: it finishes its step on either signal and saves it
+    (``usmkit.training.stop_signals``), which may need the workers' batches; a worker killed by the signal
+    instead fails the main process (``DataLoader worker ... killed by signal``) before it saves. The workers
+    end when the main process shuts them down (``shutdown_workers``) or exits (they watch their parent).
+    A class rather than a closure so that it pickles for spawned workers.
+    """
+
+    def __init__(self, then: Callable[[int], None] | None = None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def shutdown_workers(iterator: Any) -> None:
     """End the worker processes (and the pin-memory thread) of a DataLoader iterator; nothing for None or an
     iterator without workers. torch has no public call for it: a multi-process iterator ends its workers in
-    ``_shutdown_workers``, which its destructor calls and which may run more than once."""
+    ``_shutdown_workers``, which its destructor calls and which may run more than once. It asks each worker to
+    stop and, for one still alive after a few seconds, sends SIGTERM, which our workers ignore
+    (``StopSignalsIgnored``): such a worker is killed here. torch stops watching the workers' exits before
+    that (``_remove_worker_pids``), so the main process is not failed by a worker it ended itself."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    if shutdown is None:
+        return
+    shutdown()
+    for worker in getattr(iterator, "_workers", ()):
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5.0)
 
 
 def speaker_norms_for(cuts: CutSet, cfg: DataConfig, stats: FeatureStats | None) -> dict[str, SpeakerNorm] | None:
@@ -503,7 +527,7 @@ class SharLoader:
                 num_workers=self.cfg.num_workers,
                 pin_memory=self.pin_memory,
                 generator=torch.Generator().manual_seed(self.seed),  # not the global RNG (see AsrLoader)
-                worker_init_fn=ignore_sigint,
+                worker_init_fn=StopSignalsIgnored(),
             )
         )
         # Worker w delivers stream w's batches in turn from worker 0 on; a pass that resumes with another
