@@ -6,6 +6,7 @@ dataclasses. Validation happens in ``__post_init__`` so a bad value fails at con
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -271,6 +272,15 @@ class DataConfig:
                 f"DataConfig.pack_to_frames={self.pack_to_frames} makes rows of {row_s:g} s, shorter than "
                 f"max_cut_duration={self.max_cut_duration:g} s: set max_cut_duration={row_s:g} (longer cuts are "
                 "left out of training) or raise pack_to_frames"
+            )
+        shift_s = self.features.frame_shift_ms / 1000.0
+        most = int(self.max_duration / shift_s + 1e-6)  # a batch is max_duration seconds of rows
+        if self.pack_to_frames > most:
+            least = math.ceil(self.max_cut_duration / shift_s - 1e-6)
+            raise ValueError(
+                f"DataConfig.pack_to_frames={self.pack_to_frames} makes rows of {row_s:g} s, longer than a whole "
+                f"batch (max_duration={self.max_duration:g} s): set pack_to_frames between {least} (a row holds "
+                f"max_cut_duration={self.max_cut_duration:g} s) and {most} (one row a batch)"
             )
 
     @property
