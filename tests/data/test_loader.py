@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from itertools import islice
@@ -9,6 +10,7 @@ from itertools import islice
 import pytest
 import torch
 from lhotse import CutSet
+from lhotse.utils import fastcopy
 
 from usmkit.data.config import DataConfig, FeatureConfig
 from usmkit.data.loader import StopSignalsIgnored, make_loader, prepare_cuts, shutdown_workers
@@ -355,3 +357,30 @@ def test_shutdown_ends_a_worker_that_ignores_the_request_and_sigterm():
     shutdown_workers(live)
     assert not any(w.is_alive() for w in workers)
     time.sleep(0.2)  # a SIGCHLD handler that failed the process would have raised by now
+
+
+def test_over_long_transcripts_are_left_out_of_training_and_counted(
+    audio_corpus, stats, tiny_tokenizer, build_config, caplog
+):
+    """A transcript of 2,000 words on a cut of about a second (more tokens than the cut has feature frames:
+    no model can emit them) trained at 3.2 GB and 16 s a step without a word: training leaves it out and
+    says so; ``max_text_tokens`` sets a limit of its own. Evaluation keeps every cut."""
+    long = audio_corpus[0]
+    sup = long.supervisions[0]
+    long = fastcopy(long, supervisions=[fastcopy(sup, text=" ".join(["the cat"] * 1000))])
+    cuts = CutSet.from_cuts([long, *list(audio_corpus)[1:]])
+    with caplog.at_level(logging.WARNING, logger="usmkit.data.loader"):
+        seen = [i for b in make_loader(cuts, build_config(), tokenizer=tiny_tokenizer, stats=stats, train=True)
+                for i in b.cut_ids]  # fmt: skip
+    assert sorted(seen) == sorted(list(cuts.ids)[1:])
+    assert "training leaves out 1 cuts whose transcripts have more tokens than max_text_tokens=1000 or the cut's" in (
+        caplog.text
+    )
+    counts = sorted(len(tiny_tokenizer.encode(c.supervisions[0].text)) for c in cuts)
+    cfg = build_config(max_text_tokens=counts[5])
+    seen = [i for b in make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True) for i in b.cut_ids]
+    assert len(seen) == sum(n <= counts[5] for n in counts)
+    evaluated = [
+        i for b in make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=False) for i in b.cut_ids
+    ]
+    assert sorted(evaluated) == sorted(cuts.ids)

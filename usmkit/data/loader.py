@@ -29,7 +29,7 @@ from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
 from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
-from usmkit.data.dataset import AsrDataset, TextEncoder
+from usmkit.data.dataset import AsrDataset, TextEncoder, cut_text
 from usmkit.data.features import feature_storage_dir, precompute_features
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
@@ -315,6 +315,8 @@ def make_loader(
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
         cuts = _drop_long(cuts, cfg.max_cut_duration)
+        if tokenizer is not None:
+            cuts = _drop_long_texts(cuts, tokenizer, cfg)
         if packer is not None:
             cuts = _drop_unpackable(cuts, packer, cfg.features.frame_shift_ms / 1000.0)
         cuts = language_balanced(cuts, cfg.language_temperature, seed=seed)
@@ -413,6 +415,34 @@ def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:
         return cuts
     log.warning("training leaves out %d cuts longer than max_cut_duration=%gs", long, max_duration)
     return CutSet.from_cuts(c for c in cuts if c.duration <= max_duration)
+
+
+def _drop_long_texts(cuts: CutSet, tokenizer: TextEncoder, cfg: DataConfig) -> CutSet:
+    """Leave out the cuts whose transcripts have more tokens than ``cfg.max_text_tokens`` (when set) or than the
+    cut has feature frames: an encoder has at most that many frames, and CTC emits at most one token a frame.
+    Each transcript is tokenized once here (the batches tokenize again)."""
+    shift = cfg.features.frame_shift_ms / 1000.0
+    limit = cfg.max_text_tokens or None
+
+    def fits(cut: Cut) -> bool:
+        text = cut_text(cut)
+        if not text:
+            return True
+        tokens = len(tokenizer.encode(text))
+        return tokens <= cut_frames(cut, shift) and (limit is None or tokens <= limit)
+
+    kept, dropped = [], 0
+    for cut in cuts:
+        if fits(cut):
+            kept.append(cut)
+        else:
+            dropped += 1
+    if dropped == 0:
+        return cuts
+    bound = f"max_text_tokens={limit} or " if limit else ""
+    log.warning("training leaves out %d cuts whose transcripts have more tokens than %sthe cut's feature frames "
+                "(%g ms each)", dropped, bound, cfg.features.frame_shift_ms)  # fmt: skip
+    return CutSet.from_cuts(kept)
 
 
 # ---------------------------------------------------------------- streaming from Shar shards
