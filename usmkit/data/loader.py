@@ -17,6 +17,7 @@ import logging
 import signal
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -35,7 +36,7 @@ from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
 from usmkit.data.packing import RowPacker, cut_frames, packed_rows
 from usmkit.data.sampling import NUM_CUTS_FOR_BINS, labeled_subset, language_balanced, make_sampler
-from usmkit.data.shar import shar_cuts, split_shards, stream_shards
+from usmkit.data.shar import SharError, shar_cuts, split_shards, stream_shards
 from usmkit.data.validate import ValidationReport, validate_cuts
 from usmkit.data.waveform_augment import WaveformAugment, load_noise_cuts, waveform_augmentation
 
@@ -469,6 +470,13 @@ def stream_seed(seed: int, rank: int, stream: int) -> int:
     return int(np.random.SeedSequence([seed, rank, stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+@dataclass(frozen=True)
+class _ShardFailed:
+    """What a shard stream yields instead of a batch when a shard cannot be read (``SharError``'s message)."""
+
+    message: str
+
+
 class _SharStreams(torch.utils.data.IterableDataset):
     """One process's shard streams, one per loader worker (one in the loading process without workers):
     stream ``w`` reads its shards of each epoch (``stream_shards``) with a bucketing sampler of its own, and
@@ -495,9 +503,13 @@ class _SharStreams(torch.utils.data.IterableDataset):
         seed = stream_seed(self.seed, self.rank, stream)
         while True:
             index = -1
-            for index, cuts in enumerate(self._sampler(stream, epoch, seed)):
-                if index >= skip:
-                    yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), epoch, cuts)]
+            try:
+                for index, cuts in enumerate(self._sampler(stream, epoch, seed)):
+                    if index >= skip:
+                        yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), epoch, cuts)]
+            except SharError as e:  # a damaged shard: the loading process raises it (a worker's error is a traceback)
+                yield (stream, epoch, index), _ShardFailed(str(e))
+                return
             if index < 0:
                 raise RuntimeError(f"shard stream {stream} of rank {self.rank} got no batch in epoch {epoch}")
             epoch, skip = epoch + 1, 0
@@ -531,7 +543,7 @@ class SharLoader:
     ) -> None:  # fmt: skip
         self.streams = max(1, cfg.num_workers)
         if len(shards) < world_size * self.streams:
-            raise ValueError(
+            raise SharError(
                 f"data.shar_dir={cfg.shar_dir} holds {len(shards)} shards of split {cfg.train_split}, fewer than "
                 f"{world_size} processes x {self.streams} loader streams (data.num_workers): every stream needs "
                 "shards of its own. Write the shards smaller (python -m usmkit.cli.prepare shar ... shard_size=N) "
@@ -564,6 +576,9 @@ class SharLoader:
         # stream next keeps the batches that come before their turn (fewer than one per stream).
         held: dict[int, tuple[int, int, Batch]] = {}
         for (stream, epoch, index), batch in self._live:
+            if isinstance(batch, _ShardFailed):
+                self.close()
+                raise SharError(batch.message)
             held[stream] = (epoch, index, batch)
             while self.next_stream in held:
                 stream = self.next_stream
