@@ -2,7 +2,8 @@
 
 Spawned processes (fast): rank-0-first preparation waits past the training timeout, and a failure on any
 rank fails every rank; a collective that stalls in the training loop fails within ``trainer.dist_timeout_s``
-naming the rank and the operation, the last checkpoint intact. Through torchrun (slow): a run on a fresh
+naming the rank and the operation, the last checkpoint intact. Through torchrun: a killed rank is named in one
+error line. Through torchrun (slow): a run on a fresh
 corpus copy (no tokenizer, no stored features) with rank 1 arriving late finishes; a stalled rank fails the
 run; every rank exits promptly after its last step with loader workers; an elastic restart resumes by
 itself; two agents of a c10d rendezvous train as one two-process launch.
@@ -202,6 +203,26 @@ def test_torchrun_a_stalled_rank_fails_the_run_loudly(synth_corpus, tmp_path):
     assert proc.returncode != 0 and time.monotonic() - start < 300
     assert re.search(r"error: rank 0 of 2: step 3's forward and backward \(DDP's gradient all-reduce\) did not "
                      r"complete .*trainer\.dist_timeout_s=10 s", proc.stderr), proc.stderr[-4000:]  # fmt: skip
+    assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2]
+    ck.load_train_state(exp / "checkpoints" / "step-000002")
+
+
+@pytest.mark.slow  # ~35 s
+def test_torchrun_a_killed_rank_is_named_in_one_error_line(synth_corpus, tmp_path):
+    """Rank 1 is killed (SIGKILL: no error of its own) before step 3, with a loader worker each: rank 0's
+    all-reduce fails and its one ``error:`` line names rank 1 as ended; the checkpoint of step 2 is complete."""
+    exp = tmp_path / "exp"
+    proc = _torchrun(
+        tmp_path, f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}", "trainer.max_steps=6",
+        "trainer.save_every=2", "trainer.eval_every=0", "data.num_workers=1",
+        env=_env(HARNESS_KILL_RANK1_AT_STEP="3"),
+    )  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-6000:]
+    assert re.match(r"error: rank 0 of 2: rank 1 \(process \d+\) of this run ended \(killed, or out of memory\) "
+                    r"during step 3's forward and backward", errors[0]), errors[0]  # fmt: skip
+    assert "DataLoader worker" not in proc.stderr
     assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2]
     ck.load_train_state(exp / "checkpoints" / "step-000002")
 
