@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 DEBUG_ENV = "USMKIT_DEBUG"
 DEBUG_FLAG = "--debug"
@@ -68,3 +68,21 @@ def user_errors() -> Iterator[None]:
         print(f"error: {one_line_message(e)}", file=sys.stderr)
         sys.stderr.flush()
         raise SystemExit(getattr(e, "exit_code", 2)) from None
+
+
+INTERRUPTED_EXIT = 130  # the shell's status of a process ended by SIGINT (128 + 2)
+
+
+@contextlib.contextmanager
+def interrupted_line(what: Callable[[], str]) -> Iterator[None]:
+    """A Ctrl-C (``KeyboardInterrupt``) inside: ``error: interrupted (Ctrl-C); <what()>`` on stderr and
+    ``SystemExit(130)``, without a traceback (``--debug``: the traceback). ``what`` says what was kept and how
+    to go on; it is called only then, so it can read the state the command reached."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if debug_enabled():
+            raise
+        print(f"error: interrupted (Ctrl-C); {what()}", file=sys.stderr)
+        sys.stderr.flush()
+        raise SystemExit(INTERRUPTED_EXIT) from None

@@ -217,6 +217,14 @@ def test_bad_override_is_a_clear_error(corpus, tmp_path):
     assert "max_step" in proc.stderr and "valid keys" in proc.stderr
 
 
+def test_a_junk_tokenizer_file_is_one_line_naming_it(corpus, tmp_path):
+    junk = tmp_path / "junk.model"
+    junk.write_text("junk\n")
+    proc = _run(_train_args(corpus, tmp_path / "exp", f"tokenizer={junk}"), tmp_path, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"error: {junk} is not a sentencepiece model" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_ctc_run_whose_frame_rate_cannot_align_its_transcripts_is_refused(corpus, tmp_path):
     """Characters at 8x subsampling: most transcripts need more frames than 12.5 a second, and CTC would
     ignore them; the run stops before training and says what to change (usmkit.training.frame_budget)."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import os
 from pathlib import Path
 
 import pytest
 from lhotse import CutSet, MonoCut, Recording
+from lhotse.serialization import deserialize_item
 
 from usmkit.data.loader import prepare_cuts
+from usmkit.data.manifests import read_cuts, write_manifest
 from usmkit.data.validate import BadInputError, read_kaldi_text, read_transcript, validate_cuts
 
 
@@ -147,3 +151,31 @@ def test_transcript_files_with_invalid_bytes_name_file_and_line(tmp_path):
     ok = tmp_path / "ok.txt"
     ok.write_text("gr\u00fc\u00dfe\n", encoding="utf-8")
     assert read_transcript(ok) == "gr\u00fc\u00dfe"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("start", float("nan"), "its start is nan"),
+        ("duration", float("inf"), "its duration is inf"),
+        ("supervision", float("nan"), "its supervision 'ok0' start is nan"),
+        ("start", -1.0, "it starts at -1.0 s"),
+    ],
+)
+def test_a_cut_with_bad_timing_is_refused_naming_the_manifest_and_the_cut(good, tmp_path, field, value, says):
+    """A ``start: NaN`` in a manifest failed training far away (``AssertionError`` in lhotse): reading the
+    manifest names it and the cut, and ``validate_cuts`` refuses such a cut built in memory."""
+    path = write_manifest(CutSet.from_cuts(good), tmp_path / "x_cuts_train.jsonl.gz")
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    if field == "supervision":
+        rows[0]["supervisions"][0]["start"] = value
+    else:
+        rows[0][field] = value
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    for lazy in (False, True):
+        with pytest.raises(BadInputError, match=rf"^bad timing: cut ok0 in {path}: {says}") as err:
+            list(read_cuts(path, lazy=lazy))
+        assert "\n" not in str(err.value)
+    with pytest.raises(BadInputError, match=rf"^bad timing: cut ok0 in split train: {says}"):
+        validate_cuts(CutSet.from_cuts([deserialize_item(rows[0])]), require_text=True, split="train")

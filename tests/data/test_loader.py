@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import signal
+import time
 from itertools import islice
 
 import pytest
 import torch
 from lhotse import CutSet
+from lhotse.utils import fastcopy
 
 from usmkit.data.config import DataConfig, FeatureConfig
-from usmkit.data.loader import make_loader, prepare_cuts
+from usmkit.data.loader import StopSignalsIgnored, make_loader, prepare_cuts, shutdown_workers
 from usmkit.data.normalize import compute_global_stats
 from usmkit.data.sampling import language_balanced, make_sampler
 
@@ -304,3 +308,79 @@ def test_fixed_batch_shapes_reach_the_batches(audio_corpus, stats, tiny_tokenize
             assert int(batch.feature_lens.max()) > T - 64, "padded to the batch's own length"
             shapes.add((B, T))
     assert len(shapes) >= 2
+
+
+class _Handlers(torch.utils.data.Dataset):
+    """Item i: the worker's SIGINT and SIGTERM handlers and what its own ``worker_init_fn`` recorded."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> tuple:
+        return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM), _Handlers.ran
+
+
+_Handlers.ran = None
+
+
+def _record_worker(worker_id: int) -> None:
+    _Handlers.ran = f"worker {worker_id}"
+
+
+def test_loader_workers_ignore_stop_signals_and_run_the_callers_init():
+    """A signal to the whole process group (a scheduler's SIGTERM, a terminal's Ctrl-C) must not end the loader's
+    workers: the main process finishes its step with their batches and saves it."""
+    loader = torch.utils.data.DataLoader(
+        _Handlers(), batch_size=None, num_workers=1, worker_init_fn=StopSignalsIgnored(_record_worker)
+    )
+    for sigint, sigterm, ran in loader:
+        assert sigint == signal.SIG_IGN and sigterm == signal.SIG_IGN and ran == "worker 0"
+
+
+class _Stuck(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        if i > 0:
+            time.sleep(120)  # a worker that never answers the request to stop
+        return i
+
+
+def test_shutdown_ends_a_worker_that_ignores_the_request_and_sigterm():
+    """torch ends a worker that does not stop when asked with SIGTERM, which ours ignore: ``shutdown_workers``
+    kills it, and the main process is not failed by that worker's exit."""
+    loader = torch.utils.data.DataLoader(_Stuck(), batch_size=None, num_workers=1, worker_init_fn=StopSignalsIgnored())
+    live = iter(loader)
+    assert next(live) == 0
+    workers = list(live._workers)
+    shutdown_workers(live)
+    assert not any(w.is_alive() for w in workers)
+    time.sleep(0.2)  # a SIGCHLD handler that failed the process would have raised by now
+
+
+def test_over_long_transcripts_are_left_out_of_training_and_counted(
+    audio_corpus, stats, tiny_tokenizer, build_config, caplog
+):
+    """A transcript of 2,000 words on a cut of about a second (more tokens than the cut has feature frames:
+    no model can emit them) trained at 3.2 GB and 16 s a step without a word: training leaves it out and
+    says so; ``max_text_tokens`` sets a limit of its own. Evaluation keeps every cut."""
+    long = audio_corpus[0]
+    sup = long.supervisions[0]
+    long = fastcopy(long, supervisions=[fastcopy(sup, text=" ".join(["the cat"] * 1000))])
+    cuts = CutSet.from_cuts([long, *list(audio_corpus)[1:]])
+    with caplog.at_level(logging.WARNING, logger="usmkit.data.loader"):
+        seen = [i for b in make_loader(cuts, build_config(), tokenizer=tiny_tokenizer, stats=stats, train=True)
+                for i in b.cut_ids]  # fmt: skip
+    assert sorted(seen) == sorted(list(cuts.ids)[1:])
+    assert "training leaves out 1 cuts whose transcripts have more tokens than max_text_tokens=1000 or the cut's" in (
+        caplog.text
+    )
+    counts = sorted(len(tiny_tokenizer.encode(c.supervisions[0].text)) for c in cuts)
+    cfg = build_config(max_text_tokens=counts[5])
+    seen = [i for b in make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=True) for i in b.cut_ids]
+    assert len(seen) == sum(n <= counts[5] for n in counts)
+    evaluated = [
+        i for b in make_loader(cuts, cfg, tokenizer=tiny_tokenizer, stats=stats, train=False) for i in b.cut_ids
+    ]
+    assert sorted(evaluated) == sorted(cuts.ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from dataclasses import replace
 from itertools import islice
 
@@ -171,3 +172,21 @@ def test_seconds_per_token_is_measured_on_the_paired_transcripts(parts):
     total = sum(c.duration for c in paired) / sum(len(tokenizer.encode(c.supervisions[0].text)) for c in paired)
     assert rate == pytest.approx(total)
     assert torch.isfinite(torch.tensor(rate)) and 0.02 < rate < 1.0
+
+
+def test_over_long_text_only_sentences_are_left_out_and_counted(tmp_path, synth_corpus, parts, caplog):
+    """A 20,000-word text-only sentence (one of 500,000 words took 1.5 GB and numpy warnings) is left out of
+    the text stream with a warning saying how many and the limit, like over-long audio."""
+    tokenizer = parts[0]
+    records = [{"text": "one two three", "language": "en"}] * 20 + [{"text": "seven " * 20_000, "language": "en"}]
+    with caplog.at_level(logging.WARNING, logger="usmkit.data.text_only"):
+        items = text_items(records, tokenizer, seconds_per_token=0.1, max_tokens=1000)
+    assert len(items) == 20 and max(len(item.tokens) for item in items) <= 1000
+    assert "leaves out 1 sentences longer than data.max_text_tokens=1000 tokens" in caplog.text
+    assert len(text_items(records, tokenizer, seconds_per_token=0.1, max_tokens=0)) == 21  # 0: no limit
+    path = tmp_path / "text.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="usmkit.data.text_only"):
+        _mixer(synth_corpus, parts, text_only=str(path), text_seconds_per_token=0.1)
+    assert "leaves out 1 sentences longer than data.max_text_tokens=1000 tokens" in caplog.text  # the default

@@ -157,6 +157,7 @@ def test_packing_needs_where_utterances_may_start(packed_corpus, tiny_tokenizer)
         (dict(speed_perturb=(0.9, 1.1), features=FeatureConfig(precomputed=False)), "speed_perturb"),
         (dict(max_cut_duration=30.0), "max_cut_duration=5.12"),
         (dict(pack_to_frames=-1), ">= 0"),
+        (dict(pack_to_frames=100_000_000, max_duration=30.0), "between 512 .* and 3000 \\(one row a batch\\)"),
     ],
 )
 def test_settings_packing_cannot_go_with_are_refused_in_one_line(overrides, match):

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from usmkit.data.batch import Batch
 from usmkit.data.loader import SharLoader, make_loader
-from usmkit.data.shar import INDEX, SharArgs, run, shar_cuts, split_shards, write_split
+from usmkit.data.shar import INDEX, SharArgs, SharError, run, shar_cuts, split_shards, write_split
 from usmkit.data.tokenizer import MODEL_FILE
 from usmkit.data.validate import BadInputError
 
@@ -117,8 +117,44 @@ def test_resume_yields_the_batches_of_an_uninterrupted_loader(shards, build_conf
 
 
 def test_too_few_shards_for_the_streams_is_refused(shards, build_config, tiny_tokenizer):
-    with pytest.raises(ValueError, match="holds 8 shards of split train, fewer than 4 processes x 4 loader streams"):
+    """A user error (one ``error:`` line), not a ``ValueError`` traceback."""
+    with pytest.raises(SharError, match="holds 8 shards of split train, fewer than 4 processes x 4 loader streams"):
         _loader(shards, build_config, tiny_tokenizer, rank=0, world=4, workers=4)
+
+
+# Each damages the shards and returns the files of which the error must name one.
+def _truncate(train: Path) -> list[str]:
+    tar = train / "recording.000003.tar"
+    tar.write_bytes(tar.read_bytes()[: tar.stat().st_size // 2])
+    return [str(tar)]
+
+
+def _swap(train: Path) -> list[str]:
+    a, b = train / "recording.000002.tar", train / "recording.000005.tar"
+    a.rename(train / "tmp.tar")
+    b.rename(a)
+    (train / "tmp.tar").rename(b)
+    return [str(a), str(b)]  # the stream that reads one of them first names it
+
+
+def _remove(train: Path) -> list[str]:
+    (train / "recording.000006.tar").unlink()
+    return [str(train / "recording.000006.tar")]
+
+
+@pytest.mark.parametrize("damage", [_truncate, _swap, _remove], ids=["truncated", "swapped", "missing"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_damaged_shard_is_one_error_naming_its_files(shards, build_config, tiny_tokenizer, damage, workers):
+    """A tar cut short (``tarfile.ReadError``), two shards' audio swapped (``AssertionError: Mismatched IDs``), a
+    missing tar: a ``SharError`` (one ``error:`` line) naming the files and what to do, also from a loader
+    worker (whose own error reached the user as a traceback)."""
+    named = damage(shards / "train")
+    with pytest.raises(SharError) as err:
+        loader = _loader(shards, build_config, tiny_tokenizer, workers=workers)
+        _epochs_of(loader, 1)
+    message = str(err.value)
+    assert "\n" not in message and any(name in message for name in named), message
+    assert "prepare shar" in message, message
 
 
 def test_what_needs_the_whole_split_is_refused_with_shar():

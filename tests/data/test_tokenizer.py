@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from usmkit.data.tokenizer import BLANK_ID, BOS_ID, EOS_ID, UNK_ID, Tokenizer, minimum_vocab_size
+from usmkit.data.tokenizer import BLANK_ID, BOS_ID, EOS_ID, UNK_ID, Tokenizer, TokenizerFileError, minimum_vocab_size
 
 WORDS = {
     "en": "the cat sat on a mat and the dog ran to the park with a red ball three seven one".split(),
@@ -103,3 +103,11 @@ def test_a_vocabulary_too_small_for_the_texts_is_a_user_error(tmp_path):
     with pytest.raises(VocabularyError, match=r"vocab_size=100 is too small .* pass vocab_size >= \d+") as err:
         Tokenizer.train(["hello world", "grüße"], tmp_path, vocab_size=100)
     assert isinstance(err.value, UsageError)  # the entry points print it as one error line, exit 2
+
+
+def test_a_file_that_is_not_a_sentencepiece_model_is_named(tmp_path) -> None:
+    """``tokenizer=`` a junk file: one line naming it (sentencepiece's ``RuntimeError`` was a traceback)."""
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(b"not a model at all\n")
+    with pytest.raises(TokenizerFileError, match=rf"^{junk} is not a sentencepiece model \(RuntimeError: .*ModelProto"):
+        Tokenizer.load(junk)

@@ -442,3 +442,41 @@ def test_output_names_stay_inside_the_output_folder():
 @pytest.mark.parametrize("module", [batch_inputs, batch_runner, subtitles, word_alignment])
 def test_doctests_hold(module):
     assert doctest.testmod(module, verbose=False).failed == 0
+
+
+def test_ctrl_c_is_one_line_and_a_rerun_goes_on(teacher, synth_corpus, tmp_path):
+    """Ctrl-C in a terminal (SIGINT to the process group: the command and its loader worker) once a line is
+    written: one ``error:`` line saying where the transcripts are and exit 130, no traceback; the lines written
+    are kept and the rerun writes the rest, each id once."""
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    sources = sorted((synth_corpus / "audio" / "test").glob("*.flac"))
+    for i in range(150):
+        (folder / f"f{i:03d}.flac").symlink_to(sources[i % len(sources)])
+    out = tmp_path / "out.jsonl"
+    args = [f"checkpoint={teacher}", f"inputs={folder}", f"out={out}", "device=cpu", "num_workers=1",
+            "progress=false", "batch_seconds=1"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "usmkit.cli.transcribe_batch", *args], env=_env(), stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if out.is_file() and out.stat().st_size > 0:
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+            time.sleep(0.005)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err[-3000:]
+    assert f"error: interrupted (Ctrl-C); every input transcribed so far is in {out}" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    before = {r["id"] for r in read_records(out)}
+    assert 0 < len(before) < 150
+    summary = transcribe_batch(_cfg(teacher, folder, out))
+    assert (summary.already_done, summary.transcribed) == (len(before), 150 - len(before))
+    assert len(_records(out)) == 150

@@ -2,7 +2,8 @@
 
 Spawned processes (fast): rank-0-first preparation waits past the training timeout, and a failure on any
 rank fails every rank; a collective that stalls in the training loop fails within ``trainer.dist_timeout_s``
-naming the rank and the operation, the last checkpoint intact. Through torchrun (slow): a run on a fresh
+naming the rank and the operation, the last checkpoint intact. Through torchrun: a killed rank is named in one
+error line. Through torchrun (slow): a run on a fresh
 corpus copy (no tokenizer, no stored features) with rank 1 arriving late finishes; a stalled rank fails the
 run; every rank exits promptly after its last step with loader workers; an elastic restart resumes by
 itself; two agents of a c10d rendezvous train as one two-process launch.
@@ -206,6 +207,26 @@ def test_torchrun_a_stalled_rank_fails_the_run_loudly(synth_corpus, tmp_path):
     ck.load_train_state(exp / "checkpoints" / "step-000002")
 
 
+@pytest.mark.slow  # ~35 s
+def test_torchrun_a_killed_rank_is_named_in_one_error_line(synth_corpus, tmp_path):
+    """Rank 1 is killed (SIGKILL: no error of its own) before step 3, with a loader worker each: rank 0's
+    all-reduce fails and its one ``error:`` line names rank 1 as ended; the checkpoint of step 2 is complete."""
+    exp = tmp_path / "exp"
+    proc = _torchrun(
+        tmp_path, f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}", "trainer.max_steps=6",
+        "trainer.save_every=2", "trainer.eval_every=0", "data.num_workers=1",
+        env=_env(HARNESS_KILL_RANK1_AT_STEP="3"),
+    )  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-6000:]
+    assert re.match(r"error: rank 0 of 2: rank 1 \(process \d+\) of this run ended \(killed, or out of memory\) "
+                    r"during step 3's forward and backward", errors[0]), errors[0]  # fmt: skip
+    assert "DataLoader worker" not in proc.stderr
+    assert [c.step for c in ck.list_checkpoints(exp / "checkpoints")] == [2]
+    ck.load_train_state(exp / "checkpoints" / "step-000002")
+
+
 def _log_time(line: str) -> float:
     """The wall-clock time of a log line (``[2026-11-27 23:33:37,051][...]``)."""
     stamp = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]", line).group(1)
@@ -286,19 +307,20 @@ def test_two_agents_of_a_c10d_rendezvous_train_as_one_launch(synth_corpus, tmp_p
 
 @pytest.mark.slow  # ~60 s each
 @pytest.mark.parametrize(
-    "to, signum",
-    [("group", signal.SIGINT), ("agent", signal.SIGTERM)],
-    ids=["ctrl_c_in_a_terminal", "sigterm_to_torchrun"],
+    "to, signum, workers",
+    [("group", signal.SIGINT, 0), ("agent", signal.SIGTERM, 0), ("agent", signal.SIGTERM, 1)],
+    ids=["ctrl_c_in_a_terminal", "sigterm_to_torchrun", "sigterm_to_torchrun_with_loader_workers"],
 )
 def test_a_signal_to_a_torchrun_launch_saves_the_step_on_every_rank_and_resume_goes_on(
-    synth_corpus, tmp_path, to, signum
+    synth_corpus, tmp_path, to, signum, workers
 ):
     """Ctrl-C in a terminal reaches torchrun and both workers, and torchrun passes the signal on to them
-    again; a scheduler's SIGTERM reaches torchrun, which passes it on. Either way both ranks stop after the
-    same step, rank 0 saves it, the run says where, and ``resume=true`` trains on from there to the end."""
+    again; a scheduler's SIGTERM reaches torchrun, which passes it on to each worker's whole process group
+    (its loader workers too). Either way both ranks stop after the same step, rank 0 saves it, the run says
+    where, and ``resume=true`` trains on from there to the end."""
     exp = tmp_path / "exp"
-    args = [f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}", "trainer.max_steps=400",
-            "trainer.save_every=0", "trainer.eval_every=0"]  # fmt: skip
+    args = [f"data.num_workers={workers}", f"data.manifest_dir={synth_corpus}", f"trainer.exp_dir={exp}",
+            "trainer.max_steps=400", "trainer.save_every=0", "trainer.eval_every=0"]  # fmt: skip
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(HARNESS),
            *FAST, *args]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

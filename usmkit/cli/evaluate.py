@@ -17,7 +17,7 @@ from usmkit.checkpointing.output_dir import check_output_file
 from usmkit.cli.compose import compose_yaml
 from usmkit.cli.logs import setup_logging
 from usmkit.config import from_dict
-from usmkit.errors import strip_debug_flag, user_errors
+from usmkit.errors import interrupted_line, strip_debug_flag, user_errors
 from usmkit.inference.evaluate import EvalConfig, evaluate
 
 COMMAND = "usmkit.cli.evaluate"
@@ -59,11 +59,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if cfg.output:  # before decoding: never over a file that is not an earlier evaluation's
             check_output_file(Path(cfg.output), option="output=", own_words="an evaluation result", own_keys=OWN_KEYS)
 
+        written: list[Path] = []
+
         def write(results: dict[str, Any]) -> Path:  # after every set: nothing scored is lost
             out = Path(cfg.output) if cfg.output else Path(results["checkpoint"]) / f"eval_{cfg.decode}.json"
-            return write_result_file(out, json.dumps(results, indent=2), what="the evaluation result")
+            written.append(write_result_file(out, json.dumps(results, indent=2), what="the evaluation result"))
+            return written[-1]
 
-        results = evaluate(cfg, on_set=write)
+        def kept() -> str:
+            if not written:
+                return "no test set was scored yet; run the same command again"
+            return f"the test sets scored so far are in {written[-1]}; run the same command again for every set"
+
+        with interrupted_line(kept):
+            results = evaluate(cfg, on_set=write)
         print_table(results)
         print(f"wrote {write(results)}")
     return 0

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from usmkit.cli.compose import compose_dataclass
 from usmkit.cli.logs import setup_logging
-from usmkit.errors import strip_debug_flag, user_errors
+from usmkit.errors import interrupted_line, strip_debug_flag, user_errors
 
 COMMAND = "usmkit.cli.transcribe_batch"
 
@@ -53,10 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose_dataclass(BatchConfig, argv, command=COMMAND, usage=USAGE)
         cfg.check()
         setup_logging()
-        summary = transcribe_batch(cfg)
+        with interrupted_line(lambda: _resume_hint(cfg.out)):
+            summary = transcribe_batch(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 holds the totals
         print_summary(summary)
     return 0
+
+
+def _resume_hint(out: str) -> str:
+    return (
+        f"every input transcribed so far is in {out} (or its part files, under torchrun); run the same command "
+        "again to transcribe the rest (it skips the ids already written)"
+    )
 
 
 def print_summary(summary) -> None:

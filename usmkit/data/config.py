@@ -6,6 +6,7 @@ dataclasses. Validation happens in ``__post_init__`` so a bad value fails at con
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -133,6 +134,9 @@ class DataConfig:
       speaker's own (per-speaker CMVN): a speaker with a narrower dynamic range (a quieter recording
       over the same noise floor) is stretched to the others'.
     - ``max_cut_duration``: training cuts longer than this (seconds) are left out (counted in the log).
+    - ``max_text_tokens``: training leaves out transcribed cuts and text-only sentences (MOST) of more tokens
+      than this (counted in the log; 0 = no such limit), and always the cuts whose transcripts have more
+      tokens than the cut has feature frames (no encoder has the frames to emit them).
     - ``on_bad_input``: ``"error"`` raises ``BadInputError`` naming the file; ``"skip"`` drops the
       cut and logs one summary line of everything dropped.
     - ``allow_urls``: let recordings load from ``url`` sources (downloads); off, only files are read.
@@ -172,6 +176,7 @@ class DataConfig:
     spec_augment: SpecAugmentConfig = field(default_factory=SpecAugmentConfig)
     labeled_fraction: float = 1.0
     max_cut_duration: float = 30.0
+    max_text_tokens: int = 1000
     utterance_mean_norm: bool = False
     speaker_mean_norm: bool = False
     speaker_var_norm: bool = False
@@ -244,6 +249,8 @@ class DataConfig:
             raise ValueError(f"DataConfig.labeled_fraction must be in (0, 1], got {self.labeled_fraction}")
         if self.max_cut_duration <= 0:
             raise ValueError(f"DataConfig.max_cut_duration must be > 0 seconds, got {self.max_cut_duration}")
+        if self.max_text_tokens < 0:
+            raise ValueError(f"DataConfig.max_text_tokens must be >= 0 (0 = no limit), got {self.max_text_tokens}")
 
     def _check_packing(self) -> None:
         if self.pack_to_frames < 0:
@@ -271,6 +278,15 @@ class DataConfig:
                 f"DataConfig.pack_to_frames={self.pack_to_frames} makes rows of {row_s:g} s, shorter than "
                 f"max_cut_duration={self.max_cut_duration:g} s: set max_cut_duration={row_s:g} (longer cuts are "
                 "left out of training) or raise pack_to_frames"
+            )
+        shift_s = self.features.frame_shift_ms / 1000.0
+        most = int(self.max_duration / shift_s + 1e-6)  # a batch is max_duration seconds of rows
+        if self.pack_to_frames > most:
+            least = math.ceil(self.max_cut_duration / shift_s - 1e-6)
+            raise ValueError(
+                f"DataConfig.pack_to_frames={self.pack_to_frames} makes rows of {row_s:g} s, longer than a whole "
+                f"batch (max_duration={self.max_duration:g} s): set pack_to_frames between {least} (a row holds "
+                f"max_cut_duration={self.max_cut_duration:g} s) and {most} (one row a batch)"
             )
 
     @property

@@ -16,7 +16,8 @@ import functools
 import logging
 import signal
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -29,13 +30,13 @@ from lhotse.dataset.sampling.dynamic_bucketing import estimate_duration_buckets
 
 from usmkit.data.batch import Batch
 from usmkit.data.config import DataConfig
-from usmkit.data.dataset import AsrDataset, TextEncoder
+from usmkit.data.dataset import AsrDataset, TextEncoder, cut_text
 from usmkit.data.features import feature_storage_dir, precompute_features
 from usmkit.data.manifests import load_cuts
 from usmkit.data.normalize import FeatureStats, SpeakerNorm, speaker_norms
 from usmkit.data.packing import RowPacker, cut_frames, packed_rows
 from usmkit.data.sampling import NUM_CUTS_FOR_BINS, labeled_subset, language_balanced, make_sampler
-from usmkit.data.shar import shar_cuts, split_shards, stream_shards
+from usmkit.data.shar import SharError, shar_cuts, split_shards, stream_shards
 from usmkit.data.validate import ValidationReport, validate_cuts
 from usmkit.data.waveform_augment import WaveformAugment, load_noise_cuts, waveform_augmentation
 
@@ -169,7 +170,7 @@ class AsrLoader:
             # Its own generator: each iter() draws a worker base seed from it, never from the global RNG,
             # which the trainer restores on resume (the workers' draws are re-seeded per batch anyway).
             generator=torch.Generator().manual_seed(seed),
-            worker_init_fn=ignore_sigint,
+            worker_init_fn=StopSignalsIgnored(),
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -216,20 +217,44 @@ class AsrLoader:
         self.sampler.load_state_dict(state)  # lhotse consumes the dict it gets
 
 
-def ignore_sigint(worker_id: int) -> None:
-    """A worker process's start: a Ctrl-C in a terminal reaches the whole process group, and the training
-    process, which stops after its step on SIGINT (``usmkit.training.stop_signals``), still needs the
-    workers' batches; they end with it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+class StopSignalsIgnored:
+    """A DataLoader ``worker_init_fn``: the worker process ignores SIGINT and SIGTERM, then runs ``then`` (the
+    caller's own ``worker_init_fn``, if any).
+
+    A Ctrl-C in a terminal reaches the whole foreground process group, and a scheduler's SIGTERM (``timeout``,
+    SLURM, ``kill -- -PGID``, torchrun passing its own on to each worker's session) the whole group too. The
+    training process owns shutdown: it finishes its step on either signal and saves it
+    (``usmkit.training.stop_signals``), which may need the workers' batches; a worker killed by the signal
+    instead fails the main process (``DataLoader worker ... killed by signal``) before it saves. The workers
+    end when the main process shuts them down (``shutdown_workers``) or exits (they watch their parent).
+    A class rather than a closure so that it pickles for spawned workers.
+    """
+
+    def __init__(self, then: Callable[[int], None] | None = None) -> None:
+        self.then = then
+
+    def __call__(self, worker_id: int) -> None:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        if self.then is not None:
+            self.then(worker_id)
 
 
 def shutdown_workers(iterator: Any) -> None:
     """End the worker processes (and the pin-memory thread) of a DataLoader iterator; nothing for None or an
     iterator without workers. torch has no public call for it: a multi-process iterator ends its workers in
-    ``_shutdown_workers``, which its destructor calls and which may run more than once."""
+    ``_shutdown_workers``, which its destructor calls and which may run more than once. It asks each worker to
+    stop and, for one still alive after a few seconds, sends SIGTERM, which our workers ignore
+    (``StopSignalsIgnored``): such a worker is killed here. torch stops watching the workers' exits before
+    that (``_remove_worker_pids``), so the main process is not failed by a worker it ended itself."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    if shutdown is None:
+        return
+    shutdown()
+    for worker in getattr(iterator, "_workers", ()):
+        if worker.is_alive():
+            worker.kill()
+            worker.join(timeout=5.0)
 
 
 def speaker_norms_for(cuts: CutSet, cfg: DataConfig, stats: FeatureStats | None) -> dict[str, SpeakerNorm] | None:
@@ -291,6 +316,8 @@ def make_loader(
         if tokenizer is not None:
             cuts = labeled_subset(cuts, cfg.labeled_fraction, seed=seed)
         cuts = _drop_long(cuts, cfg.max_cut_duration)
+        if tokenizer is not None:
+            cuts = _drop_long_texts(cuts, tokenizer, cfg)
         if packer is not None:
             cuts = _drop_unpackable(cuts, packer, cfg.features.frame_shift_ms / 1000.0)
         cuts = language_balanced(cuts, cfg.language_temperature, seed=seed)
@@ -391,6 +418,34 @@ def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:
     return CutSet.from_cuts(c for c in cuts if c.duration <= max_duration)
 
 
+def _drop_long_texts(cuts: CutSet, tokenizer: TextEncoder, cfg: DataConfig) -> CutSet:
+    """Leave out the cuts whose transcripts have more tokens than ``cfg.max_text_tokens`` (when set) or than the
+    cut has feature frames: an encoder has at most that many frames, and CTC emits at most one token a frame.
+    Each transcript is tokenized once here (the batches tokenize again)."""
+    shift = cfg.features.frame_shift_ms / 1000.0
+    limit = cfg.max_text_tokens or None
+
+    def fits(cut: Cut) -> bool:
+        text = cut_text(cut)
+        if not text:
+            return True
+        tokens = len(tokenizer.encode(text))
+        return tokens <= cut_frames(cut, shift) and (limit is None or tokens <= limit)
+
+    kept, dropped = [], 0
+    for cut in cuts:
+        if fits(cut):
+            kept.append(cut)
+        else:
+            dropped += 1
+    if dropped == 0:
+        return cuts
+    bound = f"max_text_tokens={limit} or " if limit else ""
+    log.warning("training leaves out %d cuts whose transcripts have more tokens than %sthe cut's feature frames "
+                "(%g ms each)", dropped, bound, cfg.features.frame_shift_ms)  # fmt: skip
+    return CutSet.from_cuts(kept)
+
+
 # ---------------------------------------------------------------- streaming from Shar shards
 SHAR_BUFFER_CUTS = 1000  # cuts a shard stream's sampler buffers to bucket and shuffle; they hold their audio
 
@@ -413,6 +468,13 @@ def _at_most(seconds: float, cut: Cut) -> bool:
 def stream_seed(seed: int, rank: int, stream: int) -> int:
     """The seed of shard stream ``stream`` of process ``rank``: its sampler's shuffling and its batches'."""
     return int(np.random.SeedSequence([seed, rank, stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+@dataclass(frozen=True)
+class _ShardFailed:
+    """What a shard stream yields instead of a batch when a shard cannot be read (``SharError``'s message)."""
+
+    message: str
 
 
 class _SharStreams(torch.utils.data.IterableDataset):
@@ -441,9 +503,13 @@ class _SharStreams(torch.utils.data.IterableDataset):
         seed = stream_seed(self.seed, self.rank, stream)
         while True:
             index = -1
-            for index, cuts in enumerate(self._sampler(stream, epoch, seed)):
-                if index >= skip:
-                    yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), epoch, cuts)]
+            try:
+                for index, cuts in enumerate(self._sampler(stream, epoch, seed)):
+                    if index >= skip:
+                        yield (stream, epoch, index), self.dataset[(batch_seed(seed, epoch, index), epoch, cuts)]
+            except SharError as e:  # a damaged shard: the loading process raises it (a worker's error is a traceback)
+                yield (stream, epoch, index), _ShardFailed(str(e))
+                return
             if index < 0:
                 raise RuntimeError(f"shard stream {stream} of rank {self.rank} got no batch in epoch {epoch}")
             epoch, skip = epoch + 1, 0
@@ -477,7 +543,7 @@ class SharLoader:
     ) -> None:  # fmt: skip
         self.streams = max(1, cfg.num_workers)
         if len(shards) < world_size * self.streams:
-            raise ValueError(
+            raise SharError(
                 f"data.shar_dir={cfg.shar_dir} holds {len(shards)} shards of split {cfg.train_split}, fewer than "
                 f"{world_size} processes x {self.streams} loader streams (data.num_workers): every stream needs "
                 "shards of its own. Write the shards smaller (python -m usmkit.cli.prepare shar ... shard_size=N) "
@@ -503,13 +569,16 @@ class SharLoader:
                 num_workers=self.cfg.num_workers,
                 pin_memory=self.pin_memory,
                 generator=torch.Generator().manual_seed(self.seed),  # not the global RNG (see AsrLoader)
-                worker_init_fn=ignore_sigint,
+                worker_init_fn=StopSignalsIgnored(),
             )
         )
         # Worker w delivers stream w's batches in turn from worker 0 on; a pass that resumes with another
         # stream next keeps the batches that come before their turn (fewer than one per stream).
         held: dict[int, tuple[int, int, Batch]] = {}
         for (stream, epoch, index), batch in self._live:
+            if isinstance(batch, _ShardFailed):
+                self.close()
+                raise SharError(batch.message)
             held[stream] = (epoch, index, batch)
             while self.next_stream in held:
                 stream = self.next_stream

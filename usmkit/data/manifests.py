@@ -28,7 +28,7 @@ from lhotse import CutSet
 from lhotse.serialization import deserialize_item, load_jsonl, save_to_jsonl
 
 from usmkit.checkpointing.atomic import replaced_atomically
-from usmkit.data.validate import BadInputError, check_sources
+from usmkit.data.validate import BadInputError, check_sources, check_timing
 
 KINDS: tuple[str, ...] = ("recordings", "supervisions", "cuts")
 _SUFFIX = ".jsonl.gz"
@@ -136,8 +136,10 @@ def _resolve_cut(cut: Any, base: Path, allow_urls: bool, path: Path) -> Any:
 
 
 def _resolve_dict(data: dict, base: Path, allow_urls: bool, path: Path) -> Any:
-    """One manifest entry: sources checked (before anything is built from it), paths resolved, deserialized."""
+    """One manifest entry: sources and timing checked (before anything is built from it), paths resolved,
+    deserialized."""
     check_sources(data, str(data.get("id")), allow_urls=allow_urls, where=str(path))
+    check_timing(data, str(data.get("id")), where=str(path))
     return deserialize_item(_map_paths(data, functools.partial(_absolute, base=base)))
 
 

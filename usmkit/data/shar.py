@@ -19,12 +19,17 @@ folder that replaces the split's atomically. Training reads a split with ``data.
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import tarfile
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from lhotse import CutSet
+from lhotse.cut import Cut
 
 from usmkit.checkpointing.atomic import replaced_atomically, replaced_dir_atomically
 from usmkit.data.manifests import available_splits, load_cuts
@@ -124,6 +129,10 @@ def _only_corpus(src: Path) -> str:
     return names[0]
 
 
+def _rewrite_hint(shar_dir: str | Path) -> str:
+    return f"write the split's shards again (`python -m usmkit.cli.prepare shar src=<corpus dir> out={shar_dir}`)"
+
+
 def split_shards(shar_dir: str | Path, split: str) -> list[dict[str, str]]:
     """The shards of ``split`` in ``shar_dir``, in order: ``{"cuts": path, "recording": path}`` each."""
     folder = Path(shar_dir) / split
@@ -134,18 +143,78 @@ def split_shards(shar_dir: str | Path, split: str) -> list[dict[str, str]]:
             f"{folder} holds no Shar shards (cuts.NNNNNN.jsonl.gz): write them with `python -m usmkit.cli.prepare "
             f"shar src=<corpus dir> out={shar_dir}`, or leave data.shar_dir unset to read the manifests"
         )
-    if [p.name.split(".")[1] for p in cuts] != [p.name.split(".")[1] for p in audio]:
-        raise SharError(f"{folder}: the cuts and {AUDIO_FIELD} shards do not pair up ({len(cuts)} and {len(audio)})")
-    return [{"cuts": str(c), AUDIO_FIELD: str(a)} for c, a in zip(cuts, audio, strict=True)]
+    by_number = {p.name.split(".")[1]: p for p in cuts}
+    audio_by_number = {p.name.split(".")[1]: p for p in audio}
+    if by_number.keys() != audio_by_number.keys():
+        missing = [folder / f"{AUDIO_FIELD}.{n}.tar" for n in sorted(by_number.keys() - audio_by_number.keys())]
+        missing += [folder / f"cuts.{n}.jsonl.gz" for n in sorted(audio_by_number.keys() - by_number.keys())]
+        shown = ", ".join(str(p) for p in missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise SharError(
+            f"Shar shards of {folder} are missing: {shown} (every cuts.N.jsonl.gz needs its {AUDIO_FIELD}.N.tar); "
+            f"copy the missing files again, or {_rewrite_hint(shar_dir)}"
+        )
+    return [{"cuts": str(c), AUDIO_FIELD: str(audio_by_number[n])} for n, c in by_number.items()]
 
 
 def shar_cuts(shards: list[dict[str, str]], *, audio: bool) -> CutSet:
     """The cuts of ``shards`` (``split_shards``), lazily in shard order: with their audio (read from the
-    tars as they stream by) or, ``audio=False``, only what the manifests say (durations, transcripts)."""
-    fields = {"cuts": [s["cuts"] for s in shards]}
-    if audio:
-        fields[AUDIO_FIELD] = [s[AUDIO_FIELD] for s in shards]
-    return CutSet.from_shar(fields=fields)
+    tars as they stream by) or, ``audio=False``, only what the manifests say (durations, transcripts).
+    A shard that cannot be read raises ``SharError`` naming its files (``_ShardByShard``)."""
+    return CutSet(_ShardByShard(shards, audio))
+
+
+class _ShardByShard:
+    """The cuts of Shar shards, each shard read by ``CutSet.from_shar`` in turn (the same cuts in the same order as
+    one ``from_shar`` over them all), so that a shard lhotse cannot read is named: a tar cut short
+    (``tarfile.ReadError``, or fewer audio entries than cuts), one shard's manifest beside another's audio
+    (lhotse's ``AssertionError: Mismatched IDs``), an unreadable manifest."""
+
+    def __init__(self, shards: list[dict[str, str]], audio: bool) -> None:
+        self.shards, self.audio = shards, audio
+
+    def __iter__(self) -> Iterator[Cut]:
+        for shard in self.shards:
+            fields = {"cuts": [shard["cuts"]]}
+            if self.audio:
+                fields[AUDIO_FIELD] = [shard[AUDIO_FIELD]]
+            read = 0
+            try:
+                for cut in CutSet.from_shar(fields=fields):
+                    read += 1
+                    yield cut
+                short = self.audio and read < _lines(shard["cuts"])
+            except (tarfile.TarError, AssertionError, OSError, EOFError, ValueError, zlib.error) as e:
+                raise SharError(_unreadable(shard, e, self.audio)) from None
+            if short:
+                raise SharError(
+                    f"Shar shard {shard[AUDIO_FIELD]} holds the audio of {read} of the {_lines(shard['cuts'])} cuts of "
+                    f"{shard['cuts']}: it was cut short; copy it again, or {_rewrite_hint(_shar_dir(shard))}"
+                )
+
+
+def _lines(path: str) -> int:
+    with gzip.open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _shar_dir(shard: dict[str, str]) -> Path:
+    return Path(shard["cuts"]).parent.parent
+
+
+def _unreadable(shard: dict[str, str], e: Exception, audio: bool) -> str:
+    """The one line for a shard ``CutSet.from_shar`` failed on with ``e``."""
+    detail = " ".join(str(e).split()) or type(e).__name__
+    hint = _rewrite_hint(_shar_dir(shard))
+    if isinstance(e, AssertionError) and "Mismatched IDs" in detail:
+        return (
+            f"Shar shards {shard['cuts']} and {shard[AUDIO_FIELD]} do not belong together ({detail}): were shard "
+            f"files swapped or renamed? Put the original files back, or {hint}"
+        )
+    what = f"{shard[AUDIO_FIELD]} (the audio of {shard['cuts']})" if audio else shard["cuts"]
+    return (
+        f"Shar shard {what} cannot be read ({type(e).__name__}: {detail}): it is damaged or cut short; copy it "
+        f"again, or {hint}"
+    )
 
 
 def stream_shards(

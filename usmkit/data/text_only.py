@@ -12,6 +12,7 @@ them, and the sampler's ``state_dict`` resumes the stream exactly.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,8 @@ from usmkit.data.dataset import TOKEN_PAD, TextEncoder
 from usmkit.data.sampling import make_sampler
 from usmkit.data.validate import BadInputError
 from usmkit.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,13 +85,18 @@ def read_text_only(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     return records
 
 
-def text_items(records: Iterable[dict[str, str]], tokenizer: TextEncoder, seconds_per_token: float) -> list[TextItem]:
-    """Tokenized sentences (empty ones left out), each ``len(tokens) * seconds_per_token`` seconds long."""
-    items = []
+def text_items(
+    records: Iterable[dict[str, str]], tokenizer: TextEncoder, seconds_per_token: float, max_tokens: int = 0
+) -> list[TextItem]:
+    """Tokenized sentences, each ``len(tokens) * seconds_per_token`` seconds long. Empty ones are left out, and
+    those of more than ``max_tokens`` tokens (``data.max_text_tokens``; 0 = no limit), counted in a warning."""
+    items, long = [], 0
     for i, record in enumerate(records):
         text = record["text"].strip()
         tokens = tokenizer.encode(text) if text else []
-        if tokens:
+        if max_tokens and len(tokens) > max_tokens:
+            long += 1
+        elif tokens:
             items.append(
                 TextItem(
                     text=text,
@@ -98,6 +106,9 @@ def text_items(records: Iterable[dict[str, str]], tokenizer: TextEncoder, second
                     language=str(record.get("language", "")),
                 )
             )
+    if long:
+        log.warning("the text-only stream leaves out %d sentences longer than data.max_text_tokens=%d tokens",
+                    long, max_tokens)  # fmt: skip
     return items
 
 

@@ -50,13 +50,17 @@ class VocabularyError(UsageError, ValueError):
     """A vocabulary size the training texts cannot fit (the message says the smallest that fits)."""
 
 
+class TokenizerFileError(UsageError, ValueError):
+    """A file that is not a sentencepiece model usmkit can use (the message names it)."""
+
+
 class Tokenizer:
     """A trained sentencepiece model with usmkit's fixed special ids."""
 
     def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None) -> None:
         specials = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
         if specials != (BLANK_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(
+            raise TokenizerFileError(
                 f"sentencepiece model {path} has special ids (pad, unk, bos, eos) = {specials}; usmkit needs "
                 f"{(BLANK_ID, UNK_ID, BOS_ID, EOS_ID)}: train it with Tokenizer.train"
             )
@@ -79,7 +83,16 @@ class Tokenizer:
                 f"no sentencepiece model at {path}; train one with Tokenizer.train(...) or build the corpus "
                 f"with `python -m usmkit.cli.prepare synth out=...` (it writes out/tokenizer/{MODEL_FILE})"
             )
-        return cls(spm.SentencePieceProcessor(model_file=str(path)), path)
+        try:
+            processor = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as e:  # sentencepiece's wording: "could not parse ModelProto from ..."
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise TokenizerFileError(
+                f"{path} is not a sentencepiece model ({type(e).__name__}: {first}); point tokenizer= at a "
+                f"sentencepiece .model file (a corpus's tokenizer/{MODEL_FILE}), or leave tokenizer unset to use "
+                "the corpus's (trained on its transcripts when missing)"
+            ) from None
+        return cls(processor, path)
 
     @classmethod
     def train(

@@ -14,6 +14,7 @@ with ``read_kaldi_text`` / ``read_transcript``, which reject bytes that are not 
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -139,7 +140,9 @@ def validate_cuts(
     kept = []
     for cut in cuts:
         report.total += 1
-        check_sources(cut.to_dict(), cut.id, allow_urls=allow_urls)
+        data = cut.to_dict()
+        check_sources(data, cut.id, allow_urls=allow_urls)
+        check_timing(data, cut.id, where=f"split {split}" if split else "the cuts")
         problem = None
         if cut.id in first_source:
             problem = Problem("duplicate cut id", cut.id, f"{_cut_source(cut)} has the id of {first_source[cut.id]}")
@@ -263,6 +266,39 @@ def check_sources(data: dict, cut_id: str, *, allow_urls: bool = False, where: s
                 "commands)",
                 hint="drop the features from the manifest (data.features.precomputed computes them again)",
             )
+
+
+def check_timing(data: dict, cut_id: str, *, where: str = "manifest") -> None:
+    """Raise ``BadInputError`` naming ``cut_id`` and ``where`` (the manifest) if the cut dict ``data`` has a start
+    or duration that is not a finite number (a JSON ``NaN`` or ``Infinity``), at any level (the cut, its
+    supervisions, its recording), or a negative start or a duration not above zero of its own. lhotse does
+    arithmetic on them far from here (``AssertionError``, ``cannot convert NaN to integer``)."""
+    for item in _dicts_with(data, "duration"):
+        for key in ("start", "duration", "offset"):
+            value = item.get(key)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value)):
+                raise BadInputError(
+                    "bad timing",
+                    f"cut {cut_id} in {where}",
+                    f"its {_owner(item, data)}{key} is {value!r}, not a finite number of seconds",
+                    hint="fix or remove the cut in the manifest (rebuild it with the recipe that made it)",
+                )
+    start, duration = data.get("start", 0.0), data.get("duration")
+    if start < 0 or (duration is not None and duration <= 0):
+        raise BadInputError(
+            "bad timing",
+            f"cut {cut_id} in {where}",
+            f"it starts at {start!r} s and lasts {duration!r} s; a cut starts at 0 or later and lasts more than 0 s",
+            hint="fix or remove the cut in the manifest (rebuild it with the recipe that made it)",
+        )
+
+
+def _owner(item: dict, cut: dict) -> str:
+    """Whose field ``item`` holds, for messages: "" for the cut itself, else e.g. "supervision 's1' "."""
+    if item is cut:
+        return ""
+    kind = "recording" if "sources" in item else "supervision" if "recording_id" in item else "part"
+    return f"{kind} {item.get('id')!r} "
 
 
 def _sources(data: Any) -> Iterator[dict]:

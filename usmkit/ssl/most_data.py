@@ -98,7 +98,7 @@ def build_most_loader(
     if "text" in active:
         path = most.text_only or text_only_path(data.manifest_dir, data.corpus)
         rate = most.text_seconds_per_token or seconds_per_token(paired_cuts, tokenizer)
-        items = text_items(read_text_only(path), tokenizer, rate)
+        items = text_items(read_text_only(path), tokenizer, rate, max_tokens=data.max_text_tokens)
         if rank == 0:
             log.info("text-only stream: %d sentences from %s, %.3f s of speech per token", len(items), path, rate)
         streams["text"] = TextOnlyLoader(

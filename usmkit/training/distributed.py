@@ -6,7 +6,10 @@ Two process groups, with two timeouts:
   gathers and reduce-scatters, the trainer's agreements. A collective of it that does not complete within
   ``trainer.dist_timeout_s`` fails: on gloo as ``CollectiveError`` naming the rank and the operation (raised
   where ``collective`` wraps it); on NCCL the watchdog aborts the process with a message naming the rank, the
-  operation type and its sequence number (``TORCH_NCCL_ASYNC_ERROR_HANDLING``, on by default).
+  operation type and its sequence number (``TORCH_NCCL_ASYNC_ERROR_HANDLING``, on by default). A rank whose
+  process ended (SIGKILL, the out-of-memory killer) leaves no error of its own: every rank puts its host and
+  process id in the group's store at setup, and a collective that fails names the ranks of this host whose
+  process has ended (``lost_ranks``).
 - the host group (gloo, CPU tensors) is where the other processes wait while rank 0 works alone: preparing
   what is cached on disk (tokenizer, stored features, statistics), evaluating on the dev set, writing an
   unsharded checkpoint. Its timeout is ``trainer.rank0_timeout_s`` (hours), so a long preparation does not
@@ -47,6 +50,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -121,7 +126,74 @@ def setup_distributed(
         device = torch.device("cuda", torch.cuda.current_device())
     host = dist.new_group(backend="gloo", timeout=timedelta(seconds=rank0_timeout_s)) if world > 1 else None
     _session = _Session(dist_timeout_s, rank0_timeout_s, host)
+    if world > 1:
+        _publish_process(rank)
     return rank, world, device
+
+
+# ---------------------------------------------------------------- which rank is gone
+PROCESS_KEY = "usmkit/process/{rank}"  # in the default group's store: "<hostname> <pid>" of each rank
+LOST_SETTLE_S = 1.0  # after a failed collective, how long to look for a rank whose process ended
+
+
+def _store() -> Any:
+    return dist.distributed_c10d._get_default_store()  # torch has no public accessor of the group's store
+
+
+def _publish_process(rank: int) -> None:
+    """Put this rank's host and process id in the run's store, where a rank whose collective fails looks up
+    which of the others ended (``lost_ranks``). A store write, not a collective: no rank waits for it."""
+    try:
+        _store().set(PROCESS_KEY.format(rank=rank), f"{socket.gethostname()} {os.getpid()}")
+    except Exception as e:  # noqa: BLE001 - only the naming of a lost rank depends on it
+        log.debug("could not publish this process in the store: %s", e)
+
+
+def _process_ended(pid: int) -> bool:
+    """Whether process ``pid`` of this host has ended: gone, or a zombie its parent (torchrun) has not reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (not Linux): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def lost_ranks(settle_s: float = 0.0) -> list[tuple[int, int]]:
+    """The other ranks on this host whose process has ended, as (rank, pid); empty where that cannot be known
+    (no store, a rank on another host, or one that never published itself). ``settle_s``: look again for up to
+    this long while none has ended (a killed process closes its connections a moment before it is gone)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        lost = _lost_now()
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(0.1)
+
+
+def _lost_now() -> list[tuple[int, int]]:
+    if not dist.is_initialized() or _world() < 2:
+        return []
+    me, host, lost = _rank(), socket.gethostname(), []
+    try:
+        store = _store()
+        for rank in range(_world()):
+            key = PROCESS_KEY.format(rank=rank)
+            if rank == me or not store.check([key]):
+                continue
+            where, pid = store.get(key).decode().rsplit(" ", 1)
+            if where == host and _process_ended(int(pid)):
+                lost.append((rank, int(pid)))
+    except Exception as e:  # noqa: BLE001 - the store may have gone with the rank that hosted it
+        log.debug("could not look up the other ranks' processes: %s", e)
+    return lost
 
 
 def _world() -> int:
@@ -155,6 +227,14 @@ def collective(op: str, *, host: bool = False) -> Iterator[None]:
         else:
             limit = f"trainer.dist_timeout_s={_session.dist_timeout_s:g} s"
         reason = " ".join(str(e).split())
+        lost = lost_ranks(settle_s=LOST_SETTLE_S)
+        if lost:
+            gone = " and ".join(f"rank {r} (process {pid})" for r, pid in lost)
+            raise CollectiveError(
+                f"rank {_rank()} of {_world()}: {gone} of this run ended (killed, or out of memory) during {op} "
+                f"({reason}); the run cannot go on without it. Checkpoints already written are "
+                "complete: continue with resume=true (torchrun --max-restarts N restarts the run by itself)"
+            ) from e
         raise CollectiveError(
             f"rank {_rank()} of {_world()}: {op} did not complete ({reason}). Either it timed out after {limit}, "
             "a process having stopped taking part, or another process failed first (its own error names the "

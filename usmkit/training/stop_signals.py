@@ -10,8 +10,9 @@ error" traceback). Under torchrun a Ctrl-C reaches each worker twice, from the
 terminal and passed on by torchrun a moment later: a second SIGINT within ``FORWARDED_WITHIN_S`` of the first
 is that copy, not a second Ctrl-C. On exit the handlers found on entry are back in place.
 
-The loader's worker processes ignore SIGINT (``usmkit.data.loader``): a Ctrl-C in a terminal reaches every
-process of the foreground group, and the workers must outlive it to serve the last step.
+The loader's worker processes ignore both signals (``usmkit.data.loader.StopSignalsIgnored``): a Ctrl-C in a
+terminal reaches every process of the foreground group, and a scheduler's SIGTERM (or torchrun's) the whole
+group too; the workers must outlive it to serve the last step, and the main process ends them.
 
     with StopSignals() as stop:
         while ...:
