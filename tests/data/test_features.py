@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 from filelock import FileLock
 from lhotse import CutSet
+from lhotse.utils import fastcopy
 
 from usmkit.data.augment import SpecAugment
 from usmkit.data.config import DataConfig, FeatureConfig, SpecAugmentConfig
@@ -56,6 +57,22 @@ def test_feature_cache_is_reused_extended_and_rebuilt(audio_corpus, tmp_path):
     assert len(CutSet.from_file(manifest)) == len(audio_corpus)
     rebuilt = precompute_features(audio_corpus, FeatureConfig(num_mel_bins=40, precomputed=True), out)
     assert rebuilt[0].load_features().shape[1] == 40
+
+
+def test_stored_features_go_with_the_manifests_transcripts_and_follow_a_changed_span(audio_corpus, tmp_path):
+    """A transcript corrected in the manifest (same cut id) trains with the correction, not the text the
+    cache was built with; a cut whose span changed gets its features computed again."""
+    out = feature_storage_dir(tmp_path, "train")
+    cuts = audio_corpus.subset(first=3)
+    precompute_features(cuts, STORED, out)
+    first = cuts[0]
+    corrected = fastcopy(first, supervisions=[fastcopy(first.supervisions[0], text="corrected words")])
+    shorter = fastcopy(cuts[1], duration=round(cuts[1].duration / 2, 3))
+    again = precompute_features(CutSet.from_cuts([corrected, shorter, cuts[2]]), STORED, out)
+    assert again[0].supervisions[0].text == "corrected words"
+    assert again[1].duration == shorter.duration
+    assert abs(again[1].load_features().shape[0] - shorter.duration * 100) <= 1
+    assert again[2].load_features().shape == precompute_features(cuts, STORED, out)[2].load_features().shape
 
 
 def test_a_run_waits_for_another_computing_the_same_cache(audio_corpus, tmp_path):

@@ -36,6 +36,7 @@ from lhotse import CutSet, Fbank, FbankConfig, NumpyFilesWriter
 from lhotse.cut import Cut
 from lhotse.dataset import OnTheFlyFeatures, PrecomputedFeatures
 from lhotse.dataset.input_strategies import BatchIO
+from lhotse.utils import fastcopy
 
 from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.config import FeatureConfig
@@ -95,7 +96,9 @@ def precompute_features(
 ) -> CutSet:
     """Attach stored fbank features to ``cuts``, computing only what ``storage_dir`` lacks.
 
-    Returns the cuts (same ids, same order) with ``cut.features`` pointing into ``storage_dir``. lhotse
+    Returns the cuts (same ids, same order) with ``cut.features`` pointing into ``storage_dir``: each is the
+    cut given, transcripts included, with its stored features attached; a stored cut whose audio span differs
+    from the one given (same id, another recording, start or duration) is computed again. lhotse
     leaves out a cut whose audio fails to decode while its features are computed (damage that
     validation did not reach); such a cut raises ``BadInputError`` naming it (``on_bad="error"``) or is
     left out, counted in ``report`` and logged (``"skip"``).
@@ -103,13 +106,13 @@ def precompute_features(
     storage_dir = Path(storage_dir)
     wanted = CutSet.from_cuts(to_sample_rate(c, cfg.sample_rate) for c in cuts)
     cached = _read_complete_cache(storage_dir, cfg)
-    if cached is None or any(c.id not in cached for c in wanted):
+    if cached is None or any(not _same_audio(cached.get(c.id), c) for c in wanted):
         # Another run may be computing this cache: wait for it, then compute only what it lacks. (No
         # lock is taken when the cache is complete, so a read-only corpus with its features works.)
         storage_dir.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(storage_dir.with_name(storage_dir.name + ".lock")):
             cached = _load_cache(storage_dir, cfg)
-            missing = CutSet.from_cuts(c for c in wanted if c.id not in cached)
+            missing = CutSet.from_cuts(c for c in wanted if not _same_audio(cached.get(c.id), c))
             if len(missing) > 0:
                 log.info("computing fbank features for %d of %d cuts into %s", len(missing), len(wanted), storage_dir)
                 storage_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +134,18 @@ def precompute_features(
             report.problems.append(problem)
     if failed:
         log.warning("left out %d of %d cuts whose audio failed to decode: %s", len(failed), len(wanted), failed[0].id)
-    return CutSet.from_cuts(cached[c.id] for c in wanted if c.id in cached)
+    return CutSet.from_cuts(fastcopy(c, features=cached[c.id].features) for c in wanted if c.id in cached)
+
+
+def _same_audio(stored: Cut | None, cut: Cut) -> bool:
+    """Whether ``stored`` (a cut of the feature cache) covers the audio span of ``cut``: its features are
+    then ``cut``'s, whatever else (transcripts, speakers) the manifest changed since."""
+    return (
+        stored is not None
+        and stored.recording_id == cut.recording_id
+        and stored.start == cut.start
+        and stored.duration == cut.duration
+    )
 
 
 def _audio_name(cut: Cut) -> str:
