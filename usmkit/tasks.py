@@ -40,6 +40,7 @@ from usmkit.metrics import normalize_text, score
 from usmkit.models.asr import AsrHeadConfig, AsrModel
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.las import LASConfig
 from usmkit.ssl.bestrq import BestRQModel, check_stack_frames
 from usmkit.ssl.most import MostModel
 from usmkit.ssl.most_data import build_most_loader
@@ -129,10 +130,17 @@ class Task:
 
 
 # ---------------------------------------------------------------- one function per kind
-def asr_task(task: TaskConfig) -> Task:
-    """``ctc``: the encoder and a CTC head (with intermediate CTC); ``las``: joint CTC and attention decoder."""
-    las = task.las if task.kind == "las" else None
-    ctc_weight = task.ctc_weight if task.kind == "las" else 1.0
+def ctc_task(task: TaskConfig) -> Task:
+    """CTC fine-tuning (stage 3): the encoder and a CTC head, with intermediate CTC where it is set."""
+    return _asr_task(task, ctc_weight=1.0, las=None)
+
+
+def las_task(task: TaskConfig) -> Task:
+    """Joint CTC and attention (LAS) decoder, the CTC loss weighted by ``task.ctc_weight`` (0: attention only)."""
+    return _asr_task(task, ctc_weight=task.ctc_weight, las=task.las)
+
+
+def _asr_task(task: TaskConfig, ctc_weight: float, las: LASConfig | None) -> Task:
     head = AsrHeadConfig(
         ctc_weight=ctc_weight, las=las, inter_ctc_weight=task.inter_ctc_weight, inter_ctc_layer=task.inter_ctc_layer
     )
@@ -208,8 +216,10 @@ def most_task(task: TaskConfig) -> Task:
 
 def task_for(task: TaskConfig) -> Task:
     """The ``Task`` of ``task.kind``, with ``task``'s settings bound."""
-    if task.kind in ("ctc", "las"):
-        return asr_task(task)
+    if task.kind == "ctc":
+        return ctc_task(task)
+    if task.kind == "las":
+        return las_task(task)
     if task.kind == "bestrq":
         return bestrq_task(task)
     if task.kind == "most":
