@@ -35,7 +35,6 @@ from usmkit.data.loader import make_loader
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.decoding.modes import decode_texts
-from usmkit.errors import UsageError
 from usmkit.metrics import normalize_text, score
 from usmkit.models.asr import AsrHeadConfig, AsrModel
 from usmkit.models.config import ConformerConfig
@@ -186,22 +185,12 @@ def most_task(task: TaskConfig) -> Task:
         )
 
     def check(cfg: TrainConfig, encoder_cfg: ConformerConfig) -> None:
-        if cfg.data.pack_to_frames:
-            raise ValueError(
-                f"data.pack_to_frames={cfg.data.pack_to_frames} packs the utterances of one stream; MOST "
-                "(recipe=stage2) takes its three streams one utterance per row: set data.pack_to_frames=0"
-            )
-        if cfg.data.shar_dir:
-            raise ValueError(
-                "data.shar_dir streams one training split from shards; MOST (recipe=stage2) mixes three streams "
-                "from the manifests: leave data.shar_dir unset"
-            )
-        most.resolve_text_layer(encoder_cfg.num_layers)  # where text enters must be one of the encoder's blocks
-        if cfg.trainer.compile and most.pad_text_to == 0:
-            raise UsageError(
-                "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (set it to data.pad_to_frames): "
-                "unpadded text compiles a new graph for every token and frame length"
-            )
+        most.check_run(
+            encoder_cfg.num_layers,
+            pack_to_frames=cfg.data.pack_to_frames,
+            shar_dir=cfg.data.shar_dir,
+            compiled=cfg.trainer.compile,
+        )
 
     return Task(
         "most",
