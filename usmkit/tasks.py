@@ -10,12 +10,13 @@ The training recipe (``usmkit.training.recipe``) and run loading (``usmkit.runs`
 reads (``text``), whether a CTC head reads the encoder (``ctc``), which checkpoint aligns its data
 (``align_from``) and which of another stage's heads it takes (``init_heads``), instead of testing its kind.
 
-Each kind's model and settings live beside the model: ``AsrModel`` (models/asr.py, ``ctc`` and ``las``),
-``BestRQModel`` and ``BestRQConfig`` (ssl/bestrq.py, ssl/bestrq_config.py), ``MostModel``, ``MostConfig``
-and MOST's three-stream loader (ssl/most.py, ssl/most_config.py, ssl/most_data.py). The models do no I/O and
-read no data (the layer contract in pyproject.toml), so what binds them to the config, the data loaders
-and the dev evaluation is here, one small function per kind. A new task is its model (a new file), its
-settings in ``TaskConfig`` (config.py) and its function here, named in ``task_for``.
+Each kind's model, settings and their checks live beside the model: ``AsrModel`` (models/asr.py, ``ctc``
+and ``las``), ``BestRQModel``, ``BestRQConfig`` and ``check_stack_frames`` (ssl/bestrq.py,
+ssl/bestrq_config.py), ``MostModel``, ``MostConfig`` with ``check_run`` and MOST's three-stream loader
+(ssl/most.py, ssl/most_config.py, ssl/most_data.py). The models do no I/O and read no data (the layer
+contract in pyproject.toml), so what binds them to the config, the data loaders and the dev evaluation is
+here, one small function per kind. A new task is its model (a new file), its settings in ``TaskConfig``
+(config.py) and its function here, named in ``task_for``.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ class Task:
     init_heads: Callable[[torch.nn.Module, dict[str, torch.Tensor]], list[str]] | None = None
     graphs_per_length: int = 1  # compiled graphs per padded audio length (2: text lengths vary too)
 
-    def dev_eval(self, batches: Callable[[], Iterable[Batch]], tokenizer: Tokenizer | None, max_batches: int = 0):
+    def dev_eval(
+        self, batches: Callable[[], Iterable[Batch]], tokenizer: Tokenizer | None, max_batches: int = 0
+    ) -> DevEval:
         """The trainer's dev evaluation: the dev loss (every task) and, where a CTC head reads the encoder,
         the greedy-CTC WER and CER; over the first ``max_batches`` batches of ``batches()`` (0: all)."""
         wer = self.ctc
