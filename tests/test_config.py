@@ -40,17 +40,3 @@ def test_tokenizer_path_follows_the_type_unless_given():
     assert tokenizer_path(given) == Path("exp/tok/tokenizer.model")
     with pytest.raises(ConfigError, match="tokenizer_type"):
         from_dict(TrainConfig, {"tokenizer_type": "word"})
-
-
-@pytest.mark.parametrize(
-    ("section", "match"),
-    [
-        ({"task": {"kind": "most"}}, "MOST .*set data.pack_to_frames=0"),
-    ],
-)
-def test_packing_is_refused_where_it_is_not_supported_in_one_line(section, match):
-    packed = {"data": {"pack_to_frames": 512, "max_cut_duration": 5.12}}
-    assert from_dict(TrainConfig, packed).data.pack_to_frames == 512
-    with pytest.raises(ConfigError, match=match) as info:
-        from_dict(TrainConfig, {**packed, **section})
-    assert "\n" not in str(info.value)

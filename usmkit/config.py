@@ -198,18 +198,6 @@ class TrainConfig:
     # stage-2 or CTC run keeps what the head learned); false: a new head, as from a BEST-RQ encoder.
     init_heads: bool = True
 
-    def __post_init__(self) -> None:
-        if self.data.pack_to_frames and self.task.kind == "most":
-            raise ValueError(
-                f"data.pack_to_frames={self.data.pack_to_frames} packs the utterances of one stream; MOST "
-                "(recipe=stage2) takes its three streams one utterance per row: set data.pack_to_frames=0"
-            )
-        if self.data.shar_dir and self.task.kind == "most":
-            raise ValueError(
-                "data.shar_dir streams one training split from shards; MOST (recipe=stage2) mixes three streams "
-                "from the manifests: leave data.shar_dir unset"
-            )
-
 
 def tokenizer_path(cfg: TrainConfig) -> Path:
     """The run's sentencepiece model: ``cfg.tokenizer``, else the corpus's own for the tokenizer type:

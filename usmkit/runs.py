@@ -30,7 +30,7 @@ from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.errors import UsageError
 from usmkit.metrics import TextNormConfig, normalize_text
-from usmkit.tasks import build_task
+from usmkit.tasks import task_for
 
 
 def _target_keys(tree: Any, path: str = "") -> list[str]:
@@ -102,9 +102,10 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
     cfg = read_run_config(ckpt)
     if model_changes:
         cfg = replace(cfg, model=replace(cfg.model, **model_changes))
+    task = task_for(cfg.task)
     tokenizer = None
     vocab = 0
-    if cfg.task.kind != "bestrq":
+    if task.text:
         # The training run's copy (<exp_dir>/tokenizer.model, beside the feature stats), else its config's.
         candidates = [run_dir(ckpt) / TOKENIZER_FILE, tokenizer_path(cfg)]
         tok_path = next((p for p in candidates if p.is_file()), None)
@@ -116,7 +117,7 @@ def load_trained(checkpoint: str, device: torch.device | str = "cpu", **model_ch
             )
         tokenizer = read_tokenizer(tok_path)
         vocab = tokenizer.vocab_size
-    module = build_task(cfg.task, cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), vocab)
+    module = task.build(cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins), vocab)
     load_weights(module, ckpt)
     return module.to(device).eval(), cfg, tokenizer, ckpt
 

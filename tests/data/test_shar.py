@@ -160,12 +160,13 @@ def test_a_damaged_shard_is_one_error_naming_its_files(shards, build_config, tin
 def test_what_needs_the_whole_split_is_refused_with_shar():
     from usmkit.config import TrainConfig, from_dict
     from usmkit.data.config import DataConfig, FeatureConfig
-    from usmkit.errors import UsageError
+    from usmkit.tasks import task_for
 
-    with pytest.raises(UsageError, match="MOST"):
-        from_dict(
-            TrainConfig, {"task": {"kind": "most"}, "data": {"shar_dir": "x", "features": {"precomputed": False}}}
-        )
+    most = from_dict(
+        TrainConfig, {"task": {"kind": "most"}, "data": {"shar_dir": "x", "features": {"precomputed": False}}}
+    )
+    with pytest.raises(ValueError, match="MOST"):  # its task's check (usmkit.tasks), run before any data is read
+        task_for(most.task).check(most, most.model.build_config(input_dim=80))
     with pytest.raises(ValueError, match="features.precomputed=true, language_temperature=2"):
         DataConfig(shar_dir="x", features=FeatureConfig(precomputed=True), language_temperature=2.0)
 

@@ -1,4 +1,5 @@
-"""AsrModel: joint CTC/attention training step, decode modes, overfitting a tiny batch."""
+"""AsrModel: joint CTC/attention training step, decoding it in every mode (usmkit.decoding.modes), overfitting a
+tiny batch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from usmkit.data.batch import Batch
+from usmkit.decoding.modes import decode, decode_hypotheses
 from usmkit.models.asr import AsrHeadConfig, AsrModel
 from usmkit.models.las import LASConfig
 
@@ -81,9 +83,9 @@ def test_ctc_only_metrics_and_decode_errors():
     batch = tiny_batch()
     for mode in ("las_beam", "rescore"):
         with pytest.raises(ValueError, match="needs a LAS decoder"):
-            model.decode(batch.features, batch.feature_lens, mode=mode)
+            decode(model, batch.features, batch.feature_lens, mode=mode)
     with pytest.raises(ValueError, match="unknown decode mode"):
-        model.decode(batch.features, batch.feature_lens, mode="viterbi")
+        decode(model, batch.features, batch.feature_lens, mode="viterbi")
 
 
 def test_attention_only_model():
@@ -92,7 +94,7 @@ def test_attention_only_model():
     out = model(tiny_batch())
     assert set(out.metrics) == {"loss", "loss_att", "acc_att"}
     with pytest.raises(ValueError, match="needs a CTC head"):
-        model.decode(tiny_batch().features, tiny_batch().feature_lens, mode="ctc_greedy")
+        decode(model, tiny_batch().features, tiny_batch().feature_lens, mode="ctc_greedy")
 
 
 def test_head_config_validation():
@@ -117,7 +119,7 @@ def overfit(model: AsrModel, modes: tuple[str, ...], max_steps: int, check_every
         opt.step()
         if step % check_every == 0:
             model.eval()
-            done = all(model.decode(batch.features, batch.feature_lens, mode=m, beam_size=3) == TARGETS for m in modes)
+            done = all(decode(model, batch.features, batch.feature_lens, mode=m, beam_size=3) == TARGETS for m in modes)
             model.train()
             if done:
                 return step
@@ -130,7 +132,7 @@ def test_ctc_model_overfits_until_greedy_returns_targets():
     assert steps > 0, "CTC-only model did not learn the two targets in 400 steps"
     model.eval()
     batch = tiny_batch()
-    hyps = model.decode_hypotheses(batch.features, batch.feature_lens, mode="ctc_beam", beam_size=3)
+    hyps = decode_hypotheses(model, batch.features, batch.feature_lens, mode="ctc_beam", beam_size=3)
     for hyp, n in zip(hyps, (10, 8), strict=True):
         assert len(hyp.timestamps) == len(hyp.tokens) and all(0 <= t < n for t in hyp.timestamps)
         assert list(hyp.timestamps) == sorted(hyp.timestamps)
@@ -160,7 +162,7 @@ def test_with_real_tiny_conformer():
         assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
     model.eval()
     for mode in ("ctc_greedy", "ctc_beam", "las_beam", "rescore"):
-        hyps = model.decode(batch.features, batch.feature_lens, mode=mode, beam_size=2, max_len=5)
+        hyps = decode(model, batch.features, batch.feature_lens, mode=mode, beam_size=2, max_len=5)
         assert len(hyps) == 2 and all(isinstance(t, int) and 0 <= t < V for h in hyps for t in h)
 
 

@@ -11,6 +11,7 @@ from usmkit.config import ConfigError, TaskConfig, from_dict
 from usmkit.data.batch import Batch
 from usmkit.data.mixer import MostBatch
 from usmkit.data.text_only import TextBatch
+from usmkit.decoding.modes import decode
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.subsampling import conv_out_size
@@ -303,9 +304,9 @@ def test_decode_matches_greedy_ctc_over_the_whole_encoder():
     enc, lens = model.encoder(batch.features, batch.feature_lens)
     best = model.ctc(enc).argmax(-1)
     expected = [torch.unique_consecutive(best[b, : lens[b]]).tolist() for b in range(2)]
-    assert model.decode(batch.features, batch.feature_lens) == [[t for t in e if t != 0] for e in expected]
-    with pytest.raises(ValueError, match="CTC head"):
-        model.decode(batch.features, batch.feature_lens, mode="las_beam")
+    assert decode(model, batch.features, batch.feature_lens) == [[t for t in e if t != 0] for e in expected]
+    with pytest.raises(ValueError, match="needs a LAS decoder, but this MostModel has none"):
+        decode(model, batch.features, batch.feature_lens, mode="las_beam")
 
 
 # ---- config

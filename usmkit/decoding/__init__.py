@@ -1,4 +1,6 @@
-"""Decoding algorithms: pure functions on tensors (CTC greedy, CTC prefix beam, LAS beam, rescoring)."""
+"""Decoding: pure searches on tensors (CTC greedy, CTC prefix beam, lexicon + word LM, LAS beam, rescoring),
+ensembles of CTC models, and the one table of decode modes that runs them on a model's encoder output and
+heads (``usmkit.decoding.modes``). Decoding sits above the models: they never import it."""
 
 from usmkit.decoding.ctc_greedy import ctc_greedy, ctc_greedy_hypotheses
 from usmkit.decoding.ctc_prefix_beam import PrefixBeamState, ctc_prefix_beam_search, ctc_prefix_beam_search_batch

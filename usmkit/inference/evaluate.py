@@ -22,19 +22,16 @@ from usmkit.data.manifests import available_splits, manifest_path
 from usmkit.data.normalize import FeatureStats
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.decoding.ensemble import CtcEnsemble
+from usmkit.decoding.modes import ATTENTION_MODES, DECODE_MODES, ENSEMBLE_MODES, LEXICON_MODES, RESCORE_MODES
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
 from usmkit.inference.batches import transcribe_batches
 from usmkit.metrics import TextNormConfig, score
-from usmkit.models.ensemble import ENSEMBLE_DECODE_MODES, CtcEnsemble
 from usmkit.runs import lexicon_texts, load_trained
 from usmkit.streaming.features import checkpoint_feature_stats
 
 log = logging.getLogger(__name__)
-
-DECODE_MODES = ("ctc_greedy", "ctc_beam", "las_beam", "rescore", "ctc_lexicon", "lexicon_rescore")
-LEXICON_MODES = ("ctc_lexicon", "lexicon_rescore")  # the modes that build a lexicon decoder
-ATTENTION_MODES = ("las_beam", "rescore", "lexicon_rescore")  # the modes that need a LAS decoder
 
 
 @dataclass(frozen=True)
@@ -52,13 +49,13 @@ class EvalConfig:
     left_chunks: int | str = "default"
     norm: TextNormConfig = field(default_factory=TextNormConfig)
     lexicon: LexiconConfig = field(default_factory=LexiconConfig)
-    ensemble: tuple[str, ...] = ()  # more checkpoints, combined with checkpoint per hypothesis (models/ensemble.py)
+    ensemble: tuple[str, ...] = ()  # more checkpoints, combined with checkpoint per hypothesis (decoding/ensemble.py)
     # rescore / lexicon_rescore: the first pass's share of the combined score (the attention decoder's: 1 - it)
     rescore_ctc_weight: float = 0.3
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_MODES:
-            raise ValueError(f"decode={self.decode!r}: choose one of {DECODE_MODES}")
+            raise ValueError(f"decode={self.decode!r}: choose one of {tuple(DECODE_MODES)}")
         if not 0.0 <= self.rescore_ctc_weight <= 1.0:
             raise ValueError(f"rescore_ctc_weight must be in [0, 1], got {self.rescore_ctc_weight}")
         if self.decode == "lexicon_rescore" and self.lexicon.nbest < 2:
@@ -69,11 +66,8 @@ class EvalConfig:
             raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
         if not self.max_duration > 0:
             raise ValueError(f"max_duration must be > 0 seconds of audio per batch, got {self.max_duration}")
-        if self.ensemble and self.decode not in (*ENSEMBLE_DECODE_MODES, "ctc_lexicon"):
-            raise ValueError(
-                f"decode={self.decode!r} with an ensemble: ensembles decode with "
-                f"{(*ENSEMBLE_DECODE_MODES, 'ctc_lexicon')}"
-            )
+        if self.ensemble and self.decode not in ENSEMBLE_MODES:
+            raise ValueError(f"decode={self.decode!r} with an ensemble: ensembles decode with {ENSEMBLE_MODES}")
 
 
 @dataclass(frozen=True)
@@ -138,7 +132,7 @@ def evaluate(cfg: EvalConfig, on_set=None) -> dict[str, Any]:
         "decode": cfg.decode,
         "beam_size": cfg.beam_size,
         **({"lexicon": asdict(cfg.lexicon)} if cfg.decode in LEXICON_MODES else {}),
-        **({"rescore_ctc_weight": cfg.rescore_ctc_weight} if cfg.decode in ("rescore", "lexicon_rescore") else {}),
+        **({"rescore_ctc_weight": cfg.rescore_ctc_weight} if cfg.decode in RESCORE_MODES else {}),
         "chunk_size": first_encoder_chunk(module),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -26,10 +26,10 @@ import torch
 
 from usmkit.data.loader import split_loader
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
+from usmkit.decoding.ensemble import CtcEnsemble
 from usmkit.inference.batches import transcribe_batches
 from usmkit.inference.evaluate import EvalConfig, LoadedModel, build_word_decoder, load_for_eval
 from usmkit.metrics import normalize_text, score
-from usmkit.models.ensemble import CtcEnsemble
 from usmkit.runs import lexicon_texts
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def _cached_transcriber(loaded: LoadedModel, loader, cfg: EvalConfig) -> Callabl
     module, device = loaded.module, loaded.device
     if isinstance(module, CtcEnsemble):
         # Every member proposes candidates from its own log-probs and all of them score each candidate
-        # (models/ensemble.py): the batches are kept and the ensemble decodes them at each point.
+        # (decoding/ensemble.py): the batches are kept and the ensemble decodes them at each point.
         batches = list(loader)
 
         def transcribe_ensemble(decoder: LexiconDecoder | None) -> list[str]:

@@ -16,26 +16,15 @@ attention decoder's alignment learning and enables two-pass rescoring).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
 from usmkit.data.batch import Batch
 from usmkit.data.packing import Packing
-from usmkit.decoding import (
-    Hypothesis,
-    attention_rescore_batch,
-    ctc_greedy_hypotheses,
-    ctc_prefix_beam_search_batch,
-    las_beam_search,
-)
 from usmkit.models.ctc import CTCHead, ctc_loss
 from usmkit.models.las import LASConfig, LASDecoder
 from usmkit.models.output import StepOutput
-
-DecodeMode = Literal["ctc_greedy", "ctc_beam", "las_beam", "rescore"]
-DECODE_MODES: tuple[str, ...] = ("ctc_greedy", "ctc_beam", "las_beam", "rescore")
 
 
 @dataclass(frozen=True)
@@ -75,7 +64,8 @@ class AsrHeadConfig:
 
 
 class AsrModel(nn.Module):
-    """Encoder + CTC head and/or LAS decoder. ``forward`` trains, ``decode`` transcribes.
+    """Encoder + CTC head and/or LAS decoder. ``forward`` trains; ``usmkit.decoding.modes`` decodes with
+    ``encode`` and the heads (``ctc``, ``las``: None where absent).
 
     encoder: any module with ``forward(features (B, T, F), lengths (B,)) -> (enc (B, T', D), enc_lens (B,))``
     and an ``output_dim`` attribute (``usmkit.models.conformer.ConformerEncoder``).
@@ -159,55 +149,3 @@ class AsrModel(nn.Module):
         losses = self.losses(batch.features, batch.feature_lens, batch.tokens, batch.token_lens, batch.packing)
         metrics = {name: value.detach() for name, value in losses.items()}
         return StepOutput(loss=losses["loss"], metrics=metrics)
-
-    # ----------------------------------------------------------------- inference
-    @torch.no_grad()
-    def decode_hypotheses(
-        self,
-        features: torch.Tensor,
-        lengths: torch.Tensor,
-        mode: DecodeMode = "ctc_greedy",
-        beam_size: int = 10,
-        rescore_ctc_weight: float = 0.3,
-        length_penalty: float = 0.0,
-        max_len: int | None = None,
-    ) -> list[Hypothesis]:
-        """Best hypothesis per utterance, with scores (and timestamps for the CTC modes).
-
-        Modes: ``ctc_greedy`` (best path), ``ctc_beam`` (prefix beam search), ``las_beam`` (attention
-        beam search; ``length_penalty``, ``max_len`` apply), ``rescore`` (CTC prefix beam n-best
-        rescored by the decoder, ``rescore_ctc_weight`` mixes the two). Call ``model.eval()`` first.
-        """
-        if mode not in DECODE_MODES:
-            raise ValueError(f"unknown decode mode {mode!r}; choose one of {DECODE_MODES}")
-        if mode in ("las_beam", "rescore") and self.las is None:
-            raise ValueError(
-                f"decode mode {mode!r} needs a LAS decoder, but this model is CTC-only (AsrHeadConfig.las=None)"
-            )
-        if mode != "las_beam" and self.ctc is None:
-            raise ValueError(f"decode mode {mode!r} needs a CTC head, but this model has ctc_weight=0; use 'las_beam'")
-        enc, enc_lens = self.encode(features, lengths)
-        if mode == "las_beam":
-            nbests = las_beam_search(self.las, enc, enc_lens, beam_size, max_len=max_len, length_penalty=length_penalty)
-            return [nbest[0] for nbest in nbests]
-        log_probs = self.ctc(enc)  # (B, T', V)
-        if mode == "ctc_greedy":
-            return ctc_greedy_hypotheses(log_probs, enc_lens)
-        nbests = ctc_prefix_beam_search_batch(log_probs, enc_lens, beam_size)
-        if mode == "ctc_beam":
-            return [nbest[0] for nbest in nbests]
-        return attention_rescore_batch(self.las, enc, enc_lens, nbests, ctc_weight=rescore_ctc_weight)
-
-    def decode(
-        self,
-        features: torch.Tensor,
-        lengths: torch.Tensor,
-        mode: DecodeMode = "ctc_greedy",
-        beam_size: int = 10,
-        rescore_ctc_weight: float = 0.3,
-        length_penalty: float = 0.0,
-        max_len: int | None = None,
-    ) -> list[list[int]]:
-        """Token ids of the best hypothesis per utterance (the caller detokenizes); see ``decode_hypotheses``."""
-        hyps = self.decode_hypotheses(features, lengths, mode, beam_size, rescore_ctc_weight, length_penalty, max_len)
-        return [list(h.tokens) for h in hyps]

@@ -46,7 +46,6 @@ from torch import nn
 from usmkit.data.batch import Batch
 from usmkit.data.mixer import MostBatch
 from usmkit.data.text_only import TextBatch
-from usmkit.decoding import Hypothesis, ctc_greedy_hypotheses, ctc_prefix_beam_search_batch
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.ctc import CTCHead, ctc_loss
 from usmkit.models.output import StepOutput
@@ -60,8 +59,6 @@ from usmkit.ssl.text_encoder import TextEncoder
 
 log = logging.getLogger(__name__)
 
-DECODE_MODES: tuple[str, ...] = ("ctc_greedy", "ctc_beam")
-
 
 def _frame_variance(x: torch.Tensor, weight: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """Per-dimension variance (D,) of x (B, T, D) over the frames where weight (B, T) is 1; n their number."""
@@ -74,10 +71,11 @@ class MostModel(nn.Module):
     """The shared encoder, its CTC head, the text encoder and the BEST-RQ objective; ``forward(batch) -> StepOutput``.
 
     ``forward`` takes a ``MostBatch`` (training) or a plain paired ``Batch`` (dev evaluation: the paired
-    losses with every warm-up over). ``decode`` transcribes with the CTC head, like ``AsrModel``.
+    losses with every warm-up over). ``usmkit.decoding.modes`` decodes with ``encode`` and the CTC head, as it
+    does an ``AsrModel``'s.
     """
 
-    las = None  # no attention decoder (what usmkit.cli.evaluate asks of a model before decoding)
+    las = None  # no attention decoder (what decoding asks of a model before a mode that reads one)
 
     def __init__(
         self, encoder: ConformerEncoder, vocab_size: int, cfg: MostConfig, bestrq: BestRQConfig, input_dim: int
@@ -277,23 +275,3 @@ class MostModel(nn.Module):
         enc, _ = self.encoder.run_blocks(frames, lengths, self.text_layer, len(self.encoder.blocks))
         loss = ctc_loss(self.ctc(enc), lengths, batch.tokens, batch.token_lens)
         return loss, masked.sum().float() / valid.sum().clamp(min=1).float()
-
-    # ---------------------------------------------------------------- inference
-    @torch.no_grad()
-    def decode_hypotheses(
-        self, features: torch.Tensor, lengths: torch.Tensor, mode: str = "ctc_greedy", beam_size: int = 10, **_
-    ) -> list[Hypothesis]:
-        """Best hypothesis per utterance from the CTC head (``ctc_greedy`` or ``ctc_beam``)."""
-        if mode not in DECODE_MODES:
-            raise ValueError(f"decode mode {mode!r}: a MOST model decodes with its CTC head, one of {DECODE_MODES}")
-        enc, enc_lens = self.encode(features, lengths)
-        log_probs = self.ctc(enc)  # (B, T', V)
-        if mode == "ctc_greedy":
-            return ctc_greedy_hypotheses(log_probs, enc_lens)
-        return [nbest[0] for nbest in ctc_prefix_beam_search_batch(log_probs, enc_lens, beam_size)]
-
-    def decode(
-        self, features: torch.Tensor, lengths: torch.Tensor, mode: str = "ctc_greedy", beam_size: int = 10, **_
-    ) -> list[list[int]]:
-        """Token ids of the best hypothesis per utterance (the caller detokenizes)."""
-        return [list(h.tokens) for h in self.decode_hypotheses(features, lengths, mode, beam_size)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from usmkit.errors import UsageError
+
 LOSSES: tuple[str, ...] = ("bestrq", "ctc", "duration", "consistency", "text")
 STREAMS: tuple[str, ...] = ("unlabeled", "paired", "text")
 
@@ -144,6 +146,27 @@ class MostConfig:
             "text": self.text_weight > 0,
         }
         return tuple(name for name in STREAMS if needed[name])
+
+    def check_run(self, num_layers: int, *, pack_to_frames: int, shar_dir: str | None, compiled: bool) -> None:
+        """ValueError (UsageError for the compiled step) where a training run's settings do not fit MOST's three
+        streams: packed rows, Shar shards, a text layer beyond the encoder's ``num_layers`` blocks, a compiled
+        step without ``pad_text_to``."""
+        if pack_to_frames:
+            raise ValueError(
+                f"data.pack_to_frames={pack_to_frames} packs the utterances of one stream; MOST "
+                "(recipe=stage2) takes its three streams one utterance per row: set data.pack_to_frames=0"
+            )
+        if shar_dir:
+            raise ValueError(
+                "data.shar_dir streams one training split from shards; MOST (recipe=stage2) mixes three streams "
+                "from the manifests: leave data.shar_dir unset"
+            )
+        self.resolve_text_layer(num_layers)  # where text enters must be one of the encoder's blocks
+        if compiled and self.pad_text_to == 0:
+            raise UsageError(
+                "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (set it to data.pad_to_frames): "
+                "unpadded text compiles a new graph for every token and frame length"
+            )
 
     def resolve_text_layer(self, num_layers: int) -> int:
         """k, checked against the encoder's ``num_layers`` blocks: text replaces the input of block k."""

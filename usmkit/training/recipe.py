@@ -43,11 +43,9 @@ from usmkit.data.tokenizer import MODEL_FILE as TOKENIZER_FILE
 from usmkit.data.tokenizer import Tokenizer
 from usmkit.device import resolve_device
 from usmkit.errors import UsageError
-from usmkit.inference.batches import make_dev_eval
 from usmkit.models.config import ConformerConfig
 from usmkit.runs import check_aligner, load_aligner, read_tokenizer
-from usmkit.ssl.most_data import build_most_loader
-from usmkit.tasks import build_task, check_task
+from usmkit.tasks import TrainInputs, task_for
 from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed, shutdown_distributed
 from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
@@ -75,6 +73,7 @@ class TrainingRecipe:
         self.cfg = cfg
         self.config_yaml = config_yaml
         self.encoder_cfg = check_config(cfg)
+        self.task = task_for(cfg.task)  # what the run's task kind means: its loader, module, dev evaluation
         self.exp_dir = Path(cfg.trainer.exp_dir)
         self.rank, self.world, self.device = 0, 1, resolve_device(cfg.trainer.device)
         self.tokenizer: Tokenizer | None = None
@@ -116,20 +115,18 @@ class TrainingRecipe:
         """Tokenizer, validated cuts, the CTC frame budget, feature statistics, the training loader and
         the dev evaluation; the tokenizer, statistics and config are copied into the experiment directory,
         which rank 0 locks first (``usmkit.training.exp_lock``: one run per directory)."""
-        cfg, data, rank = self.cfg, self.cfg.data, self.rank
+        cfg, data, rank, task = self.cfg, self.cfg.data, self.rank, self.task
         if rank == 0:
             self.lock = ExpDirLock(self.exp_dir)
             self.lock.acquire()
-        audio_only = cfg.task.kind == "bestrq"
         self.tokenizer = tokenizer = (
-            None if audio_only else rank0_first(rank, functools.partial(load_tokenizer, cfg, rank), "the tokenizer")
+            rank0_first(rank, functools.partial(load_tokenizer, cfg, rank), "the tokenizer") if task.text else None
         )
-        prepare = functools.partial(self._prepare, require_text=not audio_only)
+        prepare = functools.partial(self._prepare, require_text=task.text)
         # With data.shar_dir the training cuts stream from shards (checked when they were written): here only
         # their manifests, for the frame budget and the duration buckets; the statistics read their audio.
         train_cuts = shar_train_cuts(data, audio=False) if data.shar_dir else prepare(data.train_split)
-        if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
-            # What CTC cannot align it ignores: counted now rather than found in the results.
+        if task.ctc:  # what CTC cannot align it ignores: counted now rather than found in the results.
             budget = frame_budget(
                 train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
             )
@@ -140,36 +137,23 @@ class TrainingRecipe:
             self._write_run_files(stats, tokenizer)
             write_run_lexicon(cfg, tokenizer, self.exp_dir)  # what --lexicon decodes with, wherever the run goes
         pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
-        if cfg.task.kind == "most":  # three streams in every step: unlabeled audio, paired, text-only
-            if cfg.task.most.align_from:
-                check_aligner(cfg.task.most.align_from, tokenizer)
-            self.loader = build_most_loader(
-                cfg.task.most,
-                data,
+        if task.align_from:
+            check_aligner(task.align_from, tokenizer)
+        self.loader = task.train_loader(
+            TrainInputs(
                 train_cuts,
-                functools.partial(self._prepare, require_text=False),
+                data,
                 tokenizer,
                 stats,
+                prepare=functools.partial(self._prepare, require_text=False),
                 seed=cfg.trainer.seed,
-                batches_per_step=cfg.optim.accum_steps,
+                accum_steps=cfg.optim.accum_steps,
                 rank=rank,
                 world_size=self.world,
                 pin_memory=pin,
+                pack_align=self.encoder_cfg.subsampling_factor,
             )
-        else:
-            self.loader = make_loader(
-                train_cuts,
-                data,
-                tokenizer=tokenizer,
-                stats=stats,
-                train=True,
-                rank=rank,
-                world_size=self.world,
-                seed=cfg.trainer.seed,
-                pin_memory=pin,
-                endless=True,  # the workers prefetch across epoch boundaries
-                pack_align=self.encoder_cfg.subsampling_factor,  # packed utterances start where it strides
-            )
+        )
         self.dev_eval = None
         if cfg.trainer.eval_every and data.dev_split:
             dev_cuts = prepare(data.dev_split)
@@ -180,9 +164,7 @@ class TrainingRecipe:
                     dev_cuts, data, tokenizer=tokenizer, stats=stats, train=False, speaker_norms=dev_norms
                 )
 
-            self.dev_eval = make_dev_eval(
-                dev_batches, tokenizer, cfg.task.kind, max_batches=cfg.trainer.dev_max_batches
-            )
+            self.dev_eval = task.dev_eval(dev_batches, tokenizer, max_batches=cfg.trainer.dev_max_batches)
 
     def _write_run_files(self, stats, tokenizer: Tokenizer | None) -> None:
         """The copies that travel with the checkpoints: feature statistics, the tokenizer the run loaded (the
@@ -224,20 +206,18 @@ class TrainingRecipe:
     def setup_model(self) -> None:
         """The task's module, initialized from ``init_from`` (encoder, and the heads that fit), and MOST's
         frozen aligner."""
-        cfg, rank = self.cfg, self.rank
+        cfg, rank, task = self.cfg, self.rank, self.task
         vocab = self.tokenizer.vocab_size if self.tokenizer else 0
-        self.module = module = build_task(cfg.task, self.encoder_cfg, vocab)
-        if cfg.task.kind == "most" and cfg.task.most.align_from:
-            module.set_aligner(load_aligner(cfg.task.most.align_from, self.device))
+        self.module = module = task.build(self.encoder_cfg, vocab)
+        if task.align_from:
+            module.set_aligner(load_aligner(task.align_from, self.device))
         if cfg.init_from and not (cfg.resume and latest_checkpoint(self.exp_dir / "checkpoints")):
             src = resolve_checkpoint(cfg.init_from)
             loaded = load_weights(module, src, prefix="encoder.")
             if rank == 0:
                 log.info("initialized %d encoder tensors from %s", len(loaded), src)
-            if (
-                cfg.task.kind == "most"
-            ):  # stage 1's BEST-RQ heads and quantizer (a MOST run's text encoder), where they fit
-                heads = module.init_heads_from(load_tensors(src / MODEL_FILE))
+            if task.init_heads is not None:  # e.g. stage 1's BEST-RQ heads for MOST, where they fit
+                heads = task.init_heads(module, load_tensors(src / MODEL_FILE))
                 if rank == 0:
                     log.info("initialized %d head tensors from %s: %s", len(heads), src, ", ".join(heads) or "none fit")
             if cfg.init_heads and self.tokenizer is not None:
@@ -248,7 +228,7 @@ class TrainingRecipe:
             n = sum(p.numel() for p in module.parameters())
             log.info(
                 "task %s, encoder %s: %.2fM parameters, device %s, world %d",
-                cfg.task.kind,
+                task.kind,
                 cfg.model.preset,
                 n / 1e6,
                 self.device,
@@ -346,7 +326,7 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
     except UsageError as e:
         raise ConfigError(f"trainer.{e}") from None
     try:
-        check_task(cfg.task, encoder_cfg)
+        task_for(cfg.task).check(cfg, encoder_cfg)
         check_options(cfg.trainer, cfg.optim, device, launched_distributed(cfg.trainer.strategy))
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
@@ -361,11 +341,6 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
             )
     if cfg.init_from:
         resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
-    if cfg.task.kind == "most":  # MOST: where text enters must be one of the encoder's blocks
-        try:
-            cfg.task.most.resolve_text_layer(encoder_cfg.num_layers)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
     check_memory(cfg, encoder_cfg, device)  # a model too large for the machine: refused now, not after the data
     return encoder_cfg
 
@@ -386,11 +361,6 @@ def compiled_lengths(cfg: TrainConfig) -> int:
             "trainer.compile=true needs data.pad_to_frames (e.g. data.pad_to_frames=256) or data.pack_to_frames: unpadded batches "
             "compile a new graph for every length, and past torch's recompile limit they run uncompiled"
         )
-    if cfg.task.kind == "most" and cfg.task.most.pad_text_to == 0:
-        raise UsageError(
-            "trainer.compile=true with recipe=stage2 needs task.most.pad_text_to (set it to data.pad_to_frames): "
-            "unpadded text compiles a new graph for every token and frame length"
-        )
     slowest = min((1.0, *data.speed_perturb))  # a factor below 1 lengthens the audio
     max_frames = math.ceil(data.max_cut_duration / slowest * 1000 / data.features.frame_shift_ms)
     return math.ceil(max_frames / data.pad_to_frames)
@@ -398,10 +368,8 @@ def compiled_lengths(cfg: TrainConfig) -> int:
 
 def raise_recompile_limit(cfg: TrainConfig) -> None:
     """Let torch compile a graph per padded length (and one more for a batch of one row: torch specializes
-    sizes 0 and 1), twice for MOST's text lengths."""
-    needed = 2 * compiled_lengths(cfg)
-    if cfg.task.kind == "most":  # the text encoder's token lengths: at most as many as the frame lengths
-        needed *= 2
+    sizes 0 and 1), times the task's graphs per length (MOST's text lengths)."""
+    needed = 2 * compiled_lengths(cfg) * task_for(cfg.task).graphs_per_length
     limit = torch._dynamo.config.recompile_limit
     if needed > limit:
         torch._dynamo.config.recompile_limit = needed

@@ -6,8 +6,9 @@ candidate) pairs, N members.
 Averaging the members' frame posteriors does not work for CTC: each model puts its spikes on its own
 frames, so on every frame most members say blank and the average decodes to nothing. The ensemble
 therefore works on whole hypotheses. Every member decodes on its own (greedy, prefix beam, or the
-lexicon decoder), which proposes candidate transcripts; each candidate is scored by every member's
-CTC likelihood, summed over all alignments, so it does not matter where a member spikes:
+lexicon decoder: the decode mode's ``candidates`` in ``usmkit.decoding.modes``), which proposes candidate
+transcripts; each candidate is scored by every member's CTC likelihood, summed over all alignments, so it
+does not matter where a member spikes:
 
     score(y) = log mean_i p_i(y | x)
 
@@ -24,11 +25,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from usmkit.decoding.ctc_greedy import ctc_greedy
-from usmkit.decoding.ctc_prefix_beam import ctc_prefix_beam_search_batch
-
-ENSEMBLE_DECODE_MODES = ("ctc_greedy", "ctc_beam")
-WordDecoder = Callable[[torch.Tensor, torch.Tensor], list[str]]
+Candidates = list[list[tuple[int, ...]]]  # per utterance, its candidate token id sequences
+Propose = Callable[[torch.Tensor, torch.Tensor], Candidates]  # one member's log-probs (B, T', V), lengths (B,)
 
 
 class CtcEnsemble(torch.nn.Module):
@@ -57,38 +55,17 @@ class CtcEnsemble(torch.nn.Module):
         return outputs, enc_lens
 
     @torch.no_grad()
-    def transcribe(
-        self,
-        features: torch.Tensor,
-        lengths: torch.Tensor,
-        tokenizer,
-        mode: str = "ctc_greedy",
-        beam_size: int = 10,
-        word_decoder: WordDecoder | None = None,
-    ) -> list[str]:
+    def transcribe(self, features: torch.Tensor, lengths: torch.Tensor, tokenizer, propose: Propose) -> list[str]:
         """One transcript per utterance: the members' candidates, the one of highest mean likelihood.
 
-        ``word_decoder`` (e.g. the lexicon decoder, with its whole n-best list) proposes the candidates
-        when given; otherwise each member's ``mode`` decoding does (``ctc_beam``: its whole n-best list).
+        ``propose`` maps one member's log-probs (B, T', V) and lengths (B,) to its candidate token
+        sequences per utterance (a decode mode's, ``usmkit.decoding.modes``: greedy's best path, the whole
+        n-best list of a prefix beam search or of the lexicon decoder).
         """
-        if word_decoder is None and mode not in ENSEMBLE_DECODE_MODES:
-            raise ValueError(f"an ensemble decodes with {ENSEMBLE_DECODE_MODES} or ctc_lexicon, not {mode!r}")
         log_probs, enc_lens = self.log_probs(features, lengths)
         candidates: list[dict[tuple[int, ...], None]] = [{} for _ in range(features.shape[0])]  # ordered sets
         for member_log_probs in log_probs:
-            if word_decoder is not None:
-                texts = (
-                    word_decoder.nbest(member_log_probs, enc_lens)
-                    if hasattr(word_decoder, "nbest")
-                    else [[text] for text in word_decoder(member_log_probs, enc_lens)]
-                )
-                proposals = [[tuple(tokenizer.encode(t)) for t in texts_b] or [()] for texts_b in texts]
-            elif mode == "ctc_greedy":
-                proposals = [[tuple(ids)] for ids in ctc_greedy(member_log_probs, enc_lens)]
-            else:
-                nbests = ctc_prefix_beam_search_batch(member_log_probs, enc_lens, beam_size)
-                proposals = [[tuple(h.tokens) for h in nbest] for nbest in nbests]
-            for row, token_lists in enumerate(proposals):
+            for row, token_lists in enumerate(propose(member_log_probs, enc_lens)):
                 candidates[row].update(dict.fromkeys(token_lists))
         best = choose_by_mean_likelihood(log_probs, enc_lens, [list(c) for c in candidates])
         return [tokenizer.decode(list(ids)) for ids in best]

@@ -1,4 +1,4 @@
-"""CTC model ensembles (usmkit.models.ensemble): candidates from each member, chosen by mean likelihood."""
+"""CTC model ensembles (usmkit.decoding.ensemble): candidates from each member, chosen by mean likelihood."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from torch import nn
 
 from usmkit.decoding.ctc_greedy import ctc_greedy
 from usmkit.decoding.ctc_prefix_beam import ctc_prefix_beam_search_batch
+from usmkit.decoding.ensemble import CtcEnsemble, choose_by_mean_likelihood
+from usmkit.decoding.modes import DecodeOptions, decode, decode_texts
 from usmkit.models.asr import AsrHeadConfig, AsrModel
-from usmkit.models.ensemble import CtcEnsemble, choose_by_mean_likelihood
 from usmkit.models.las import LASConfig
 
 V, F_IN = 10, 6
@@ -78,14 +79,14 @@ def test_members_spiking_on_different_frames_still_agree():
     lens = torch.tensor([6])
     assert ctc_greedy(averaged, lens) == [[]]
     ensemble = CtcEnsemble([FixedPosteriors(a), FixedPosteriors(b)])
-    assert ensemble.transcribe(torch.zeros(1, 6, 1), lens, IdTokenizer()) == ["3"]
+    assert decode_texts(ensemble, torch.zeros(1, 6, 1), lens, IdTokenizer()) == ["3"]
 
 
 def test_the_more_confident_member_wins_a_disagreement():
     sure, unsure = _spike(5, at=2, token=3, sure=0.95), _spike(5, at=2, token=7, sure=0.55)
     lens = torch.tensor([5])
     ensemble = CtcEnsemble([FixedPosteriors(unsure), FixedPosteriors(sure)])
-    assert ensemble.transcribe(torch.zeros(1, 5, 1), lens, IdTokenizer()) == ["3"]
+    assert decode_texts(ensemble, torch.zeros(1, 5, 1), lens, IdTokenizer()) == ["3"]
     # The choice is the brute-force argmax of log mean_i p_i(y | x) over the candidates.
     log_probs = [unsure, sure]
     scores = {}
@@ -101,13 +102,13 @@ def test_ensemble_of_one_model_twice_transcribes_like_the_model():
     features, lens = torch.randn(3, 30, F_IN, generator=g), torch.tensor([30, 22, 16])
     twice = CtcEnsemble([model, model])
     tok = IdTokenizer()
-    greedy = [tok.decode(ids) for ids in model.decode(features, lens, mode="ctc_greedy")]
-    assert twice.transcribe(features, lens, tok, mode="ctc_greedy") == greedy
+    greedy = [tok.decode(ids) for ids in decode(model, features, lens, mode="ctc_greedy")]
+    assert decode_texts(twice, features, lens, tok, "ctc_greedy") == greedy
     # ctc_beam proposes the whole n-best; the pick is the candidate of highest exact CTC likelihood.
     with torch.no_grad():
         log_probs = model.ctc(model.encode(features, lens)[0])
     nbests = ctc_prefix_beam_search_batch(log_probs, lens // 2, 4)
-    picked = twice.transcribe(features, lens, tok, mode="ctc_beam", beam_size=4)
+    picked = decode_texts(twice, features, lens, tok, "ctc_beam", DecodeOptions(beam_size=4))
     for row, nbest in enumerate(nbests):
         cands = [tuple(h.tokens) for h in nbest]
         nll = [
@@ -130,7 +131,9 @@ def test_ensemble_refuses_what_it_cannot_combine():
     las_only = AsrModel(PairEncoder(), V, AsrHeadConfig(ctc_weight=0.0, las=las))
     with pytest.raises(ValueError, match="no CTC head"):
         CtcEnsemble([_ctc_model(0), las_only])
-    with pytest.raises(ValueError, match="ctc_lexicon, not 'las_beam'"):
-        CtcEnsemble([_ctc_model(0), _ctc_model(1)]).transcribe(
-            torch.zeros(1, 8, F_IN), torch.tensor([8]), None, "las_beam"
+    with pytest.raises(
+        ValueError, match=r"ensemble decodes with \('ctc_greedy', 'ctc_beam', 'ctc_lexicon'\), not 'las_beam'"
+    ):
+        decode_texts(
+            CtcEnsemble([_ctc_model(0), _ctc_model(1)]), torch.zeros(1, 8, F_IN), torch.tensor([8]), None, "las_beam"
         )
