@@ -56,14 +56,17 @@ def conv_out_size(size: int, factor: int = 4) -> int:
     return size
 
 
-def output_lengths(lengths: torch.Tensor, factor: int = 4) -> torch.Tensor:
+def output_lengths(lengths: torch.Tensor, factor: int = 4, front_end: str = "conv2d") -> torch.Tensor:
     """Valid encoder frames for ``lengths`` valid feature frames; (B,) -> (B,), never negative.
+    ``front_end="stack"``: ``lengths // factor`` (``StackingFrontEnd``).
 
     >>> output_lengths(torch.tensor([0, 6, 7, 10, 11, 100])).tolist()
     [0, 0, 1, 1, 2, 24]
     >>> output_lengths(torch.tensor([14, 15, 22, 23, 100]), factor=8).tolist()
     [0, 1, 1, 2, 12]
     """
+    if front_end == "stack":
+        return torch.div(lengths, factor, rounding_mode="floor")
     for _ in range(check_factor(factor)):
         lengths = torch.div(lengths - 1, 2, rounding_mode="floor")
     return lengths.clamp(min=0)
@@ -140,7 +143,7 @@ class StackingFrontEnd(nn.Module):
         >>> StackingFrontEnd(80, 2, 8).output_lengths(torch.tensor([0, 1, 2, 7])).tolist()
         [0, 0, 1, 3]
         """
-        return torch.div(lengths, self.factor, rounding_mode="floor")
+        return output_lengths(lengths, self.factor, "stack")
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """features (B, T, F), lengths (B,) -> frames (B, T // s, D), output lengths (B,)."""

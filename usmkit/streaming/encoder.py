@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from usmkit.models.conformer import ConformerEncoder
-from usmkit.models.subsampling import feature_context
 from usmkit.streaming.step import EncoderStreamState, check_streamable, init_state, stream_step
 from usmkit.streaming.traced_step import TracedStreamStep
 
@@ -49,7 +48,7 @@ class StreamingEncoder:
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
-        self.feature_context = feature_context(encoder.subsampling_factor)  # s - 1 frames read by two chunks
+        self.feature_context = encoder.feature_context  # s - 1 frames read by two chunks (0 stacked)
         if step == "eager":
             self._step = stream_step
         elif step == "jit":

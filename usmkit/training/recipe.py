@@ -130,7 +130,11 @@ class TrainingRecipe:
         if cfg.task.kind in ("ctc", "most") or (cfg.task.kind == "las" and cfg.task.ctc_weight > 0):
             # What CTC cannot align it ignores: counted now rather than found in the results.
             budget = frame_budget(
-                train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
+                train_cuts,
+                tokenizer,
+                self.encoder_cfg.subsampling_factor,
+                data.features.frame_shift_ms,
+                self.encoder_cfg.front_end,
             )
             check_frame_budget(budget, data.train_split, warn=rank == 0)
         stats_cuts = shar_train_cuts(data, audio=True) if data.shar_dir else train_cuts
