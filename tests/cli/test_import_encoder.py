@@ -122,7 +122,7 @@ def test_bad_sources_are_refused_with_one_line(source, tmp_path, capsys):
     assert "pass source=DIR and out=DIR" in _error(capsys, f"source={src}")
 
 
-@pytest.mark.parametrize("recipe", ["stage3_ctc", "stage3_las", "stage1"])
+@pytest.mark.parametrize("recipe", ["stage3_ctc", "stage3_las", "stage2", "stage1"])
 def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
     """A few steps of a recipe from the import; with the encoder frozen throughout, its weights are the import's."""
     from composed_config import train_config

@@ -117,6 +117,25 @@ class SeamlessFbank(FeatureExtractor):
         return torch.nn.functional.pad(feats, (0, 0, 0, max(0, lhotse_frames - feats.shape[0]))).numpy()
 
 
+def seamless_window_frames(windows: torch.Tensor, cfg: FeatureConfig) -> torch.Tensor:
+    """The ``SeamlessFbank`` frames (t, F) of raw windows (t, L) of ``frame_length_ms`` samples each: one Kaldi frame
+    per window (each frame depends on its own window only, so the windows can be laid end to end and framed with
+    a shift of a whole window). What a stream computes as its samples arrive."""
+    if windows.shape[0] == 0:
+        return torch.zeros(0, cfg.num_mel_bins)
+    return torchaudio.compliance.kaldi.fbank(
+        windows.reshape(1, -1).float() * 32768.0,
+        num_mel_bins=cfg.num_mel_bins,
+        sample_frequency=cfg.sample_rate,
+        frame_shift=cfg.frame_length_ms,
+        frame_length=cfg.frame_length_ms,
+        dither=0.0,
+        low_freq=20.0,
+        high_freq=0.0,
+        snip_edges=True,
+    )  # (t, F)
+
+
 def seamless_frames(num_samples: int, cfg: FeatureConfig) -> int:
     """Frames of ``SeamlessFbank`` wholly inside ``num_samples`` samples: ``1 + (N - 400) // 160`` at 16 kHz.
 

@@ -40,9 +40,10 @@ def receptive_field(factor: int = 4) -> int:
     return 2 * factor - 1
 
 
-def feature_context(factor: int = 4) -> int:
-    """Input frames read by two consecutive output chunks: ``receptive_field - factor`` (3 at 4x, 7 at 8x)."""
-    return receptive_field(factor) - factor
+def feature_context(factor: int = 4, front_end: str = "conv2d") -> int:
+    """Input frames read by two consecutive output chunks: ``receptive_field - factor`` (3 at 4x, 7 at 8x);
+    0 for ``front_end="stack"`` (``StackingFrontEnd``)."""
+    return 0 if front_end == "stack" else receptive_field(factor) - factor
 
 
 def conv_out_size(size: int, factor: int = 4) -> int:
@@ -135,7 +136,7 @@ class StackingFrontEnd(nn.Module):
 
     @property
     def feature_context(self) -> int:
-        return 0
+        return feature_context(self.factor, "stack")
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Valid output frames for ``lengths`` valid input frames, (B,) -> (B,).

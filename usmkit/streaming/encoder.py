@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from usmkit.models.conformer import ConformerEncoder
+from usmkit.models.subsampling import feature_context
 from usmkit.streaming.step import EncoderStreamState, check_streamable, init_state, stream_step
 from usmkit.streaming.traced_step import TracedStreamStep
 
@@ -48,7 +49,9 @@ class StreamingEncoder:
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
-        self.feature_context = encoder.feature_context  # s - 1 frames read by two chunks (0 stacked)
+        self.feature_context = feature_context(
+            encoder.cfg.subsampling_factor, encoder.cfg.front_end
+        )  # s - 1 (0 stacked)
         if step == "eager":
             self._step = stream_step
         elif step == "jit":

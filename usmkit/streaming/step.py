@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.rotary import RotaryTable
+from usmkit.models.subsampling import feature_context
 
 
 class NotStreamableError(ValueError):
@@ -138,14 +139,14 @@ def init_state(
     chunk_size: int | None = None,
     left_chunks: int | None = None,
 ) -> EncoderStreamState:
-    """The state before the first chunk: empty caches and the stream's first ``encoder.feature_context`` feature
-    frames (B, s - 1, F) (none with a stacking front end)
+    """The state before the first chunk: empty caches and the stream's first ``feature_context`` feature
+    frames (B, s - 1, F) (none with a stacking front end).
 
     ``chunk_size`` / ``left_chunks`` default to the encoder config's (see ``check_streamable``).
     """
     cfg = encoder.cfg
     C, K = check_streamable(cfg, chunk_size, left_chunks)
-    context = encoder.feature_context
+    context = feature_context(cfg.subsampling_factor, cfg.front_end)
     if first_frames.dim() != 3 or first_frames.shape[1:] != (context, cfg.input_dim):
         raise ValueError(
             f"first_frames must be the stream's first (B, {context}, {cfg.input_dim}) feature frames, "
