@@ -66,7 +66,7 @@ def usm2b(**overrides: Any) -> ConformerConfig:
 def w2v_bert_2(**overrides: Any) -> ConformerConfig:
     """w2v-BERT 2.0's encoder (``facebook/w2v-bert-2.0``, imported with ``usmkit.cli.import_encoder``): 24 layers
     x 1024 dim x 16 heads (head dim 64), causal depthwise kernel 31, ``relative_key`` positions (64 frames left,
-    8 right), 2 stacked 80-bin frames per 20 ms encoder frame, no dropout: 580.5M parameters.
+    8 right), 2 stacked 80-bin frames per 20 ms encoder frame, no dropout: 580.6M parameters.
 
     Its features are ``usmkit.data.config.seamless_m4t_features()``.
     """
