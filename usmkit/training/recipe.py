@@ -51,6 +51,7 @@ from usmkit.tasks import build_task, check_task
 from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed, shutdown_distributed
 from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
+from usmkit.training.imported_init import check_imported_fit
 from usmkit.training.memory_check import check_memory
 from usmkit.training.resume_config import check_resume_config
 from usmkit.training.task_spec import train_spec
@@ -363,6 +364,7 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
             )
     if cfg.init_from:
         resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
+        check_imported_fit(cfg.init_from, encoder_cfg)  # an imported encoder needs its own model section
     if cfg.task.kind == "most":  # MOST: where text enters must be one of the encoder's blocks
         try:
             cfg.task.most.resolve_text_layer(encoder_cfg.num_layers)
