@@ -238,7 +238,7 @@ class ConformerEncoder(nn.Module):
         # batch; with CUDA graphs each new U would record a new graph).
         rows = torch.full((features.shape[0],), features.shape[1], dtype=lengths.dtype, device=lengths.device)
         x, _ = self.front_end(features, rows)  # (R, T', D)
-        segments = encoder_segments(packing, lengths, self.subsampling_factor, x.shape[1])  # (R, T')
+        segments = encoder_segments(packing, lengths, self.subsampling_factor, x.shape[1], self.cfg.front_end)
         x, kept = self.run_blocks(x, segments, 0, len(self.blocks), layers, chunk_size, left_chunks)
         return x, segments, kept
 
