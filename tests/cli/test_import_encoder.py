@@ -105,6 +105,10 @@ def test_bad_sources_are_refused_with_one_line(source, tmp_path, capsys):
     (damaged / "model.safetensors").write_bytes(data[: len(data) // 2])
     assert "is damaged or not a safetensors file" in _error(capsys, f"source={damaged}", f"out={out}")
 
+    broken = copy("broken")
+    (broken / "config.json").write_text('{"model_type": "wav2vec2-bert",')
+    assert "config.json is not readable JSON" in _error(capsys, f"source={broken}", f"out={out}")
+
     extra = copy("extra")
     tensors = load_file(extra / "model.safetensors")
     save_file(tensors | {"encoder.layers.2.ffn1.output_dense.weight": torch.zeros(32, 64)}, extra / "model.safetensors")
