@@ -151,3 +151,24 @@ def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
     imported = load_file(out / "checkpoints" / "step-000000" / MODEL_FILE)
     trained = load_file(exp / "checkpoints" / "step-000002" / MODEL_FILE)
     assert all(torch.equal(trained[k], v) for k, v in imported.items())
+
+
+@pytest.mark.slow
+def test_full_size_import_equals_transformers(tmp_path):
+    """A random model of facebook/w2v-bert-2.0's size (transformers' defaults, 580M parameters; ~7 GB of memory),
+    saved as the hub holds it: the import needs no model.overrides, and 3 s of features agree within 1e-4."""
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2BertModel(transformers.Wav2Vec2BertConfig()).eval()
+    src = tmp_path / "w2v-bert-2.0"
+    model.save_pretrained(src)
+    result = import_w2vbert(src, tmp_path / "exp")
+    assert "model.overrides" not in result.record["train"] and result.parameters == 580_590_400
+    encoder = ConformerEncoder(w2v_bert_2()).eval()
+    weights = load_file(result.checkpoint / MODEL_FILE)
+    encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in weights.items()}, strict=True)
+    feats, lens = torch.randn(2, 300, 80), torch.tensor([300, 211])
+    mask = (torch.arange(150)[None] < (lens // 2)[:, None]).long()
+    with torch.no_grad():
+        ref = model(feats.reshape(2, 150, 160), attention_mask=mask).last_hidden_state
+        ours, out_lens = encoder(feats, lens)
+    assert max((ref[b, :n] - ours[b, :n]).abs().max() for b, n in enumerate(out_lens.tolist())) <= 1e-4
