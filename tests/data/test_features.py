@@ -345,3 +345,81 @@ def test_utterance_mean_norm_removes_a_gain_change_exactly():
     assert torch.allclose(a[0].mean(0), torch.zeros(80), atol=1e-5)  # zero mean per bin on valid frames
     assert torch.allclose(a[1, :17].mean(0), torch.zeros(80), atol=1e-5)
     assert (a[1, 17:] == 0).all()  # padding stays 0
+
+
+# ---------------------------------------------------------------- SeamlessM4T's features (w2v-BERT 2.0)
+
+
+def _an4_files(n: int) -> list:
+    import os
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(os.environ.get("USMKIT_CORPORA", "")) / "an4" / "wav" / "an4test_clstk"
+    files = sorted(root.glob("*/*.sph"))[:n]
+    if not files:
+        pytest.skip(f"no AN4 copy under {root} ($USMKIT_CORPORA)")
+    return files
+
+
+def _stacked(feats: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    B, T, F = feats.shape
+    return feats[:, : T // 2 * 2].reshape(B, T // 2, 2 * F)  # what w2v-BERT's encoder stacks (ConformerConfig)
+
+
+def test_seamless_features_equal_transformers_on_real_audio(tmp_path):
+    """Real speech (AN4), a padded batch: usmkit's SeamlessM4T fbank + per-utterance normalization, stacked 2
+    to 1, within 1e-3 of ``SeamlessM4TFeatureExtractor`` on every valid frame; stored features are the same."""
+    import pytest
+    import soundfile as sf
+    from lhotse import Recording
+    from lhotse.cut import MonoCut
+
+    from usmkit.data.config import seamless_m4t_features
+    from usmkit.data.features import seamless_frames
+    from usmkit.data.normalize import normalize_utterances
+
+    transformers = pytest.importorskip("transformers")
+    waves, cuts = [], []
+    for i, path in enumerate(_an4_files(3)):
+        x, rate = sf.read(path, dtype="float32")
+        waves.append(x)
+        flac = tmp_path / f"{i}.flac"
+        sf.write(flac, x, rate)
+        rec = Recording.from_file(flac, recording_id=f"an4-{i}")
+        cuts.append(MonoCut(id=rec.id, start=0, duration=rec.duration, channel=0, recording=rec))
+    ref = transformers.SeamlessM4TFeatureExtractor()(waves, sampling_rate=16000, return_tensors="pt")
+    ref_feats, ref_mask = ref["input_features"], ref["attention_mask"]  # (B, T', 160), (B, T')
+
+    cfg = seamless_m4t_features(precomputed=False)
+    extractor = fbank_extractor(cfg)
+    rows = [torch.from_numpy(extractor.extract(x, 16000)) for x in waves]  # padded to lhotse's frame count
+    lens = torch.tensor([seamless_frames(len(x), cfg) for x in waves])
+    assert all(r.shape[0] - n in (1, 2) for r, n in zip(rows, lens.tolist(), strict=True))
+    feats = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)  # (B, T, 80)
+    ours = _stacked(normalize_utterances(feats, lens), lens)
+    assert ref_mask.sum(1).tolist() == (lens // 2).tolist()
+    for b in range(len(waves)):
+        n = int(lens[b] // 2)
+        assert (ours[b, :n] - ref_feats[b, :n]).abs().max() <= 1e-3
+
+    on_the_fly = AsrDataset(cfg)[CutSet.from_cuts(cuts)]
+    stored_cuts = precompute_features(CutSet.from_cuts(cuts), replace(cfg, precomputed=True), tmp_path / "feats")
+    stored = AsrDataset(replace(cfg, precomputed=True))[stored_cuts]
+    for batch in (on_the_fly, stored):
+        assert batch.feature_lens.tolist() == lens.tolist()
+        got = _stacked(batch.features, batch.feature_lens)
+        for b in range(len(waves)):
+            n = int(lens[b] // 2)
+            assert (got[b, :n] - ref_feats[b, :n]).abs().max() <= 1e-3
+
+
+def test_feature_cache_of_the_default_fbank_keeps_its_record():
+    """Caches written before ``fbank``/``normalize`` existed stay valid: the record of the default config is as before."""
+    from usmkit.data.features import _config_record
+
+    assert _config_record(STORED) == {
+        "num_mel_bins": 80, "frame_shift_ms": 10.0, "frame_length_ms": 25.0, "sample_rate": 16000, "precomputed": True,
+    }  # fmt: skip
+    assert _config_record(replace(STORED, fbank="seamless_m4t"))["fbank"] == "seamless_m4t"

@@ -114,6 +114,24 @@ def test_packed_encoder_with_causal_convolution_and_either_factor(factor, kernel
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["reference", "sdpa", "flex"])
+@pytest.mark.parametrize(("chunk_size", "left_chunks"), [(None, 0), (3, 1)])
+def test_packed_imported_layout_equals_one_utterance_per_row(impl, chunk_size, left_chunks):
+    """w2v-BERT 2.0's options (2 stacked frames, relative_key bias clipped at 3 / 2, causal kernel 5): the bias
+    counts distances inside each utterance, so packed rows give each utterance its own output."""
+    packed, lens, packing, feats, _ = _utterances(align=2)
+    enc = _encoder(
+        attention_impl=impl, chunk_size=chunk_size, left_chunks=left_chunks, front_end="stack", subsampling_factor=2,
+        position="relative_key", relative_left=3, relative_right=2, causal_conv=True,
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        got, got_lens, _ = enc.forward_packed(packed, lens, packing)
+        want, want_lens = enc(feats, lens)
+    assert torch.equal(got_lens, want_lens) and torch.equal(want_lens, lens // 2)
+    for a, b in zip(_valid(got, got_lens), _valid(want, want_lens), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_the_packed_depthwise_taps_stop_at_each_utterance():
     """A convolution over two utterances side by side, with segment ids, equals each one convolved alone."""
     torch.manual_seed(0)

@@ -22,6 +22,7 @@ def _count(cfg) -> int:
         ("base", 80e6, 120e6),
         ("usm600m", 0.95 * 0.6e9, 1.05 * 0.6e9),
         ("usm2b", 1.5e9, 2.5e9),
+        ("w2v_bert_2", 0.575e9, 0.585e9),  # facebook/w2v-bert-2.0's 580.5M, plus zero biases of its convolutions
     ],
 )
 def test_preset_parameter_count(name, low, high):

@@ -287,3 +287,26 @@ def test_short_streams():
     feats = _features(1, 7)
     out = torch.cat([s.accept(feats), s.flush()], dim=1)
     torch.testing.assert_close(out, enc(feats, torch.tensor([7]))[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size,left_chunks", [(1, 3), (3, 2), (4, 0), (5, 4), (8, 1)])
+@pytest.mark.parametrize("T", [2, 33, 101])
+def test_imported_w2vbert_layout_streams_equal_to_full_forward(chunk_size, left_chunks, T):
+    """w2v-BERT 2.0's options (stacking front end, relative_key bias clipped at 3 left / 2 right, kernel 5,
+    swish, eps 1e-5): the step adds the bias over the cached keys as the full forward does under the chunk mask.
+    Left context beyond the clip window (chunk 8 x 1 > 3) uses the clipped distances, as the full forward."""
+    enc = _encoder(
+        chunk_size=chunk_size, left_chunks=left_chunks, front_end="stack", subsampling_factor=2,
+        position="relative_key", relative_left=3, relative_right=2, num_heads=4,
+    )  # fmt: skip
+    assert enc.feature_context == 0
+    feats = _features(2, T)
+    full, lens = enc(feats, torch.tensor([T, T]))
+    streamed = _stream(StreamingEncoder(enc), feats, seed=T)
+    assert streamed.shape == full.shape == (2, T // 2, 32)
+    torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+    if T > 2:  # more than one key: the bias changes the output
+        with torch.no_grad():
+            for block in enc.blocks:
+                block.mhsa.distance_embedding.weight.zero_()
+            assert not torch.allclose(enc(feats, torch.tensor([T, T]))[0], full)

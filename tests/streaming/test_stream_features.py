@@ -188,3 +188,24 @@ def test_file_source_errors_name_the_file(tmp_path):
         FileSource(tmp_path / "header.wav", 16000)
     with pytest.raises(AudioError, match="not a regular file"):
         FileSource(tmp_path, 16000)
+
+
+@pytest.mark.parametrize("n", [399, 400, 16000, 16321])
+@pytest.mark.parametrize("block", [1, 160, 1234])
+def test_streaming_seamless_fbank_equals_offline(n, block):
+    """w2v-BERT 2.0's features (SeamlessFbank, frames wholly inside the signal) chunk by chunk: the offline frames
+    that count (``seamless_frames``), none more; normalized with global stats (per-utterance cannot stream)."""
+    from dataclasses import replace
+
+    from usmkit.data.config import seamless_m4t_features
+    from usmkit.data.features import seamless_frames
+
+    cfg = seamless_m4t_features(normalize="global")
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) * 0.1
+    offline = torch.as_tensor(fbank_extractor(cfg).extract(x.numpy(), 16000))[: seamless_frames(n, cfg)]
+    fb = StreamingFbank(cfg)
+    streamed = torch.cat([fb.accept(b) for b in x.split(block)] + [fb.flush()])
+    assert streamed.shape == offline.shape == (max(0, 1 + (n - 400) // 160), 80)
+    torch.testing.assert_close(streamed, offline, atol=2e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="normalize=global to stream"):
+        StreamingFbank(replace(cfg, normalize="utterance"))

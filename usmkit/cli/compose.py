@@ -61,10 +61,14 @@ def compose_train(argv: Sequence[str], *, command: str = "usmkit.cli.train") -> 
 
 
 def model_shorthand(arg: str) -> str:
-    """``model=small`` -> ``model.preset=small``: the encoder size is one key, named like a config group."""
+    """``model=small`` -> ``model.preset=small``: the encoder size is one key, named like a config group. An
+    encoder that needs more than its preset (an imported one: its features, its frame rate) has a file in
+    ``conf/model/`` that sets all of it: ``model=w2v_bert_2`` -> ``+model=w2v_bert_2``."""
     key, sep, name = arg.partition("=")
     if key != "model" or not sep:
         return arg
+    if (CONF_DIR / "model" / f"{name}.yaml").is_file():
+        return f"+model={name}"
     from usmkit.models.presets import PRESETS
 
     if name not in PRESETS:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 OnBadInput = Literal["error", "skip"]
+FBANKS = ("lhotse", "seamless_m4t")
+NORMALIZATIONS = ("global", "utterance")
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,18 @@ class FeatureConfig:
     frame_length_ms: float = 25.0
     sample_rate: int = 16000
     precomputed: bool = True
+    # lhotse's Fbank, or seamless_m4t: Kaldi's fbank as transformers' SeamlessM4TFeatureExtractor computes it
+    # (16-bit sample scale, 20 Hz to Nyquist, only frames wholly inside the audio), for w2v-BERT 2.0
+    fbank: str = "lhotse"
+    # global: the corpus's mean and variance per bin (feature_stats.safetensors); utterance: each utterance's
+    # own (unbiased variance), as SeamlessM4T's extractor does; reads the whole utterance, so not for streaming
+    normalize: str = "global"
 
     def __post_init__(self) -> None:
+        if self.fbank not in FBANKS:
+            raise ValueError(f"FeatureConfig.fbank={self.fbank!r} is unknown; choose one of {FBANKS}")
+        if self.normalize not in NORMALIZATIONS:
+            raise ValueError(f"FeatureConfig.normalize={self.normalize!r} is unknown; choose one of {NORMALIZATIONS}")
         if self.num_mel_bins <= 0:
             raise ValueError(f"FeatureConfig.num_mel_bins must be > 0, got {self.num_mel_bins}")
         if not 0 < self.frame_shift_ms <= self.frame_length_ms:
@@ -41,6 +53,12 @@ class FeatureConfig:
             )
         if self.sample_rate <= 0:
             raise ValueError(f"FeatureConfig.sample_rate must be > 0, got {self.sample_rate}")
+
+
+def seamless_m4t_features(**overrides) -> FeatureConfig:
+    """The features of w2v-BERT 2.0 (SeamlessM4T): 80-bin Kaldi fbank at 10 ms, each utterance normalized on its
+    own; the encoder stacks 2 frames into one (``ConformerConfig(front_end="stack")``)."""
+    return FeatureConfig(**({"num_mel_bins": 80, "fbank": "seamless_m4t", "normalize": "utterance"} | overrides))
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from lhotse.cut import Cut
 from usmkit.data.augment import SpecAugment, add_noise, random_gain, speed_perturbation
 from usmkit.data.batch import Batch
 from usmkit.data.config import FeatureConfig, SpecAugmentConfig
-from usmkit.data.features import input_strategy, to_sample_rate
-from usmkit.data.normalize import FeatureStats, SpeakerNorm
+from usmkit.data.features import input_strategy, to_sample_rate, true_lengths
+from usmkit.data.normalize import FeatureStats, SpeakerNorm, normalize_utterances
 from usmkit.data.packing import RowPacker, cut_frames
 from usmkit.data.sampling import cut_language, cut_speaker
 from usmkit.data.waveform_augment import WaveformAugment
@@ -172,13 +172,15 @@ class AsrDataset(torch.utils.data.Dataset):
             cuts, loading = self.waveform(cuts), self.waveform.loading()
         with loading:  # the audio is read here, and the waveform augmentation applied to it
             feats, feat_lens = self.input(cuts)  # (B, T, F), (B,)
-        feats, feat_lens = feats.float(), feat_lens.long()
+        feats, feat_lens = feats.float(), true_lengths(cuts, feat_lens.long(), self.features)
         feats, _ = repair_non_finite_features(feats, cuts, None if self.stats is None else self.stats.mean)
         feats = random_gain(feats, self.gain_db)
         if self.noise_snr_db:
             low, high = self.noise_snr_db
             feats = add_noise(feats, feat_lens, (low, high), self.noise_prob, self.features.sample_rate)
-        if self.stats is not None:
+        if self.features.normalize == "utterance":
+            feats = normalize_utterances(feats, feat_lens)  # padding -> 0
+        elif self.stats is not None:
             feats = self.stats.normalize(feats, feat_lens)  # padding -> 0
         else:
             valid = torch.arange(feats.shape[1]) < feat_lens[:, None]  # (B, T)

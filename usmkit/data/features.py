@@ -18,6 +18,9 @@ Storage format: ``NumpyFilesWriter`` (raw float32 ``.npy``). lhotse's ``LilcomCh
 smaller but needs the ``lilcom`` package, which usmkit does not depend on; raw arrays also decode
 fastest, and reading speed is what the loader needs.
 
+``FeatureConfig.fbank="seamless_m4t"`` (w2v-BERT 2.0's features) is ``SeamlessFbank``: torchaudio's Kaldi
+fbank with SeamlessM4T's settings, as a lhotse extractor, so it is stored and computed on the fly the same way.
+
 On-the-fly extraction is lhotse's batched path (faster than one cut at a time); it zero-pads
 shorter waveforms, so the last frame of a cut can differ slightly from the stored one (all other
 frames agree to 1e-4).
@@ -28,15 +31,19 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+import torchaudio
 from filelock import FileLock
 from lhotse import CutSet, Fbank, FbankConfig, NumpyFilesWriter
 from lhotse.cut import Cut
 from lhotse.dataset import OnTheFlyFeatures, PrecomputedFeatures
 from lhotse.dataset.input_strategies import BatchIO
-from lhotse.utils import fastcopy
+from lhotse.features.base import FeatureExtractor, register_extractor
+from lhotse.utils import compute_num_frames, fastcopy
 
 from usmkit.checkpointing.atomic import replaced_atomically
 from usmkit.data.config import FeatureConfig
@@ -49,8 +56,112 @@ CUTS_FILE = "cuts.jsonl.gz"
 CONFIG_FILE = "feature_config.json"
 
 
-def fbank_extractor(cfg: FeatureConfig) -> Fbank:
+@dataclass
+class SeamlessFbankConfig:
+    sampling_rate: int = 16000
+    num_mel_bins: int = 80
+    frame_shift_ms: float = 10.0
+    frame_length_ms: float = 25.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> SeamlessFbankConfig:
+        return SeamlessFbankConfig(**data)
+
+
+@register_extractor
+class SeamlessFbank(FeatureExtractor):
+    """Log-mel filterbank as transformers' ``SeamlessM4TFeatureExtractor`` computes it before its normalization
+    and stacking: Kaldi's fbank (``torchaudio.compliance.kaldi.fbank``: povey window, pre-emphasis 0.97, DC
+    offset removed, power spectrum, no dither) of the samples at 16-bit scale, mel bins from 20 Hz to Nyquist,
+    frames wholly inside the audio (``snip_edges``: ``1 + (N - 400) // 160`` frames at 16 kHz).
+    (lhotse's ``Fbank`` differs in scale, band edge and edge frames; this class is the missing one.)
+
+    lhotse's manifests hold ``round(N / 160)`` frames per cut whatever the extractor, so the array is padded with
+    zeros to that count; ``AsrDataset`` counts only the first ``seamless_frames(N)`` (``true_lengths``).
+    """
+
+    name = "seamless-m4t-fbank"
+    config_type = SeamlessFbankConfig
+
+    @property
+    def frame_shift(self) -> float:
+        return self.config.frame_shift_ms / 1000.0
+
+    def feature_dim(self, sampling_rate: int) -> int:
+        return self.config.num_mel_bins
+
+    def extract(self, samples: np.ndarray | torch.Tensor, sampling_rate: int) -> np.ndarray:
+        """samples (N,) or (1, N) in [-1, 1] -> (T, num_mel_bins) float32 log-mel."""
+        if sampling_rate != self.config.sampling_rate:
+            raise ValueError(
+                f"SeamlessFbank is set for {self.config.sampling_rate} Hz, got audio at {sampling_rate} Hz"
+            )
+        x = torch.as_tensor(samples, dtype=torch.float32).reshape(1, -1) * 32768.0  # (1, N) at 16-bit scale
+        if x.shape[1] < self.config.frame_length_ms * sampling_rate / 1000:
+            return np.zeros((0, self.config.num_mel_bins), dtype=np.float32)
+        feats = torchaudio.compliance.kaldi.fbank(
+            x,
+            num_mel_bins=self.config.num_mel_bins,
+            sample_frequency=sampling_rate,
+            frame_shift=self.config.frame_shift_ms,
+            frame_length=self.config.frame_length_ms,
+            dither=0.0,
+            low_freq=20.0,
+            high_freq=0.0,
+            snip_edges=True,
+        )  # (T, F)
+        lhotse_frames = compute_num_frames(x.shape[1] / sampling_rate, self.frame_shift, sampling_rate)
+        return torch.nn.functional.pad(feats, (0, 0, 0, max(0, lhotse_frames - feats.shape[0]))).numpy()
+
+
+def seamless_window_frames(windows: torch.Tensor, cfg: FeatureConfig) -> torch.Tensor:
+    """The ``SeamlessFbank`` frames (t, F) of raw windows (t, L) of ``frame_length_ms`` samples each: one Kaldi frame
+    per window (each frame depends on its own window only, so the windows can be laid end to end and framed with
+    a shift of a whole window). What a stream computes as its samples arrive."""
+    if windows.shape[0] == 0:
+        return torch.zeros(0, cfg.num_mel_bins)
+    return torchaudio.compliance.kaldi.fbank(
+        windows.reshape(1, -1).float() * 32768.0,
+        num_mel_bins=cfg.num_mel_bins,
+        sample_frequency=cfg.sample_rate,
+        frame_shift=cfg.frame_length_ms,
+        frame_length=cfg.frame_length_ms,
+        dither=0.0,
+        low_freq=20.0,
+        high_freq=0.0,
+        snip_edges=True,
+    )  # (t, F)
+
+
+def seamless_frames(num_samples: int, cfg: FeatureConfig) -> int:
+    """Frames of ``SeamlessFbank`` wholly inside ``num_samples`` samples: ``1 + (N - 400) // 160`` at 16 kHz.
+
+    >>> seamless_frames(64000, FeatureConfig(fbank="seamless_m4t"))
+    398
+    """
+    window = int(cfg.frame_length_ms * cfg.sample_rate / 1000)
+    hop = int(cfg.frame_shift_ms * cfg.sample_rate / 1000)
+    return 0 if num_samples < window else 1 + (num_samples - window) // hop
+
+
+def true_lengths(cuts: CutSet, feature_lens: torch.Tensor, cfg: FeatureConfig) -> torch.Tensor:
+    """The valid frames of each cut's features (B,): ``feature_lens`` as lhotse counts them, fewer for
+    ``SeamlessFbank`` (its frames wholly inside the audio)."""
+    if cfg.fbank != "seamless_m4t":
+        return feature_lens
+    snipped = torch.tensor([seamless_frames(c.num_samples, cfg) for c in cuts], dtype=feature_lens.dtype)
+    return torch.minimum(feature_lens, snipped)
+
+
+def fbank_extractor(cfg: FeatureConfig) -> Fbank | SeamlessFbank:
     """The lhotse (kaldi-compatible) log-mel extractor for ``cfg``."""
+    if cfg.fbank == "seamless_m4t":
+        return SeamlessFbank(
+            SeamlessFbankConfig(cfg.sample_rate, cfg.num_mel_bins, cfg.frame_shift_ms, cfg.frame_length_ms)
+        )
     return Fbank(
         FbankConfig(
             sampling_rate=cfg.sample_rate,
@@ -211,8 +322,13 @@ def _not_ours(storage_dir: Path) -> Path | None:
 
 
 def _config_record(cfg: FeatureConfig) -> dict:
-    """What ``feature_config.json`` holds for a cache computed with ``cfg``."""
-    return asdict(cfg) | {"precomputed": True}
+    """What ``feature_config.json`` holds for a cache computed with ``cfg``: not the normalization (applied
+    after reading), nor ``fbank`` at its default (so caches written before that field existed stay valid)."""
+    record = asdict(cfg) | {"precomputed": True}
+    del record["normalize"]
+    if record["fbank"] == "lhotse":
+        del record["fbank"]
+    return record
 
 
 def _save_cache(storage_dir: Path, cfg: FeatureConfig, cuts: dict[str, Cut]) -> None:

@@ -39,6 +39,17 @@ STATS_FILE = "feature_stats.safetensors"
 MIN_STD = 1e-5  # floor: a constant mel bin (e.g. above the band of 8 kHz audio) must not divide by 0
 
 
+def normalize_utterances(features: torch.Tensor, feature_lens: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """Each utterance to zero mean and unit variance per bin over its own valid frames (unbiased variance, ``eps``
+    added: SeamlessM4T's normalization); 0 on padding. features (B, T, F), feature_lens (B,) -> (B, T, F) float32."""
+    valid = (torch.arange(features.shape[1], device=features.device) < feature_lens[:, None])[:, :, None]  # (B, T, 1)
+    x = features.float().masked_fill(~valid, 0.0)
+    n = feature_lens.clamp_min(1)[:, None, None].to(x.dtype)  # (B, 1, 1)
+    mean = x.sum(1, keepdim=True) / n  # (B, 1, F)
+    var = ((x - mean) ** 2).masked_fill(~valid, 0.0).sum(1, keepdim=True) / (n - 1).clamp_min(1)  # (B, 1, F)
+    return ((x - mean) / torch.sqrt(var + eps)).masked_fill(~valid, 0.0)
+
+
 @dataclass(frozen=True)
 class FeatureStats:
     mean: torch.Tensor  # (F,) float32

@@ -91,7 +91,8 @@ def _graph_specs(step: StreamStepGraph, offline: OfflineGraph, files: tuple[str,
     off_in = offline.example_inputs()
     with torch.no_grad():
         off_out = offline(*off_in)
-    frames = "(frames - 3) // 4"  # usmkit.models.subsampling.output_lengths
+    cfg = offline.encoder.cfg  # usmkit.models.subsampling.output_lengths
+    frames = f"frames // {cfg.subsampling_factor}" if cfg.front_end == "stack" else "(frames - 3) // 4"
     return (
         GraphSpec(files[0], _specs(STEP_INPUTS, step_in, batch_in), _specs(STEP_OUTPUTS, step_out, batch_out)),
         GraphSpec(
@@ -182,7 +183,7 @@ def export_checkpoint(
         C, K = check_streamable(enc_cfg)
     except NotStreamableError as e:
         raise ExportError(f"cannot export checkpoint {loaded.checkpoint} as a streaming model: {e}") from e
-    if enc_cfg.subsampling_factor != 4:  # the offline graph's output-length expression is written for 4x
+    if enc_cfg.subsampling_factor != 4 and enc_cfg.front_end != "stack":  # output-length expression: 4x or stacked
         raise ExportError(
             f"checkpoint {loaded.checkpoint} subsamples {enc_cfg.subsampling_factor}x; export supports 4x models"
         )
@@ -218,8 +219,8 @@ def export_checkpoint(
             offline=offline_spec,
             chunk_size=C,
             left_chunks=K,
-            chunk_input_frames=4 * C,
-            feature_context=feature_context(4),
+            chunk_input_frames=enc_cfg.subsampling_factor * C,
+            feature_context=feature_context(enc_cfg.subsampling_factor, enc_cfg.front_end),
             vocab_size=model.ctc.vocab_size,
             blank_id=BLANK_ID,
             tokenizer=TOKENIZER_FILE,

@@ -113,7 +113,7 @@ class ExportedEncoder(nn.Module):
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Encoder frames for ``lengths`` feature frames, (B,) -> (B,)."""
-        return output_lengths(lengths, self.subsampling_factor)
+        return output_lengths(lengths, self.subsampling_factor, self.cfg.front_end)
 
 
 class ExportedModel(nn.Module):

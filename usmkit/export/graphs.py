@@ -70,7 +70,7 @@ class StreamStepGraph(nn.Module):
         F_in = self.encoder.cfg.input_dim
         state = init_state(
             self.encoder,
-            torch.zeros(batch, feature_context(self.encoder.subsampling_factor), F_in),
+            torch.zeros(batch, feature_context(self.encoder.subsampling_factor, self.encoder.cfg.front_end), F_in),
             self.chunk_size,
             self.left_chunks,
         )

@@ -32,6 +32,7 @@ from lhotse.utils import compute_num_frames_from_samples
 from usmkit.data.config import FeatureConfig
 from usmkit.data.features import fbank_extractor, to_sample_rate
 from usmkit.data.normalize import FeatureStats
+from usmkit.errors import UsageError
 from usmkit.inference.batch_inputs import AudioItem, BatchUnit, LongUnit
 from usmkit.streaming.audio import AudioError, FileSource
 from usmkit.streaming.features import StreamingFbank
@@ -47,6 +48,12 @@ class FbankFrontEnd:
     def __init__(self, cfg: FeatureConfig, stats: FeatureStats) -> None:
         if stats.num_bins != cfg.num_mel_bins:
             raise ValueError(f"stats have {stats.num_bins} bins, the features {cfg.num_mel_bins}")
+        if cfg.fbank != "lhotse" or cfg.normalize != "global":
+            raise UsageError(
+                f"batch transcription computes lhotse's fbank with global statistics; this model was trained on "
+                f"data.features.fbank={cfg.fbank} normalize={cfg.normalize} (an imported w2v-BERT 2.0): transcribe "
+                "its audio with usmkit.cli.evaluate or usmkit-transcribe instead"
+            )
         self.cfg = cfg
         self.module = fbank_extractor(cfg).extractor  # lhotse's Wav2LogFilterBank: a torch module
         self.mean, self.std = stats.mean, stats.std

@@ -1,4 +1,4 @@
-"""Multi-head self-attention with rotary positions under the chunk-wise mask.
+"""Multi-head self-attention with rotary positions (or a relative-position bias) under the chunk-wise mask.
 
 Shapes: B batch, T frames, D model dim, H heads, Dh = D / H head dim.
 
@@ -7,6 +7,9 @@ Pre-norm LayerNorm -> fused q/k/v projection -> rotary on q and k (``project_qkv
 ``ConformerBlock``: over a whole sequence the attention is ``attend`` (``chunk_attention``: one
 signature, several implementations, ``usmkit.kernels.chunk_attention.api``); a streaming step
 attends over the cached keys and values of the left chunks instead, with the same weights.
+
+``position="relative_key"`` (w2v-BERT 2.0): q and k are not rotated; a learned embedding ``E`` of each key -
+query distance clipped to [-left, right] adds ``q . E[d] / sqrt(Dh)`` to the scores (``relative_bias``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from torch import nn
 
 from usmkit.kernels.chunk_attention.api import Impl, chunk_attention
+from usmkit.kernels.chunk_attention.bias import RelativeKeyBias
 from usmkit.models.dropout import Dropout
 from usmkit.models.rotary import RotaryTable, apply_rotary
 
@@ -22,14 +26,29 @@ from usmkit.models.rotary import RotaryTable, apply_rotary
 class MultiHeadSelfAttention(nn.Module):
     """The attention's weights and its steps; ``ConformerBlock`` calls them (the module has no ``forward``)."""
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float, impl: Impl, rotary_base: float = 10000.0) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float,
+        impl: Impl,
+        rotary_base: float = 10000.0,
+        position: str = "rotary",
+        relative_left: int = 64,
+        relative_right: int = 8,
+        eps: float = 1e-5,
+    ) -> None:
         super().__init__()
         if d_model % num_heads != 0:
             raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
         self.num_heads = num_heads
         self.impl = impl
         self.rotary_base = rotary_base
-        self.norm = nn.LayerNorm(d_model)
+        self.position = position
+        self.relative_left, self.relative_right = relative_left, relative_right
+        if position == "relative_key":  # one embedding per clipped distance, shared by the heads
+            self.distance_embedding = nn.Embedding(relative_left + relative_right + 1, d_model // num_heads)
+        self.norm = nn.LayerNorm(d_model, eps=eps)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
@@ -38,12 +57,22 @@ class MultiHeadSelfAttention(nn.Module):
         self, x: torch.Tensor, positions: torch.Tensor | RotaryTable
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, D), positions (T,) or (B, T) absolute frame indices (or their ``RotaryTable``) ->
-        rotated q, k and v, each (B, H, T, Dh)."""
+        rotated q, k and v, each (B, H, T, Dh) (not rotated with ``position="relative_key"``)."""
         B, T, D = x.shape
         qkv = self.qkv(self.norm(x)).view(B, T, 3, self.num_heads, D // self.num_heads)  # (B, T, 3, H, Dh)
         qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+        if self.position != "rotary":
+            return qkv[0], qkv[1], qkv[2]
         q, k = apply_rotary(qkv[:2], positions, self.rotary_base).unbind(0)  # q and k in one go: (B, H, T, Dh) each
         return q, k, qkv[2]
+
+    def relative_bias(self, q: torch.Tensor, key_offset: int = 0) -> RelativeKeyBias | None:
+        """The score bias of queries q (B, H, Tq, Dh) whose keys start ``key_offset`` frames before them; None
+        for rotary positions."""
+        if self.position != "relative_key":
+            return None
+        table = torch.matmul(q, self.distance_embedding.weight.to(q.dtype).t()) * q.shape[-1] ** -0.5  # (B, H, Tq, W)
+        return RelativeKeyBias(table, self.relative_left, self.relative_right, key_offset)
 
     def project_out(self, attn: torch.Tensor) -> torch.Tensor:
         """attn (B, H, T, Dh) -> residual branch (B, T, D)."""
@@ -62,4 +91,5 @@ class MultiHeadSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """q, k, v (B, H, T, Dh), lengths (B,) -> (B, H, T, Dh) under the chunk mask, with this module's
         implementation; padded queries give 0."""
-        return chunk_attention(q, k, v, lengths, chunk_size, left_chunks, impl=self.impl)
+        bias = self.relative_bias(q)
+        return chunk_attention(q, k, v, lengths, chunk_size, left_chunks, impl=self.impl, bias=bias)

@@ -9,9 +9,11 @@ from dataclasses import dataclass
 
 from usmkit.kernels.chunk_attention.api import IMPLS
 from usmkit.kernels.masks import check_chunk_args
-from usmkit.models.subsampling import check_factor, conv_out_size, receptive_field
+from usmkit.models.subsampling import FRONT_ENDS, check_factor, conv_out_size, receptive_field
 
 CONV_IMPLS = ("torch", "triton")
+POSITIONS = ("rotary", "relative_key")
+ACTIVATIONS = ("swish", "gelu", "relu")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +27,13 @@ class ConformerConfig:
     PyTorch operations; ``"triton"`` runs its middle (GLU, depthwise convolution, LayerNorm, Swish) as one fused
     Triton kernel forward and two backward (``usmkit.kernels.conv_module``) wherever Triton runs (CUDA), and as
     ``"torch"`` elsewhere and in the streaming step; both compute the same function.
+
+    Imported encoders (``usmkit.models.w2vbert``) set the fields after ``zero_init_residual``; their defaults
+    are usmkit's own encoder. ``position="relative_key"``: no rotary, a learned embedding per clipped key -
+    query distance in [-relative_left, relative_right] whose dot product with the query is added to the
+    scores (w2v-BERT 2.0; not on the Triton kernel). ``front_end="stack"``: ``subsampling_factor`` frames
+    stacked into one, LayerNorm, Linear (w2v-BERT 2.0's feature projection) instead of the conv stages.
+    ``activation`` is the feed-forwards' and the convolution module's; ``layer_norm_eps`` every LayerNorm's.
     """
 
     input_dim: int = 80  # feature bins (log-mel); USM used 128
@@ -46,22 +55,49 @@ class ConformerConfig:
     # (then its LayerNorm) and the encoder as front end + norms: without it, the random branches of a
     # deep stack bury the input, and CTC stays in its all-blank phase for far longer.
     zero_init_residual: bool = True
+    position: str = "rotary"  # rotary or relative_key (a learned clipped-distance bias)
+    relative_left: int = 64  # relative_key: key - query distances clipped to [-relative_left, relative_right]
+    relative_right: int = 8
+    front_end: str = "conv2d"  # conv2d (stride-2 conv stages) or stack (stack subsampling_factor frames + Linear)
+    activation: str = "swish"  # swish, gelu or relu: the feed-forwards' and the convolution module's
+    layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         for name in ("input_dim", "d_model", "num_layers", "num_heads", "ff_mult", "conv_kernel"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ConformerConfig.{name} must be a positive int, got {value!r}")
-        check_factor(self.subsampling_factor)
-        if conv_out_size(self.input_dim, self.subsampling_factor) < 1:
-            minimum = receptive_field(self.subsampling_factor)
-            raise ValueError(
-                f"ConformerConfig.input_dim={self.input_dim} is too small for {self.subsampling_factor}x subsampling "
-                f"(stride-2 kernel-3 convolutions); use >= {minimum} feature bins (80 is usual)"
-            )
+        if self.front_end not in FRONT_ENDS:
+            raise ValueError(f"ConformerConfig.front_end={self.front_end!r} is unknown; choose one of {FRONT_ENDS}")
+        if self.front_end == "stack":
+            if not isinstance(self.subsampling_factor, int) or not 1 <= self.subsampling_factor <= 8:
+                raise ValueError(
+                    f"ConformerConfig.subsampling_factor={self.subsampling_factor!r}: front_end='stack' stacks 1 to 8 "
+                    "feature frames into one"
+                )
+        else:
+            check_factor(self.subsampling_factor)
+            if conv_out_size(self.input_dim, self.subsampling_factor) < 1:
+                minimum = receptive_field(self.subsampling_factor)
+                raise ValueError(
+                    f"ConformerConfig.input_dim={self.input_dim} is too small for {self.subsampling_factor}x subsampling "
+                    f"(stride-2 kernel-3 convolutions); use >= {minimum} feature bins (80 is usual)"
+                )
         if self.d_model % self.num_heads != 0:
             raise ValueError(f"ConformerConfig.d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
-        if self.head_dim % 2 != 0:
+        if self.position not in POSITIONS:
+            raise ValueError(f"ConformerConfig.position={self.position!r} is unknown; choose one of {POSITIONS}")
+        if self.position == "relative_key":
+            if self.relative_left < 0 or self.relative_right < 0:
+                raise ValueError(
+                    f"ConformerConfig.relative_left/right must be >= 0, got {self.relative_left}, {self.relative_right}"
+                )
+            if self.attention_impl == "triton":
+                raise ValueError(
+                    "ConformerConfig.attention_impl='triton' takes rotary positions only; position='relative_key' "
+                    "runs on attention_impl='sdpa', 'flex' or 'reference'"
+                )
+        elif self.head_dim % 2 != 0:
             raise ValueError(
                 f"rotary positions need an even head dim; d_model={self.d_model} / num_heads={self.num_heads} "
                 f"= {self.head_dim}"
@@ -83,6 +119,12 @@ class ConformerConfig:
             raise ValueError(
                 f"ConformerConfig.subsampling_channels must be positive or None (= d_model), got {self.subsampling_channels}"
             )
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"ConformerConfig.activation={self.activation!r} is unknown; choose one of {ACTIVATIONS}")
+        if self.conv_impl == "triton" and self.activation != "swish":
+            raise ValueError("ConformerConfig.conv_impl='triton' fuses Swish only; use conv_impl='torch'")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"ConformerConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
         if self.rotary_base <= 1.0:
             raise ValueError(f"ConformerConfig.rotary_base must be > 1, got {self.rotary_base}")
         check_chunk_args(self.chunk_size, self.left_chunks)

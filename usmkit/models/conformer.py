@@ -33,7 +33,7 @@ from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
 from usmkit.models.packing import encoder_segments, unpack
 from usmkit.models.rotary import RotaryTable
-from usmkit.models.subsampling import Conv2dSubsampling
+from usmkit.models.subsampling import Conv2dSubsampling, StackingFrontEnd
 
 
 class ConformerBlock(nn.Module):
@@ -51,13 +51,17 @@ class ConformerBlock(nn.Module):
 
     def __init__(self, cfg: ConformerConfig) -> None:
         super().__init__()
-        self.ff1 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout)
+        act, eps = cfg.activation, cfg.layer_norm_eps
+        self.ff1 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout, act, eps)
         self.mhsa = MultiHeadSelfAttention(
-            cfg.d_model, cfg.num_heads, cfg.dropout, impl=cfg.attention_impl, rotary_base=cfg.rotary_base
+            cfg.d_model, cfg.num_heads, cfg.dropout, impl=cfg.attention_impl, rotary_base=cfg.rotary_base,
+            position=cfg.position, relative_left=cfg.relative_left, relative_right=cfg.relative_right, eps=eps,
+        )  # fmt: skip
+        self.conv = ConvolutionModule(
+            cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout, impl=cfg.conv_impl, activation=act, eps=eps
         )
-        self.conv = ConvolutionModule(cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout, impl=cfg.conv_impl)
-        self.ff2 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout)
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.ff2 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout, act, eps)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=eps)
 
     def before_attention(
         self, x: torch.Tensor, positions: torch.Tensor | RotaryTable
@@ -114,9 +118,15 @@ class ConformerEncoder(nn.Module):
     def __init__(self, cfg: ConformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.subsampling = Conv2dSubsampling(
-            cfg.input_dim, cfg.conv_channels, cfg.d_model, cfg.dropout, factor=cfg.subsampling_factor
-        )
+        self.subsampling: Conv2dSubsampling | StackingFrontEnd
+        if cfg.front_end == "stack":
+            self.subsampling = StackingFrontEnd(
+                cfg.input_dim, cfg.subsampling_factor, cfg.d_model, cfg.dropout, eps=cfg.layer_norm_eps
+            )
+        else:
+            self.subsampling = Conv2dSubsampling(
+                cfg.input_dim, cfg.conv_channels, cfg.d_model, cfg.dropout, factor=cfg.subsampling_factor
+            )
         self.blocks = nn.ModuleList(ConformerBlock(cfg) for _ in range(cfg.num_layers))
         self.reset_parameters()
 
@@ -139,6 +149,11 @@ class ConformerEncoder(nn.Module):
     @property
     def output_dim(self) -> int:
         return self.cfg.d_model
+
+    @property
+    def feature_context(self) -> int:
+        """Feature frames two consecutive streaming chunks both read (3 at 4x conv subsampling, 0 stacked)."""
+        return self.subsampling.feature_context
 
     @property
     def subsampling_factor(self) -> int:
@@ -223,7 +238,7 @@ class ConformerEncoder(nn.Module):
         # batch; with CUDA graphs each new U would record a new graph).
         rows = torch.full((features.shape[0],), features.shape[1], dtype=lengths.dtype, device=lengths.device)
         x, _ = self.front_end(features, rows)  # (R, T', D)
-        segments = encoder_segments(packing, lengths, self.subsampling_factor, x.shape[1])  # (R, T')
+        segments = encoder_segments(packing, lengths, self.subsampling_factor, x.shape[1], self.cfg.front_end)
         x, kept = self.run_blocks(x, segments, 0, len(self.blocks), layers, chunk_size, left_chunks)
         return x, segments, kept
 
@@ -273,7 +288,9 @@ class ConformerEncoder(nn.Module):
         else:
             valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
             positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
-        rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
+        rotary: torch.Tensor | RotaryTable = positions  # relative_key: the attention takes no positions
+        if self.cfg.position == "rotary":
+            rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
         padded = ~valid[:, :, None]  # (B, T', 1)
         kept = []
         for i in range(start, stop):

@@ -28,20 +28,31 @@ from torch import nn
 
 from usmkit.kernels.conv_module.api import available, conv_mid
 from usmkit.models.dropout import Dropout
+from usmkit.models.feedforward import ACTIVATION_FNS
 
 
 class ConvolutionModule(nn.Module):
-    def __init__(self, d_model: int, kernel_size: int, causal: bool, dropout: float, impl: str = "torch") -> None:
+    def __init__(
+        self,
+        d_model: int,
+        kernel_size: int,
+        causal: bool,
+        dropout: float,
+        impl: str = "torch",
+        activation: str = "swish",
+        eps: float = 1e-5,
+    ) -> None:
         super().__init__()
+        self.act = ACTIVATION_FNS[activation]
         if not causal and kernel_size % 2 == 0:
             raise ValueError(f"a centred depthwise convolution needs an odd kernel, got {kernel_size}")
         self.kernel_size = kernel_size
         self.causal = causal
         self.impl = impl
-        self.norm_in = nn.LayerNorm(d_model)
+        self.norm_in = nn.LayerNorm(d_model, eps=eps)
         self.pointwise1 = nn.Linear(d_model, 2 * d_model)
         self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model)  # unpadded; see depthwise()
-        self.norm_mid = nn.LayerNorm(d_model)
+        self.norm_mid = nn.LayerNorm(d_model, eps=eps)
         self.pointwise2 = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
 
@@ -111,12 +122,12 @@ class ConvolutionModule(nn.Module):
         return out + self.depthwise_conv.bias  # (B, T, D); the bias last, as in the compiled path
 
     def pointwise_out(self, y: torch.Tensor) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D): norm, Swish, pointwise, dropout."""
-        return self.dropout(self.pointwise2(F.silu(self.norm_mid(y))))
+        """(B, T, D) -> (B, T, D): norm, Swish (or the configured activation), pointwise, dropout."""
+        return self.dropout(self.pointwise2(self.act(self.norm_mid(y))))
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, D), valid (B, T) bool, segment_ids (B, T) of packed rows or None -> residual branch (B, T, D)."""
-        if self.impl == "triton" and available(x):
+        if self.impl == "triton" and self.act is F.silu and available(x):
             h = self.pointwise1(self.norm_in(x))  # (B, T, 2D)
             mid = conv_mid(
                 h, valid, segment_ids, self.depthwise_conv.weight[:, 0, :], self.depthwise_conv.bias,

@@ -33,7 +33,9 @@ def feature_segments(packing: Packing) -> Segments:
     return Segments(ids, torch.where(valid, positions, 0))
 
 
-def encoder_segments(packing: Packing, lengths: torch.Tensor, factor: int, frames: int) -> Segments:
+def encoder_segments(
+    packing: Packing, lengths: torch.Tensor, factor: int, frames: int, front_end: str = "conv2d"
+) -> Segments:
     """The encoder frames' ``Segments`` (R, T' = ``frames``) of a packed batch with (U,) feature ``lengths``.
 
     Encoder frame ``a`` starts at feature frame ``s a``: it belongs to that frame's utterance u when it is
@@ -46,7 +48,7 @@ def encoder_segments(packing: Packing, lengths: torch.Tensor, factor: int, frame
     u = ids.clamp(min=0)  # (R, T')
     start = torch.arange(frames, device=ids.device) * factor  # (T',) feature frame of each encoder frame
     positions = torch.div(start[None, :] - packing.offsets[u], factor, rounding_mode="floor")  # (R, T')
-    valid = (ids >= 0) & (positions < output_lengths(lengths, factor)[u])  # (R, T')
+    valid = (ids >= 0) & (positions < output_lengths(lengths, factor, front_end)[u])  # (R, T')
     return Segments(torch.where(valid, ids, -1), torch.where(valid, positions, 0))
 
 

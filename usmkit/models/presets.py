@@ -63,6 +63,21 @@ def usm2b(**overrides: Any) -> ConformerConfig:
     return _build(dict(d_model=1536, num_layers=32, num_heads=16, subsampling_channels=256), overrides, "usm2b")
 
 
+def w2v_bert_2(**overrides: Any) -> ConformerConfig:
+    """w2v-BERT 2.0's encoder (``facebook/w2v-bert-2.0``, imported with ``usmkit.cli.import_encoder``): 24 layers
+    x 1024 dim x 16 heads (head dim 64), causal depthwise kernel 31, ``relative_key`` positions (64 frames left,
+    8 right), 2 stacked 80-bin frames per 20 ms encoder frame, no dropout: 580.6M parameters.
+
+    Its features are ``usmkit.data.config.seamless_m4t_features()``.
+    """
+    base = dict(
+        d_model=1024, num_layers=24, num_heads=16, conv_kernel=31, causal_conv=True, dropout=0.0,
+        zero_init_residual=False, position="relative_key", relative_left=64, relative_right=8,
+        front_end="stack", subsampling_factor=2,
+    )  # fmt: skip
+    return _build(base, overrides, "w2v_bert_2")
+
+
 PRESETS: dict[str, Callable[..., ConformerConfig]] = {
     "tiny": tiny,
     "small": small,
@@ -70,6 +85,7 @@ PRESETS: dict[str, Callable[..., ConformerConfig]] = {
     "large": large,
     "usm600m": usm600m,
     "usm2b": usm2b,
+    "w2v_bert_2": w2v_bert_2,
 }
 
 

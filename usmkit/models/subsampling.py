@@ -1,4 +1,6 @@
-"""Time reduction in front of the Conformer: stride-2 conv2d stages with ReLU, then a linear projection.
+"""Time reduction in front of the Conformer: stride-2 conv2d stages with ReLU, then a linear projection
+(``Conv2dSubsampling``, usmkit's own), or frames stacked side by side, LayerNorm, Linear (``StackingFrontEnd``,
+w2v-BERT 2.0's feature projection).
 
 Shapes: B batch, T feature frames (10 ms), F feature bins, C conv channels, s subsampling factor,
 T' = encoder frames (10 s ms: 40 ms at 4x, 80 ms at 8x), D model dim.
@@ -22,6 +24,7 @@ from torch import nn
 from usmkit.models.dropout import Dropout
 
 FACTORS = (4, 8)  # supported subsampling factors: 2 or 3 stride-2 stages
+FRONT_ENDS = ("conv2d", "stack")  # ConformerConfig.front_end: Conv2dSubsampling, StackingFrontEnd
 
 
 def check_factor(factor: int) -> int:
@@ -37,9 +40,10 @@ def receptive_field(factor: int = 4) -> int:
     return 2 * factor - 1
 
 
-def feature_context(factor: int = 4) -> int:
-    """Input frames read by two consecutive output chunks: ``receptive_field - factor`` (3 at 4x, 7 at 8x)."""
-    return receptive_field(factor) - factor
+def feature_context(factor: int = 4, front_end: str = "conv2d") -> int:
+    """Input frames read by two consecutive output chunks: ``receptive_field - factor`` (3 at 4x, 7 at 8x);
+    0 for ``front_end="stack"`` (``StackingFrontEnd``)."""
+    return 0 if front_end == "stack" else receptive_field(factor) - factor
 
 
 def conv_out_size(size: int, factor: int = 4) -> int:
@@ -53,14 +57,17 @@ def conv_out_size(size: int, factor: int = 4) -> int:
     return size
 
 
-def output_lengths(lengths: torch.Tensor, factor: int = 4) -> torch.Tensor:
+def output_lengths(lengths: torch.Tensor, factor: int = 4, front_end: str = "conv2d") -> torch.Tensor:
     """Valid encoder frames for ``lengths`` valid feature frames; (B,) -> (B,), never negative.
+    ``front_end="stack"``: ``lengths // factor`` (``StackingFrontEnd``).
 
     >>> output_lengths(torch.tensor([0, 6, 7, 10, 11, 100])).tolist()
     [0, 0, 1, 1, 2, 24]
     >>> output_lengths(torch.tensor([14, 15, 22, 23, 100]), factor=8).tolist()
     [0, 1, 1, 2, 12]
     """
+    if front_end == "stack":
+        return torch.div(lengths, factor, rounding_mode="floor")
     for _ in range(check_factor(factor)):
         lengths = torch.div(lengths - 1, 2, rounding_mode="floor")
     return lengths.clamp(min=0)
@@ -81,6 +88,11 @@ class Conv2dSubsampling(nn.Module):
         self.conv = nn.Sequential(*layers)
         self.proj = nn.Linear(channels * conv_out_size(input_dim, factor), d_model)
         self.dropout = Dropout(dropout)
+
+    @property
+    def feature_context(self) -> int:
+        """Input frames two consecutive output chunks both read (3 at 4x, 7 at 8x)."""
+        return feature_context(self.factor)
 
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Valid output frames for ``lengths`` valid input frames, (B,) -> (B,)."""
@@ -103,3 +115,47 @@ class Conv2dSubsampling(nn.Module):
         C, T2, F2 = x.shape[1:]
         x = x.transpose(1, 2).reshape(B, T2, C * F2)  # (B, T', C * F')
         return self.dropout(self.proj(x)), self.output_lengths(lengths)  # (B, T', D), (B,)
+
+
+class StackingFrontEnd(nn.Module):
+    """(B, T, F) features -> (B, T // s, D): each s consecutive frames side by side (B, T // s, s F), LayerNorm,
+    Linear, dropout. A trailing T mod s frames are dropped (as SeamlessM4T's feature extractor does).
+
+    Output frame ``t`` reads input frames ``s t .. s t + s - 1`` only: two chunks share no input frame
+    (``feature_context`` 0) and valid outputs (``t < lengths // s``) never read padding.
+    """
+
+    def __init__(self, input_dim: int, factor: int, d_model: int, dropout: float = 0.0, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.input_dim = input_dim
+        self.factor = factor
+        self.receptive_field = factor
+        self.norm = nn.LayerNorm(factor * input_dim, eps=eps)
+        self.proj = nn.Linear(factor * input_dim, d_model)
+        self.dropout = Dropout(dropout)
+
+    @property
+    def feature_context(self) -> int:
+        return feature_context(self.factor, "stack")
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Valid output frames for ``lengths`` valid input frames, (B,) -> (B,).
+
+        >>> StackingFrontEnd(80, 2, 8).output_lengths(torch.tensor([0, 1, 2, 7])).tolist()
+        [0, 0, 1, 3]
+        """
+        return output_lengths(lengths, self.factor, "stack")
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> frames (B, T // s, D), output lengths (B,)."""
+        if features.dim() != 3 or features.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"features must be (batch, frames, {self.input_dim}); got {tuple(features.shape)} "
+                "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
+            )
+        B, T, F = features.shape
+        T2 = T // self.factor
+        if T2 < 1:
+            raise ValueError(f"need at least {self.factor} feature frames to stack {self.factor} into one, got {T}")
+        x = features[:, : T2 * self.factor].reshape(B, T2, self.factor * F)  # (B, T', s F): frame s t's bins first
+        return self.dropout(self.proj(self.norm(x))), self.output_lengths(lengths)  # (B, T', D), (B,)

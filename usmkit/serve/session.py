@@ -137,7 +137,8 @@ class Recognizer:
         first client, not in its first chunk."""
         encoder = self.model.encoder
         F = encoder.cfg.input_dim
-        first = torch.zeros(1, feature_context(encoder.subsampling_factor), F, device=self.device)  # (1, s - 1, F)
+        context = feature_context(encoder.cfg.subsampling_factor, encoder.cfg.front_end)  # s - 1 (0 stacked)
+        first = torch.zeros(1, context, F, device=self.device)  # (1, s - 1, F)
         state = init_state(encoder, first, self.chunk_size, self.left_chunks)
         chunk = torch.zeros(1, state.chunk_input_frames, F, device=self.device)  # (1, s C, F)
         length = torch.tensor([state.chunk_input_frames], device=self.device)

@@ -49,7 +49,9 @@ class StreamingEncoder:
     ) -> None:
         self.encoder = encoder
         self.chunk_size, self.left_chunks = check_streamable(encoder.cfg, chunk_size, left_chunks)
-        self.feature_context = feature_context(encoder.subsampling_factor)  # s - 1 frames read by two chunks
+        self.feature_context = feature_context(
+            encoder.cfg.subsampling_factor, encoder.cfg.front_end
+        )  # s - 1 (0 stacked)
         if step == "eager":
             self._step = stream_step
         elif step == "jit":

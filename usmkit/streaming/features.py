@@ -11,6 +11,11 @@ arithmetic as the offline path, including the start reflection); what it leaves 
 reflection, which ``flush`` adds. Thus ``accept`` + ``flush`` frames equal the offline frames.
 
 Then the global mean/variance normalization the model was trained with (``FeatureStats``).
+
+``FeatureConfig.fbank="seamless_m4t"`` (w2v-BERT 2.0's features) keeps only frames wholly inside the signal
+(``snip_edges``): frame t is samples ``S t .. S t + L - 1``, no reflection at either end, nothing to flush;
+``usmkit.data.features.seamless_window_frames`` computes the frames of the windows. Per-utterance
+normalization (``normalize="utterance"``) needs the whole utterance and cannot stream: such a model is refused.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from lhotse.features.kaldi.layers import _get_strided_batch_streaming
 
 from usmkit.checkpointing.checkpoint import CheckpointError, run_dir
 from usmkit.data.config import DataConfig, FeatureConfig
-from usmkit.data.features import fbank_extractor
+from usmkit.data.features import fbank_extractor, seamless_window_frames
 from usmkit.data.normalize import STATS_FILE, FeatureStats, stats_path
 
 
@@ -97,8 +102,14 @@ class StreamingFbank:
     def __init__(self, cfg: FeatureConfig, stats: FeatureStats | None = None) -> None:
         if stats is not None and stats.num_bins != cfg.num_mel_bins:
             raise ValueError(f"stats have {stats.num_bins} bins, the feature config {cfg.num_mel_bins}")
+        if cfg.normalize == "utterance":
+            raise ValueError(
+                "data.features.normalize=utterance normalizes each utterance with its own statistics, which a stream "
+                "does not have until it ends; fine-tune the model with data.features.normalize=global to stream it"
+            )
         self.cfg = cfg
         self.stats = stats
+        self.snip_edges = cfg.fbank == "seamless_m4t"
         self._fbank = fbank_extractor(cfg)
         # Window and shift in samples, rounded as lhotse's Wav2Win rounds them.
         self.window = int(math.floor(cfg.frame_length_ms / 1000.0 * cfg.sample_rate))
@@ -118,11 +129,16 @@ class StreamingFbank:
     @property
     def device(self) -> torch.device:
         """Where ``frames`` computes (the windows it takes must be there)."""
+        if self.snip_edges:
+            return torch.device("cpu")
         return self._fbank.extractor.wav2win._window.device
 
     def to(self, device: torch.device | str) -> StreamingFbank:
         """Compute ``frames`` on ``device`` (a server's GPU: the frames of all streams' windows in one call there).
-        Cutting windows (``accept_windows``) stays on the CPU; ``accept`` / ``flush`` need the CPU."""
+        Cutting windows (``accept_windows``) stays on the CPU; ``accept`` / ``flush`` need the CPU.
+        (SeamlessM4T's frames are computed on the CPU.)"""
+        if self.snip_edges:
+            return self
         self._fbank.extractor.to(device)
         if self.stats is not None:
             self.stats = FeatureStats(mean=self.stats.mean.to(device), std=self.stats.std.to(device))
@@ -133,6 +149,9 @@ class StreamingFbank:
         on its own window, so the windows of many streams (sharing the config and stats) can go in one call."""
         if windows.shape[0] == 0:
             return self._empty()
+        if self.snip_edges:
+            frames = seamless_window_frames(windows.cpu(), self.cfg)  # (t, F)
+            return frames if self.stats is None else (frames - self.stats.mean.cpu()) / self.stats.std.cpu()
         extractor = self._fbank.extractor  # lhotse's Wav2LogFilterBank: window processing, then FFT and mel
         with torch.no_grad():
             frames = extractor._forward_strided(*extractor.wav2win._forward_strided(windows[None]))[0]  # (t, F)
@@ -168,6 +187,16 @@ class StreamingFbank:
             raise ValueError(f"samples must be one channel (N,), got shape {tuple(x.shape)}")
         if x.numel() == 0:
             return self._no_windows()
+        if self.snip_edges:  # frames wholly inside the signal: windows every S samples from the first
+            self.num_samples += x.numel()
+            self._buffer = torch.cat([self._buffer, x[None]], dim=1)  # (1, n)
+            n = max(0, (self._buffer.shape[1] - self.window) // self.shift + 1)
+            if n == 0:
+                return self._no_windows()
+            windows = self._buffer[0].unfold(0, self.window, self.shift)[:n]  # (t, L)
+            self._buffer = self._buffer[:, n * self.shift :]
+            self.num_frames += n
+            return windows.clone()
         self.num_samples += x.numel()
         self._tail = torch.cat([self._tail, x])[-self.window :]
         if not self._started:
@@ -187,6 +216,8 @@ class StreamingFbank:
 
     def flush_windows(self) -> torch.Tensor:
         """The windows (t, L) of the last frames, those that reach into the end reflection."""
+        if self.snip_edges:  # no frame reaches past the signal
+            return self._no_windows()
         total = (self.num_samples + self.shift // 2) // self.shift  # lhotse's frame count for the whole signal
         if not self._started:
             # Shorter than one window (25 ms): lhotse's reflection would read past the signal; no frames.

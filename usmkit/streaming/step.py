@@ -22,6 +22,12 @@ constant shape only:
   (time before channels, as ``ConvolutionModule.depthwise`` takes its context).
 - ``offset``: absolute index of the chunk's first encoder frame, for the rotary positions.
 
+With a stacking front end (``ConformerConfig.front_end="stack"``, w2v-BERT 2.0's) two chunks read no feature
+frame twice: ``feat_ctx`` is empty (B, 0, F) and output lags input by nothing. With ``position="relative_key"``
+the keys are not rotated and each layer adds its clipped-distance bias (``MultiHeadSelfAttention.relative_bias``)
+to the scores, the distances counted from the first cached frame (``key_offset = K C``): the same bias the full
+forward adds, because a key's distance to a query is the same in both.
+
 ``cached`` and ``offset`` are scalars for a batch of streams that started together, or (B,) vectors,
 one per row, for a batch of independent streams at different positions (``stack_states`` builds one
 from per-stream states, ``split_state`` gives them back after the step): a server runs the chunks of
@@ -42,7 +48,7 @@ import torch.nn.functional as F
 from usmkit.models.config import ConformerConfig
 from usmkit.models.conformer import ConformerEncoder
 from usmkit.models.rotary import RotaryTable
-from usmkit.models.subsampling import feature_context, output_lengths
+from usmkit.models.subsampling import feature_context
 
 
 class NotStreamableError(ValueError):
@@ -123,8 +129,8 @@ class EncoderStreamState:
 
     @property
     def feature_context(self) -> int:
-        """Feature frames carried from one chunk to the next: s - 1."""
-        return feature_context(self.subsampling_factor)
+        """Feature frames carried from one chunk to the next: s - 1 (conv subsampling), 0 (stacking)."""
+        return self.feat_ctx.shape[1]
 
 
 def init_state(
@@ -133,13 +139,14 @@ def init_state(
     chunk_size: int | None = None,
     left_chunks: int | None = None,
 ) -> EncoderStreamState:
-    """The state before the first chunk: empty caches and the stream's first s - 1 feature frames (B, s - 1, F).
+    """The state before the first chunk: empty caches and the stream's first ``feature_context`` feature
+    frames (B, s - 1, F) (none with a stacking front end).
 
     ``chunk_size`` / ``left_chunks`` default to the encoder config's (see ``check_streamable``).
     """
     cfg = encoder.cfg
     C, K = check_streamable(cfg, chunk_size, left_chunks)
-    context = feature_context(cfg.subsampling_factor)
+    context = feature_context(cfg.subsampling_factor, cfg.front_end)
     if first_frames.dim() != 3 or first_frames.shape[1:] != (context, cfg.input_dim):
         raise ValueError(
             f"first_frames must be the stream's first (B, {context}, {cfg.input_dim}) feature frames, "
@@ -193,10 +200,12 @@ def stream_step(
     context = state.feature_context
     frames = torch.cat([state.feat_ctx, chunk], dim=1)  # (B, s - 1 + s C, F)
     x, _ = encoder.subsampling(frames, lengths + context)  # (B, C, D)
-    out_lens = output_lengths(lengths + context, s)  # (B,) <= C
+    out_lens = encoder.output_lengths(lengths + context)  # (B,) <= C
     valid = torch.arange(C, device=x.device)[None, :] < out_lens[:, None]  # (B, C)
     positions = state.offset[..., None] + torch.arange(C, device=x.device)  # (C,) or (B, C) absolute frame indices
-    rotary = RotaryTable.build(positions, encoder.cfg.head_dim, encoder.cfg.rotary_base)  # once for all layers
+    rotary: torch.Tensor | RotaryTable = positions  # relative_key: the keys take no positions
+    if encoder.cfg.position == "rotary":
+        rotary = RotaryTable.build(positions, encoder.cfg.head_dim, encoder.cfg.rotary_base)  # once for all layers
     # Keys: K C cached frames (the last `cached` of them valid), then this chunk's valid frames.
     cache_valid = torch.arange(K * C, device=x.device) >= K * C - state.cached[..., None]  # (K C,) or (B, K C)
     key_valid = torch.cat([cache_valid.expand(B, K * C), valid], dim=1)  # (B, K C + C)
@@ -209,7 +218,11 @@ def stream_step(
         x, q, k, v = block.before_attention(x, rotary)  # (B, C, D); (B, H, C, Dh) each
         keys = torch.cat([state.kv[layer, 0], k], dim=2)  # (B, H, K C + C, Dh)
         values = torch.cat([state.kv[layer, 1], v], dim=2)  # (B, H, K C + C, Dh)
-        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)  # (B, H, C, Dh)
+        mask: torch.Tensor = attn_mask
+        bias = block.mhsa.relative_bias(q, key_offset=K * C)  # None for rotary positions
+        if bias is not None:  # (B, H, C, K C + C): the clipped-distance bias where allowed, -inf elsewhere
+            mask = bias.dense(K * C + C).masked_fill(~attn_mask, float("-inf"))
+        attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, H, C, Dh)
         tail = state.conv_tail[layer]  # (B, Kc - 1, D)
         x, conv_in = block.after_attention(x, attn, valid, conv_context=tail)  # (B, C, D) each
         new_kv.append(torch.stack([keys[:, :, C:], values[:, :, C:]]))  # (2, B, H, K C, Dh): roll by C

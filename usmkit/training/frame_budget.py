@@ -42,9 +42,11 @@ class FrameBudget:
         return self.unalignable / self.utterances if self.utterances else 0.0
 
 
-def frame_budget(cuts: Iterable[Cut], tokenizer: TextEncoder, factor: int, frame_shift_ms: float) -> FrameBudget:
-    """Count the transcribed cuts whose encoder frames at ``factor``x subsampling of feature frames every
-    ``frame_shift_ms`` are fewer than their labels need."""
+def frame_budget(
+    cuts: Iterable[Cut], tokenizer: TextEncoder, factor: int, frame_shift_ms: float, front_end: str = "conv2d"
+) -> FrameBudget:
+    """Count the transcribed cuts whose encoder frames at ``factor``x subsampling (by ``front_end``, a
+    ``ConformerConfig.front_end``) of feature frames every ``frame_shift_ms`` are fewer than their labels need."""
     shift_s = frame_shift_ms / 1000
     ids, frames, needed = [], [], []
     for cut in cuts:
@@ -54,7 +56,7 @@ def frame_budget(cuts: Iterable[Cut], tokenizer: TextEncoder, factor: int, frame
         ids.append(cut.id)
         frames.append(cut.num_frames or round(cut.duration / shift_s))
         needed.append(frames_needed(tokenizer.encode(text)))
-    short = output_lengths(torch.tensor(frames, dtype=torch.int64), factor) < torch.tensor(needed)  # (N,)
+    short = output_lengths(torch.tensor(frames, dtype=torch.int64), factor, front_end) < torch.tensor(needed)  # (N,)
     example = ids[int(short.nonzero()[0, 0])] if bool(short.any()) else ""
     return FrameBudget(factor, 1 / (shift_s * factor), len(ids), int(short.sum()), example)
 

@@ -49,6 +49,7 @@ from usmkit.tasks import TrainInputs, task_for
 from usmkit.training.distributed import launched_distributed, rank0_first, setup_distributed, shutdown_distributed
 from usmkit.training.exp_lock import ExpDirLock
 from usmkit.training.frame_budget import check_frame_budget, frame_budget
+from usmkit.training.imported_init import check_imported_fit
 from usmkit.training.memory_check import check_memory
 from usmkit.training.resume_config import check_resume_config
 from usmkit.training.run_lexicon import write_run_lexicon
@@ -128,7 +129,11 @@ class TrainingRecipe:
         train_cuts = shar_train_cuts(data, audio=False) if data.shar_dir else prepare(data.train_split)
         if task.ctc:  # what CTC cannot align it ignores: counted now rather than found in the results.
             budget = frame_budget(
-                train_cuts, tokenizer, self.encoder_cfg.subsampling_factor, data.features.frame_shift_ms
+                train_cuts,
+                tokenizer,
+                self.encoder_cfg.subsampling_factor,
+                data.features.frame_shift_ms,
+                self.encoder_cfg.front_end,
             )
             check_frame_budget(budget, data.train_split, warn=rank == 0)
         stats_cuts = shar_train_cuts(data, audio=True) if data.shar_dir else train_cuts
@@ -341,6 +346,7 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
             )
     if cfg.init_from:
         resolve_checkpoint(cfg.init_from)  # a missing init_from is named now, not after data preparation
+        check_imported_fit(cfg.init_from, encoder_cfg)  # an imported encoder needs its own model section
     check_memory(cfg, encoder_cfg, device)  # a model too large for the machine: refused now, not after the data
     return encoder_cfg
 

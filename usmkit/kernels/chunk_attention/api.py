@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from usmkit.kernels.chunk_attention.bias import RelativeKeyBias
 from usmkit.kernels.masks import Frames, Segments, check_chunk_args
 
 Impl = Literal["reference", "sdpa", "flex", "triton"]
@@ -142,24 +143,33 @@ def chunk_attention(
     chunk_size: int | None,
     left_chunks: int,
     impl: Impl = "sdpa",
+    bias: RelativeKeyBias | None = None,
 ) -> torch.Tensor:
-    """Chunk-wise masked attention. Returns (B, H, T, D); rows of padded queries are 0."""
+    """Chunk-wise masked attention. Returns (B, H, T, D); rows of padded queries are 0.
+
+    ``bias``: a relative-position score bias (imported encoders' positions); every implementation but
+    ``triton`` (rotary positions only) takes it."""
     if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
         raise ValueError(f"q, k, v must all be (B, H, T, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     check_chunk_args(chunk_size, left_chunks)
     if impl == "reference":
         from usmkit.kernels.chunk_attention.reference import chunk_attention_reference
 
-        return chunk_attention_reference(q, k, v, lengths, chunk_size, left_chunks)
+        return chunk_attention_reference(q, k, v, lengths, chunk_size, left_chunks, bias=bias)
     if impl == "sdpa":
         from usmkit.kernels.chunk_attention.sdpa import chunk_attention_sdpa
 
-        return chunk_attention_sdpa(q, k, v, lengths, chunk_size, left_chunks)
+        return chunk_attention_sdpa(q, k, v, lengths, chunk_size, left_chunks, bias=bias)
     if impl == "flex":
         from usmkit.kernels.chunk_attention.flex import chunk_attention_flex
 
-        return chunk_attention_flex(q, k, v, lengths, chunk_size, left_chunks)
+        return chunk_attention_flex(q, k, v, lengths, chunk_size, left_chunks, bias=bias)
     if impl == "triton":
+        if bias is not None:
+            raise ValueError(
+                "the Triton chunk-attention kernel takes rotary positions only, not a relative-position bias "
+                "(position='relative_key'); use attention_impl='sdpa' or 'flex'"
+            )
         frames = segment_bounds(lengths) if isinstance(lengths, Segments) else lengths
         return triton_chunk_attention(q, k, v, frames, chunk_size, left_chunks)
     raise ValueError(f"unknown attention impl {impl!r}; choose one of {IMPLS}")

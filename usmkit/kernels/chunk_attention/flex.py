@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from usmkit.kernels.chunk_attention.bias import RelativeKeyBias
 from usmkit.kernels.masks import Frames, Segments, check_chunk_args, frames_padding
 
 BLOCK_SIZE = 128  # FlexAttention's default sparse block size (queries and keys)
@@ -183,8 +184,10 @@ def chunk_attention_flex(
     chunk_size: int | None,
     left_chunks: int,
     scale: float | None = None,
+    bias: RelativeKeyBias | None = None,
 ) -> torch.Tensor:
-    """FlexAttention under the chunk mask; rows of padded queries are 0. Returns (B, H, T, D)."""
+    """FlexAttention under the chunk mask, plus ``bias`` (a ``score_mod``) where given; rows of padded queries
+    are 0. Returns (B, H, T, D)."""
     B, H, T, D = q.shape
     if q.device.type == "cpu" and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise NotImplementedError(
@@ -192,6 +195,7 @@ def chunk_attention_flex(
             "Use attention_impl='sdpa' (or 'reference') on CPU, or run flex under torch.no_grad()."
         )
     block_mask = chunk_block_mask(lengths, T, chunk_size, left_chunks)
-    out = _flex_fn(q.device.type)(q, k, v, block_mask=block_mask, scale=scale)  # (B, H, T, D)
+    score_mod = None if bias is None else bias.score_mod()
+    out = _flex_fn(q.device.type)(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)  # (B, H, T, D)
     padded = frames_padding(lengths, T)  # (B, T)
     return out.masked_fill(padded[:, None, :, None], 0.0)  # (B, H, T, D)

@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from usmkit.kernels.chunk_attention.bias import RelativeKeyBias
 from usmkit.kernels.masks import Frames, frames_mask
 
 
@@ -21,12 +22,16 @@ def chunk_attention_reference(
     chunk_size: int | None,
     left_chunks: int,
     scale: float | None = None,
+    bias: RelativeKeyBias | None = None,
 ) -> torch.Tensor:
-    """Plain matmul + softmax under the chunk mask; rows of padded queries are 0. Returns (B, H, T, D)."""
+    """Plain matmul + softmax under the chunk mask, plus ``bias`` where given; rows of padded queries are 0.
+    Returns (B, H, T, D)."""
     B, H, T, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     mask = frames_mask(lengths, T, chunk_size, left_chunks)[:, None]  # (B, 1, T, T)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, T)
+    if bias is not None:
+        scores = scores + bias.dense(T)
     scores = scores.masked_fill(~mask, float("-inf"))
     any_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
     # A fully masked row would be softmax(-inf...) = NaN; give it finite scores, then zero it.
