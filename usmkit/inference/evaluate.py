@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 class EvalConfig:
     checkpoint: str
     test_sets: tuple[str, ...] = ("test",)
-    decode: str = "ctc_greedy"
+    decode: str = "ctc_greedy"  # ctc_greedy | ctc_beam | las_beam | rescore | ctc_lexicon | lexicon_rescore
     beam_size: int = 10
-    manifest_dir: str | None = None
-    corpus: str | None = None
-    output: str | None = None
+    manifest_dir: str | None = None  # default: the manifest_dir the checkpoint was trained on
+    corpus: str | None = None  # default: the checkpoint's corpus
+    output: str | None = None  # JSON path; default: <checkpoint>/eval_<decode>.json
     device: str = "auto"
     max_duration: float = 200.0
+    # encoder chunk (frames) for decoding: default = as trained; null = full attention
     chunk_size: int | str | None = "default"
     left_chunks: int | str = "default"
     norm: TextNormConfig = field(default_factory=TextNormConfig)
