@@ -3,13 +3,18 @@ torchaudio's Conformer of the same width and depth (same conv front end and CTC 
 
     PYTHONPATH=. python bench/train_throughput.py [--sizes base,large] [--steps 12] [--repeats 3] [--json OUT]
     PYTHONPATH=. python bench/train_throughput.py --device cpu --sizes tiny --variants eager,ta_eager --steps 2
+    PYTHONPATH=. python bench/train_throughput.py --sizes w2v_bert_2,usm600m --variants eager,static,static_cg
 
 Each variant runs ``--repeats`` times in the call (``tools.repeats``): built again, compiled again, ``--steps``
 steps timed; ``step_ms`` and the figures from it are the median over the repeats, with min and max under
 ``repeats``. ``--device cpu`` (fp32, no autocast) only checks the plumbing.
 
 One step = forward, CTC loss, backward and a fused AdamW update, bf16 autocast with fp32 weights.
-Frames are encoder frames (40 ms). MFU = 6 x parameters x frames / step time / peak, with the peak
+Frames are encoder frames (40 ms; 20 ms for ``w2v_bert_2``); audio h/GPU-h counts the batch's audio (10 ms
+feature frames). ``w2v_bert_2`` is the imported w2v-BERT 2.0 encoder's size (random weights: the same cost)
+fine-tuned with a CTC head, at the same 300 s of audio per batch as ``usm600m``: the two sizes side by side
+answer what fine-tuning an import costs against usmkit's own 600M encoder (torchaudio has no model of its
+layout: its ``ta_`` variants fail for it and are recorded as such). MFU = 6 x parameters x frames / step time / peak, with the peak
 both the datasheet's dense bf16 rate (989 TFLOP/s, H100/H200 SXM) and a bf16 matmul measured here.
 ``static`` compiles for one fixed shape (what bucketed padding to a few lengths gives: one compile
 per bucket); ``dynamic`` compiles once with symbolic batch and time (``dynamic=True``). A ``_ma``
@@ -50,6 +55,7 @@ from tools.repeats import add_repeats_argument, repeat
 from tools.results import result_path, run_header, write_result
 from tools.train_step import (  # the step, shared with ddp_scaling.py, profile_step.py and experiments/
     DATASHEET_BF16,
+    FEATURE_S,
     SHAPES,
     OursCTC,
     TorchaudioCTC,
@@ -134,6 +140,7 @@ def measure_variant(v: str, size: str, batch, args, peak: float | None) -> dict:
         frames = batch[0].shape[0] * SHAPES[size][1]
         r["params_M"] = round(params / 1e6, 1)
         r["frames_per_s"] = round(frames / (r["step_ms"] / 1e3))
+        r["audio_h_per_gpu_h"] = round(batch[0].shape[0] * batch[0].shape[1] * FEATURE_S / (r["step_ms"] / 1e3), 1)
         flops = 6 * params * frames
         r["mfu_datasheet"] = round(flops / (r["step_ms"] / 1e3) / DATASHEET_BF16, 3)
         r["mfu_measured_peak"] = round(flops / (r["step_ms"] / 1e3) / peak, 3) if peak else None
@@ -166,7 +173,7 @@ def main() -> None:
     variants = args.variants.split(",")
     for size in args.sizes.split(","):
         B, T = SHAPES[size]
-        batch = make_batch(B, T, device)
+        batch = make_batch(B, T, device, size=size)
         entry = {"B": B, "T": T, "frames_per_step": B * T, "variants": {}}
         result["sizes"][size] = entry
         for v in variants:

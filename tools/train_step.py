@@ -5,7 +5,9 @@ Used by ``bench/train_throughput.py``, ``bench/ddp_scaling.py``, ``bench/profile
 ``experiments/inductor_bandwidth/``. One step = forward, CTC loss, backward and an AdamW update, bf16
 autocast with fp32 weights on a GPU (fp32 on a CPU, where it only checks the plumbing).
 
-Shapes: B utterances of T encoder frames (40 ms), from ``4 T + 3`` feature frames of 80 bins.
+Shapes: B utterances of T encoder frames, from the feature frames (10 ms, 80 bins) that give exactly T:
+``4 T + 3`` through the 4x conv front end (40 ms frames), ``2 T`` through w2v-BERT 2.0's 2x frame stacking
+(20 ms frames).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ SHAPES = {  # size -> (B, T encoder frames); the issue's reference shapes
     "base": (32, 512),
     "large": (16, 768),
     "usm600m": (10, 768),  # 300 s of audio, the trainer's batch
+    "w2v_bert_2": (10, 1536),  # the same 300 s at w2v-BERT 2.0's 20 ms frames (an imported encoder's size)
 }
+FEATURE_S = 0.01  # one feature frame
 DATASHEET_BF16 = 989e12
 VOCAB = 512
 
@@ -79,12 +83,20 @@ class _ToBF16(torch.nn.Module):
         return x.to(torch.bfloat16)
 
 
-def make_batch(B: int, T: int, device, seed=0):
+def feature_frames(size: str, T: int) -> int:
+    """The feature frames that give exactly ``T`` encoder frames through preset ``size``'s front end."""
+    cfg = preset(size)
+    n_feat = cfg.subsampling_factor * T if cfg.front_end == "stack" else 4 * T + 3
+    assert int(output_lengths(torch.tensor([n_feat]), cfg.subsampling_factor, cfg.front_end)[0]) == T
+    return n_feat
+
+
+def make_batch(B: int, T: int, device, seed=0, size: str = "base"):
+    """B utterances of ``T`` encoder frames of preset ``size`` (features, lengths, tokens, token lengths)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    n_feat = 4 * T + 3  # -> exactly T encoder frames
+    n_feat = feature_frames(size, T)
     feats = torch.randn(B, n_feat, 80, generator=g)
     lens = torch.full((B,), n_feat, dtype=torch.long)
-    assert int(output_lengths(lens)[0]) == T
     U = T // 4
     tokens = torch.randint(4, VOCAB, (B, U), generator=g)
     token_lens = torch.full((B,), U, dtype=torch.long)
