@@ -419,7 +419,7 @@ def test_batch_outputs_never_replace_a_file_that_is_not_theirs(ctc_ckpt, tmp_pat
     listed.write_text("talk.wav\n")
     proc = _run("usmkit.cli.transcribe_batch", *common[:1], f"inputs={listed}", f"out={out}", f"ctm={audio}",
                 "num_workers=0", cwd=tmp_path)  # fmt: skip
-    _one_error_line(proc, f"ctm={audio} is one of the input files")
+    _one_error_line(proc, f"ctm={audio} exists and is not a CTM file")
     assert audio.read_bytes() == recording and not out.exists()
 
     proc = _run("usmkit.cli.transcribe_batch", *common, f"out={out}", f"ctm={tmp_path / 'words.ctm'}", cwd=tmp_path)

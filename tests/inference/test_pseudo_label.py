@@ -151,9 +151,9 @@ def test_the_command_calibrates_and_refuses_a_folder_of_other_work(teacher, synt
     err = capsys.readouterr().err
     assert "pseudo-labels against the confidence threshold" in err and "pseudo_calibration_train.png" in err
     with pytest.raises(SystemExit) as exit_info:
-        cli_main([*base, f"out={synth_corpus}"])  # another corpus's folder, and the one its inputs are in
+        cli_main([*base, f"out={synth_corpus}"])  # another corpus's folder
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1 and f"out={synth_corpus} contains inputs={inputs}" in err[0]
+    assert exit_info.value.code == 2 and len(err) == 1 and "the corpus folder of synth" in err[0]
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*base, f"out={tmp_path / 'x'}", "threshold=1.5"])
     assert exit_info.value.code == 2 and "threshold=1.5 must lie in [0, 1]" in capsys.readouterr().err

@@ -50,6 +50,7 @@ _STEP_DIR = re.compile(r"^step-\d+$")
 CORPUS_SUMMARY = "corpus.json"  # usmkit.data.synth.build writes it last
 SHAR_INDEX = "shar.json"  # usmkit.data.shar writes it last
 _EXPERIMENT_FILES = ("checkpoints", "metrics.jsonl", "run.lock", ".run.flock", "config.yaml", "train.log")
+_RUN_WRITES = "a run would write its config, tokenizer, logs and checkpoints into it"
 _COMMON_NAMES = ("config.yaml", "train.log")  # names other tools use too: an experiment's only for its own folder
 
 
@@ -181,9 +182,14 @@ def check_output(
     if not folder and out.is_dir():
         raise UsageError(f"{shown} is a folder; pass a file name, e.g. {out / 'result'}")
     check_writable(out, shown)
+    found = folder_kind(out) if folder and out.exists() else None
+    if found is not None and not (found[0] == own_kind and own(out)):  # what it is says most: said first
+        raise UsageError(
+            f"{shown} is {found[1]}, not {own_words}; writing there would replace or mix into it: pass a new folder"
+        )
     check_apart(out, shown, inputs, folder=folder)
     check_not_inside_work(out, shown, home)
-    if not out.exists():
+    if not out.exists() or found is not None:
         return
     if not folder:
         if out.stat().st_size == 0 or own(out):
@@ -192,19 +198,8 @@ def check_output(
             f"{shown} exists and is not {own_words}: writing there would replace it; pass a new file name, or "
             "remove that file first if it is yours to lose"
         )
-    found = folder_kind(out)
-    if found is None:
-        if replaces and any(out.iterdir()) and not own(out):
-            raise UsageError(
-                f"{shown} exists and is not {own_words}: the files in it would be replaced; pass a new folder"
-            )
-        return
-    kind, words = found
-    if kind == own_kind and own(out):
-        return
-    raise UsageError(
-        f"{shown} is {words}, not {own_words}; writing there would replace or mix into it: pass a new folder"
-    )
+    if replaces and any(out.iterdir()) and not own(out):
+        raise UsageError(f"{shown} exists and is not {own_words}: the files in it would be replaced; pass a new folder")
 
 
 def check_output_dir(
@@ -261,24 +256,17 @@ def check_experiment_dir(exp_dir: Path) -> None:
     if exp_dir.exists() and not exp_dir.is_dir():
         raise UsageError(f"{shown} exists and is not a folder; {todo}")
     check_writable(exp_dir, shown)
+    found = folder_kind(exp_dir) if exp_dir.exists() else None
+    if found is not None and found[0] != "experiment":  # what it is says most: said first
+        raise UsageError(f"{shown} is {found[1]}, not an experiment directory: {_RUN_WRITES}; {todo}")
     check_not_inside_work(exp_dir, shown, todo=todo)
-    if not exp_dir.exists():
-        return
-    found = folder_kind(exp_dir)
-    if found is None:
-        if not any(exp_dir.iterdir()):
-            return
-        what = "a folder of other files"
-    elif found[0] == "experiment":
-        if is_experiment(exp_dir):
-            return
-        what = "a folder whose config.yaml or metrics.jsonl is not a training run's"
-    else:
-        what = found[1]
-    raise UsageError(
-        f"{shown} is {what}, not an experiment directory: a run would write its config, tokenizer, logs and "
-        f"checkpoints into it; {todo}"
-    )
+    if found is None and exp_dir.exists() and any(exp_dir.iterdir()):
+        raise UsageError(f"{shown} is a folder of other files, not an experiment directory: {_RUN_WRITES}; {todo}")
+    if found is not None and not is_experiment(exp_dir):
+        raise UsageError(
+            f"{shown} is a folder whose config.yaml or metrics.jsonl is not a training run's, not an experiment "
+            f"directory: {_RUN_WRITES}; {todo}"
+        )
 
 
 def check_output_file(

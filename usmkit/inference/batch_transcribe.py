@@ -273,10 +273,8 @@ def _plan(cfg: BatchConfig, max_seconds: float | None) -> _Plan:
 
 
 def check_outputs_apart(cfg: BatchConfig, items: list[AudioItem]) -> None:
-    """``UsageError`` where ``ctm=`` is one of the input files, or ``srt_dir=`` is, contains or lies inside
-    the folder of one (a manifest's cuts may name files anywhere)."""
-    if cfg.ctm and Path(cfg.ctm).resolve() in {Path(i.path).resolve() for i in items}:
-        raise UsageError(f"ctm={cfg.ctm} is one of the input files: it would be replaced; pass another path")
+    """``UsageError`` where ``srt_dir=`` is, contains or lies inside the folder of an input file (a manifest's
+    cuts may name files anywhere; ``ctm=`` over an input file is refused by ``check_outputs``: not a CTM file)."""
     if cfg.srt_dir:
         folders = {Path(i.path).parent for i in items}
         check_apart(
