@@ -59,7 +59,8 @@ USAGE = """\
 usage: python -m usmkit.cli.prepare shar src=DIR out=DIR [key=value ...]
 
   src=DIR                 a usmkit corpus folder (its lhotse manifests, e.g. data/an4)
-  out=DIR                 where the shards go: DIR/<split>/cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar
+  out=DIR                 where the shards go: DIR/<split>/cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar; a new
+                          or empty folder or an earlier conversion, apart from src= (each split's folder is replaced)
   corpus=NAME             the manifests' name prefix (default: the only one in src)
   splits=[a,b]            which splits (default: every split with a cuts manifest)
   shard_size=N            cuts per shard (default 1000); training needs at least
