@@ -137,3 +137,20 @@ def test_exp_dir_of_other_files_is_refused_and_a_run_or_a_new_folder_passes(tmp_
     check_experiment_dir(tmp_path / "new")
     with pytest.raises(UsageError, match="lies inside an experiment directory"):
         check_experiment_dir(run / "sub")
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_an_experiment(tmp_path):
+    """A folder of the names a run writes beside its checkpoints (here its tokenizer copy) is a run's, and a
+    linked config.yaml is replaced by the run, never written through: neither is refused. One more file of
+    another name, and the folder is not a run's."""
+    run = tmp_path / "run"
+    _text_file(run / "tokenizer.model", "pieces")
+    check_experiment_dir(run)
+    _text_file(tmp_path / "elsewhere.yaml", "someone else's\n")
+    (run / "config.yaml").symlink_to(tmp_path / "elsewhere.yaml")
+    check_experiment_dir(run)
+    other = tmp_path / "other"
+    _text_file(other / "tokenizer.model", "pieces")
+    _text_file(other / "notes.txt")
+    with pytest.raises(UsageError, match="is a folder of other files"):
+        check_experiment_dir(other)

@@ -52,6 +52,9 @@ SHAR_INDEX = "shar.json"  # usmkit.data.shar writes it last
 _EXPERIMENT_FILES = ("checkpoints", "metrics.jsonl", "run.lock", ".run.flock", "config.yaml", "train.log")
 _RUN_WRITES = "a run would write its config, tokenizer, logs and checkpoints into it"
 _COMMON_NAMES = ("config.yaml", "train.log")  # names other tools use too: an experiment's only for its own folder
+# What a run writes beside its checkpoints (usmkit.training.recipe, above this layer): a folder of these names
+# alone is a run's, e.g. one that stopped before its first checkpoint.
+_RUN_FILES = frozenset({*_EXPERIMENT_FILES, "tokenizer.model", "feature_stats.safetensors", "tensorboard"})
 
 
 def corpus_names(folder: Path) -> set[str]:
@@ -99,6 +102,8 @@ def folder_kind(folder: Path, *, above: bool = False) -> tuple[str, str] | None:
         return "shar", f"a Shar folder (it has {SHAR_INDEX})"
     if has("export.json"):
         return "export", "an export (it has export.json)"
+    if entries and not above and all(p.name in _RUN_FILES for p in entries):
+        return "experiment", f"an experiment directory (it has {sorted(p.name for p in entries)[0]})"
     return None
 
 
@@ -223,9 +228,10 @@ def check_output_dir(
 
 def is_experiment(folder: Path) -> bool:
     """Whether ``folder``'s config.yaml and metrics.jsonl, where it has them, are a training run's: a YAML
-    mapping with ``trainer`` and ``model``, and JSON lines with a ``step`` (its first line is read)."""
+    mapping with ``trainer`` and ``model``, and JSON lines with a ``step`` (its first line is read). A
+    config.yaml that is a link is not judged: the run replaces the link, never writes through it."""
     config, metrics = folder / "config.yaml", folder / "metrics.jsonl"
-    if config.exists():
+    if config.exists() and not config.is_symlink():
         try:
             data = yaml.safe_load(config.read_text(encoding="utf-8"))
         except (OSError, ValueError, yaml.YAMLError):
