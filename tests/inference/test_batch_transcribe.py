@@ -468,6 +468,12 @@ def test_ctm_over_a_checkpoints_weights_or_a_text_file_is_refused(teacher, test_
     notes.write_text("my notes\n")
     _one_error_line(capsys, [*base, f"ctm={notes}"], f"ctm={notes} exists and is not a CTM file of ours")
     assert notes.read_text() == "my notes\n" and not (tmp_path / "out.jsonl").exists()
+    earlier = tmp_path / "earlier.jsonl"  # an earlier run's transcript
+    earlier.write_text(
+        '{"id": "a.flac", "path": "a.flac", "duration": 1.0, "text": "", "confidence": 0.5, "words": []}\n'
+    )
+    _one_error_line(capsys, [*base, f"ctm={earlier}"], f"ctm={earlier} exists and is not a CTM file of ours")
+    assert earlier.read_text().startswith('{"id": "a.flac"')
 
 
 def test_srt_dir_inside_a_corpus_or_a_folder_of_other_files_is_refused(teacher, test_manifest, tmp_path, capsys):
