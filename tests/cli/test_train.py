@@ -330,3 +330,30 @@ def test_init_ctc_head_only_from_a_run_with_the_same_tokenizer(tmp_path):
     (tmp_path / "run" / "tokenizer.model").write_bytes(ours.model_proto)
     assert init_ctc_head(target, src, ours) == ["ctc.proj.bias", "ctc.proj.weight"]
     torch.testing.assert_close(target.ctc.proj.weight, model(1).ctc.proj.weight)
+
+
+def test_exp_dir_holding_a_users_config_and_metrics_is_refused_in_one_line(corpus, tmp_path, capsys):
+    """Issue 57 case 4: ``trainer.exp_dir`` an existing folder that is not a usmkit experiment (its own
+    config.yaml and metrics.jsonl) had its config replaced and its metrics rewritten; now one line, nothing
+    written (no train.log either)."""
+    from usmkit.cli.train import main
+
+    user = tmp_path / "U"
+    user.mkdir()
+    (user / "config.yaml").write_text("batch: 32\nlr: 0.1\n")
+    (user / "metrics.jsonl").write_text('{"epoch": 1, "accuracy": 0.91}\n{"epoch": 2, "accuracy": 0.93}\n')
+    before = {p.name: p.read_bytes() for p in user.iterdir()}
+    with pytest.raises(SystemExit) as e:
+        main(
+            [
+                "recipe=stage3_ctc",
+                *FAST,
+                "trainer.max_steps=1",
+                f"data.manifest_dir={corpus}",
+                f"trainer.exp_dir={user}",
+            ]
+        )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"trainer.exp_dir={user} is a folder whose config.yaml or metrics.jsonl is not a training run's" in err[0]
+    assert {p.name: p.read_bytes() for p in user.iterdir()} == before

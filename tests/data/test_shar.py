@@ -4,6 +4,7 @@ cut once per epoch over the processes and loader workers, exact resume, and what
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from usmkit.data.loader import SharLoader, make_loader
 from usmkit.data.shar import INDEX, SharArgs, SharError, run, shar_cuts, split_shards, write_split
 from usmkit.data.tokenizer import MODEL_FILE
 from usmkit.data.validate import BadInputError
+from usmkit.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -239,3 +241,49 @@ def test_training_on_shards_resumes_exactly(synth_corpus, tmp_path):
         proc = _train(tmp_path, *args, f"trainer.exp_dir={exp}", *extra)
         assert proc.returncode == 0, proc.stderr[-4000:]
     assert losses(tmp_path / "resumed") == pytest.approx(losses(tmp_path / "straight"), rel=1e-6)
+
+
+def _corpus_copy(synth_corpus: Path, to: Path) -> Path:
+    """The embedded corpus's manifests and audio (``audio/<split>/*.flac``), copied: the test may lose them."""
+    shutil.copytree(synth_corpus / "audio", to / "audio")
+    for p in synth_corpus.glob("synth_*.jsonl.gz"):
+        shutil.copy(p, to / p.name)
+    return to
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_out_inside_src_is_refused_in_one_line_and_the_audio_is_kept(synth_corpus, tmp_path, capsys):
+    """Issue 57 case 1: ``prepare shar src=C out=C/audio`` replaced ``C/audio/train`` (the corpus's FLAC
+    files) with shards, so C's manifests pointed at nothing."""
+    from usmkit.cli.prepare import main
+
+    corpus = _corpus_copy(synth_corpus, tmp_path / "C")
+    before = _files(corpus)
+    with pytest.raises(SystemExit) as e:
+        main(["shar", f"src={corpus}", f"out={corpus / 'audio'}", "shard_size=10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and f"out={corpus / 'audio'} lies inside src={corpus}" in err[0], err
+    assert _files(corpus) == before
+
+
+def test_a_folder_of_other_files_is_refused_and_an_earlier_conversion_is_replaced(tmp_path, build_corpus):
+    """Issue 57 case 1: ``out=D`` replaced ``D/train`` whole, and a user's ``D/train/notes.txt`` with it."""
+    from lhotse import CutSet
+
+    from usmkit.data.corpora.common import write_split as write_manifests
+
+    corpus = tmp_path / "corpus"
+    write_manifests(corpus, "toy", "train", CutSet.from_cuts(list(build_corpus(corpus, {"en": 3}))))
+    notes = tmp_path / "D" / "train" / "notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("mine")
+    with pytest.raises(UsageError, match=r"out=.*D exists and is not an earlier Shar conversion"):
+        run(SharArgs(src=str(corpus), out=str(tmp_path / "D"), shard_size=2))
+    assert notes.read_text() == "mine"
+    args = SharArgs(src=str(corpus), out=str(tmp_path / "shar"), shard_size=2)
+    run(args)
+    run(args)  # its own earlier output: replaced, split by split
+    assert json.loads((tmp_path / "shar" / INDEX).read_text())["splits"]["train"]["cuts"] == 3

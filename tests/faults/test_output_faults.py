@@ -112,7 +112,7 @@ def test_batch_outputs_never_replace_a_file_that_is_not_theirs(ctc_ckpt, tmp_pat
     listed.write_text("talk.wav\n")
     proc = run_module("usmkit.cli.transcribe_batch", *common[:1], f"inputs={listed}", f"out={out}", f"ctm={audio}",
                 "num_workers=0", cwd=tmp_path)  # fmt: skip
-    expect_one_error_line(proc, f"ctm={audio} is one of the input files")
+    expect_one_error_line(proc, f"ctm={audio} exists and is not a CTM file")
     assert audio.read_bytes() == recording and not out.exists()
 
     proc = run_module(

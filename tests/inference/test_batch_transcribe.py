@@ -480,3 +480,62 @@ def test_ctrl_c_is_one_line_and_a_rerun_goes_on(teacher, synth_corpus, tmp_path)
     summary = transcribe_batch(_cfg(teacher, folder, out))
     assert (summary.already_done, summary.transcribed) == (len(before), 150 - len(before))
     assert len(_records(out)) == 150
+
+
+# ------------------------------------------------------------------------------------------------ outputs (issue 57)
+def _one_error_line(capsys, argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main([*argv, "device=cpu", "num_workers=0", "progress=false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_ctm_over_a_checkpoints_weights_or_a_text_file_is_refused(teacher, test_manifest, tmp_path, capsys):
+    """Issue 57 case 2: ``ctm=MODEL/checkpoints/step-N/model.safetensors`` replaced the weights with CTM text,
+    and ``ctm=`` replaced any text file (``out=`` was guarded, ``ctm=`` was not)."""
+    import shutil
+
+    model = tmp_path / "MODEL"
+    shutil.copytree(teacher.parent.parent, model)
+    weights = model / "checkpoints" / teacher.name / "model.safetensors"
+    before = weights.read_bytes()
+    base = [f"checkpoint={model}", f"inputs={test_manifest}", f"out={tmp_path / 'out.jsonl'}"]
+    _one_error_line(capsys, [*base, f"ctm={weights}"], f"ctm={weights} lies inside")
+    assert weights.read_bytes() == before
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    _one_error_line(capsys, [*base, f"ctm={notes}"], f"ctm={notes} exists and is not a CTM file of ours")
+    assert notes.read_text() == "my notes\n" and not (tmp_path / "out.jsonl").exists()
+    earlier = tmp_path / "earlier.jsonl"  # an earlier run's transcript
+    earlier.write_text(
+        '{"id": "a.flac", "path": "a.flac", "duration": 1.0, "text": "", "confidence": 0.5, "words": []}\n'
+    )
+    _one_error_line(capsys, [*base, f"ctm={earlier}"], f"ctm={earlier} exists and is not a CTM file of ours")
+    assert earlier.read_text().startswith('{"id": "a.flac"')
+
+
+def test_srt_dir_inside_a_corpus_or_a_folder_of_other_files_is_refused(teacher, test_manifest, tmp_path, capsys):
+    """Issue 57 case 2: ``srt_dir=`` wrote into any folder, a corpus's among them."""
+    corpus = tmp_path / "C"
+    corpus.mkdir()
+    (corpus / "mine_cuts_train.jsonl.gz").write_bytes(b"")  # a corpus folder, as its manifests' names say
+    base = [f"checkpoint={teacher}", f"inputs={test_manifest}", f"out={tmp_path / 'out.jsonl'}"]
+    _one_error_line(capsys, [*base, f"srt_dir={corpus / 'srt'}"], "lies inside the corpus folder of mine")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "report.txt").write_text("mine")
+    _one_error_line(capsys, [*base, f"srt_dir={tmp_path / 'docs'}"], "is not a folder of SubRip files")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["C", "docs", "mine_cuts_train.jsonl.gz", "report.txt"]
+
+
+def test_a_manifest_with_a_cut_id_twice_is_refused_in_one_line(teacher, test_manifest, tmp_path, capsys):
+    """Issue 57 case 11: a manifest repeating a cut id gave two lines with that id (training refuses it, and
+    every id is one line of ``out``)."""
+    from usmkit.data.manifests import read_cuts, write_manifest
+
+    cuts = list(read_cuts(test_manifest))[:3]
+    manifest = tmp_path / "m" / "twice_cuts_test.jsonl.gz"
+    write_manifest([*cuts, cuts[1]], manifest)
+    out = tmp_path / "out.jsonl"
+    argv = [f"checkpoint={teacher}", f"inputs={manifest}", f"out={out}"]
+    _one_error_line(capsys, argv, f"inputs={manifest}: cut 4 repeats the id {cuts[1].id!r} (cut 2)")
+    assert not out.exists()

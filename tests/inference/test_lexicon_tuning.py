@@ -14,6 +14,7 @@ import yaml
 from usmkit.cli.tune_lexicon import main as tune_main
 from usmkit.config import DataConfig, ModelSection, OptimConfig, TaskConfig, TrainConfig, TrainerConfig, to_dict
 from usmkit.decoding.ctc_lexicon import LexiconConfig
+from usmkit.errors import UsageError
 from usmkit.inference.evaluate import EvalConfig, evaluate
 from usmkit.inference.lexicon_tuning import LexiconGrid, tune_lexicon
 from usmkit.training.recipe import run
@@ -107,3 +108,32 @@ def test_command_refuses_a_missing_set_or_an_empty_grid_in_one_line(ctc_run, tmp
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("bad", "expected"),
+    [
+        ("lm_weights=[nan]", "lm_weights=[nan] holds nan: every value must be a finite number"),
+        ("word_scores=[0,inf]", "word_scores=[0.0, inf] holds inf"),
+        ("set=test", "set=test is a test set: tune on a dev set"),
+        ("set=test_other", "set=test_other is a test set"),
+    ],
+)
+def test_a_non_finite_grid_value_or_a_test_set_is_one_error_line(ctc_run, tmp_path, capsys, bad, expected):
+    """Issue 57 case 13: ``lm_weights=[nan]`` recommended ``lm_weight=nan`` (at WER 100%), and ``set=test``
+    tuned on the test set without a word although the help says never the test set."""
+    with pytest.raises(SystemExit) as exit_info:
+        tune_main([f"checkpoint={ctc_run}", bad, "device=cpu", f"output={tmp_path / 'x.json'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_test_set_is_tuned_only_when_asked_and_then_with_a_warning(ctc_run, caplog):
+    cfg = EvalConfig(checkpoint=str(ctc_run), device="cpu", lexicon=LexiconConfig(beam_size=20))
+    one = LexiconGrid(orders=(1,), lm_weights=(0.5,), word_scores=(0.0,))
+    with pytest.raises(UsageError, match="add allow_test=true"):
+        tune_lexicon(cfg, one, split="test")
+    with caplog.at_level("WARNING", logger="usmkit.inference.lexicon_tuning"):
+        tuning = tune_lexicon(cfg, one, split="test", allow_test=True)
+    assert tuning.split == "test" and "tuning on the test set test (allow_test=true)" in caplog.text

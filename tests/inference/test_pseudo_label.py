@@ -157,3 +157,25 @@ def test_the_command_calibrates_and_refuses_a_folder_of_other_work(teacher, synt
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*base, f"out={tmp_path / 'x'}", "threshold=1.5"])
     assert exit_info.value.code == 2 and "threshold=1.5 must lie in [0, 1]" in capsys.readouterr().err
+
+
+def test_a_labelled_corpus_named_as_corpus_is_refused_and_kept(teacher, synth_corpus, tmp_path, capsys):
+    """Issue 57 case 3: ``out=C corpus=<C's own name>`` replaced a labelled corpus's train cuts with
+    pseudo-labels (the folder was taken for an earlier pseudo-labelling because the names matched)."""
+    import shutil
+
+    corpus = tmp_path / "C"
+    corpus.mkdir()
+    for p in synth_corpus.glob("synth_*_train.jsonl.gz"):
+        shutil.copy(p, corpus / p.name)
+    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    argv = [f"checkpoint={teacher}", f"inputs={synth_corpus / 'audio' / 'test'}", f"out={corpus}", "corpus=synth",
+            "threshold=0.0", "device=cpu", "num_workers=0", "progress=false"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert f"out={corpus} is the corpus folder of synth" in err[0] and "not the pseudo-labels of corpus synth" in err[0]
+    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before
+    with pytest.raises(UsageError, match="not the pseudo-labels"):
+        pseudo_label(_cfg(teacher, synth_corpus / "audio" / "test", corpus, corpus="synth"))  # the library too

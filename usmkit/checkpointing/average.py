@@ -100,7 +100,9 @@ def average_last(exp_dir: str | Path, last: int, out: str | Path | None = None) 
     exp_dir = Path(exp_dir)
     root = exp_dir / "checkpoints" if (exp_dir / "checkpoints").is_dir() else exp_dir
     out = Path(out) if out else root / f"avg-last{last}"
-    check_output_dir(out, option="--out", own_kind="checkpoint", own_words="an averaged checkpoint", own=is_average)
+    check_output_dir(
+        out, option="--out", own_kind="checkpoint", own_words="an averaged checkpoint", own=is_average, home=[exp_dir]
+    )
     chosen = select_last(root, last)
     steps = [c.step for c in chosen]
     weights = average_state_dicts([c.path for c in chosen])

@@ -57,7 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = from_dict(EvalConfig, compose_yaml("evaluate", argv, command=COMMAND, schema=EvalConfig))
         setup_logging()
         if cfg.output:  # before decoding: never over a file that is not an earlier evaluation's
-            check_output_file(Path(cfg.output), option="output=", own_words="an evaluation result", own_keys=OWN_KEYS)
+            check_output_file(
+                Path(cfg.output), option="output=", own_words="an evaluation result", own_keys=OWN_KEYS,
+                home=[Path(c) for c in (cfg.checkpoint, *cfg.ensemble) if c],
+            )  # fmt: skip
 
         written: list[Path] = []
 

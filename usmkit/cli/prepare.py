@@ -13,8 +13,9 @@ split restricted to some speakers, e.g. 10% of the labels), under
 ``USAGE`` and ``run(args)``; the keys are read like every ``python -m usmkit.cli.*`` command's.
 
 ``out=`` may be a new folder or one holding this corpus already (its manifests are rebuilt, other splits
-kept); an experiment directory, a checkpoint, an export or another corpus's folder is refused
-(``usmkit.checkpointing.output_dir``).
+kept); an experiment directory, a checkpoint, an export or another corpus's folder is refused, and so is a
+folder inside one (``usmkit.checkpointing.output_dir``). A module with its own rule for ``out=`` defines
+``check_out(args)`` (shar: a new or empty folder or an earlier conversion, apart from ``src=``).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def check_out(name: str, module: ModuleType, args: Any) -> None:
     name (``CORPUS`` of the module, ``corpus=`` of pool) or, for pack, its ``pack.json``."""
     if not getattr(args, "out", None):
         return  # the recipe names what is missing
+    if hasattr(module, "check_out"):
+        module.check_out(args)
+        return
     if name == "pack":
         marker = getattr(module, "MANIFEST", "pack.json")
         own, words = (lambda p: (p / marker).is_file()), f"an earlier pack (with {marker})"

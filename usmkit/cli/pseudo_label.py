@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from usmkit.cli.compose import compose_dataclass
 from usmkit.cli.logs import setup_logging
@@ -40,19 +39,11 @@ corpus: python -m usmkit.cli.prepare pool labeled=true inputs=[data/an4:an4:trai
 def main(argv: Sequence[str] | None = None) -> int:
     argv = strip_debug_flag(sys.argv[1:] if argv is None else argv)
     with user_errors():  # a bad value, file or checkpoint: one line, exit code 2 (--debug: the traceback)
-        from usmkit.checkpointing.output_dir import check_output_dir, corpus_names
-        from usmkit.inference.pseudo_label import PseudoLabelConfig, calibrate, pseudo_label
+        from usmkit.inference.pseudo_label import PseudoLabelConfig, calibrate, check_out, pseudo_label
 
         cfg = compose_dataclass(PseudoLabelConfig, argv, command=COMMAND, usage=USAGE)
         cfg.check()
-        check_output_dir(
-            Path(cfg.out),
-            option="out=",
-            own_kind="corpus",
-            own_words=f"the corpus folder of {cfg.corpus}",
-            own=lambda p: corpus_names(p) == {cfg.corpus},
-            replaces=False,
-        )
+        check_out(cfg)  # before the teacher is loaded
         setup_logging()
         if cfg.calibrate:
             calibrated = calibrate(cfg)

@@ -232,7 +232,10 @@ def run(args, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """The command with parsed arguments; raises UsageError / AudioError for bad input."""
     out, err = out or sys.stdout, err or sys.stderr
     if args.json is not None:  # before any work: never over a file that is not an earlier transcript
-        check_output_file(args.json, option="--json", own_words="an earlier transcript", own_keys=JSON_KEYS)
+        check_output_file(
+            args.json, option="--json", own_words="an earlier transcript", own_keys=JSON_KEYS,
+            home=[Path(m) for m in (args.checkpoint, args.model) if m],
+        )  # fmt: skip
     device = device_arg(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -41,7 +41,8 @@ usage: python -m usmkit.cli.transcribe_batch checkpoint=EXP inputs=DIR|LIST|MANI
   chunk_size=default     another attention mask for the same weights (null = full attention), left_chunks=...
   progress=true          a progress bar with RTFx (audio seconds per second) and ETA on stderr
 
-Confidences and the other keys: docs/batch.md.
+Outputs lie apart from the inputs and the checkpoint, outside other work (a corpus, an experiment), and an
+existing one must be this command's own (usmkit.checkpointing.output_dir). Confidences, other keys: docs/batch.md.
 """
 
 

@@ -27,7 +27,8 @@ usage: python -m usmkit.cli.tune_lexicon checkpoint=EXP [set=dev] [orders=[1,2]]
            [word_scores=[-2,0,2,4]] [ensemble=[EXP,...]] [output=PATH] [--debug]
 
   checkpoint=PATH       a CTC checkpoint dir, or an experiment dir (its best/latest checkpoint)
-  set=NAME              the split to tune on (never the test set): dev
+  set=NAME              the split to tune on: dev; a test set (test, test_*) is refused
+  allow_test=true       tune on a test set anyway, with a warning (its WER is then optimistic)
   orders=[..]           word n-gram orders to try (0 = lexicon without LM, 1, 2)
   lm_weights=[..]       LM weights to try
   word_scores=[..]      word insertion scores to try
@@ -55,6 +56,7 @@ class TuneLexiconArgs:
     device: str = "auto"
     max_duration: float = 200.0
     output: str | None = None
+    allow_test: bool = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,7 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         setup_logging()
         if args.output:  # before decoding: never over a file that is not an earlier tuning's
-            check_output_file(Path(args.output), option="output=", own_words="a lexicon tuning", own_keys=OWN_KEYS)
+            check_output_file(
+                Path(args.output), option="output=", own_words="a lexicon tuning", own_keys=OWN_KEYS,
+                home=[Path(c) for c in (args.checkpoint, *args.ensemble) if c],
+            )  # fmt: skip
         try:
             grid = LexiconGrid(tuple(args.orders), tuple(args.lm_weights), tuple(args.word_scores))
             lexicon = LexiconConfig(beam_size=args.beam_size, beam_threshold=args.beam_threshold)
@@ -89,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg,
             grid,
             split=args.set,
+            allow_test=args.allow_test,
             on_point=lambda p: print(
                 f"{p.order:5d} {p.lm_weight:6.2f} {p.word_score:6.2f} {100 * p.wer:7.2f} {100 * p.cer:7.2f}", flush=True
             ),

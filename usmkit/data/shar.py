@@ -22,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import tarfile
 import zlib
 from collections.abc import Iterator
@@ -32,12 +33,14 @@ from lhotse import CutSet
 from lhotse.cut import Cut
 
 from usmkit.checkpointing.atomic import replaced_atomically, replaced_dir_atomically
+from usmkit.checkpointing.output_dir import check_output_dir
 from usmkit.data.manifests import available_splits, load_cuts
 from usmkit.data.validate import validate_cuts
 from usmkit.errors import UsageError
 
 INDEX = "shar.json"
 AUDIO_FIELD = "recording"  # lhotse's name for a cut's audio in Shar
+_SHARD = re.compile(r"^[a-z_]+\.\d+\.(?:jsonl\.gz|tar)$")  # lhotse's shard names: cuts.000000.jsonl.gz, ...
 
 
 class SharError(UsageError):
@@ -61,7 +64,8 @@ USAGE = """\
 usage: python -m usmkit.cli.prepare shar src=DIR out=DIR [key=value ...]
 
   src=DIR                 a usmkit corpus folder (its lhotse manifests, e.g. data/an4)
-  out=DIR                 where the shards go: DIR/<split>/cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar
+  out=DIR                 where the shards go: DIR/<split>/cuts.NNNNNN.jsonl.gz + recording.NNNNNN.tar; a new
+                          or empty folder or an earlier conversion, apart from src= (each split's folder is replaced)
   corpus=NAME             the manifests' name prefix (default: the only one in src)
   splits=[a,b]            which splits (default: every split with a cuts manifest)
   shard_size=N            cuts per shard (default 1000); training needs at least
@@ -81,6 +85,7 @@ def run(args: SharArgs) -> None:
         raise SharError(f"shard_size and num_jobs must be >= 1, got {args.shard_size} and {args.num_jobs}")
     if args.on_bad_input not in ("error", "skip"):
         raise SharError(f"on_bad_input must be error or skip, got {args.on_bad_input!r}")
+    check_out(args)
     corpus = args.corpus or _only_corpus(Path(args.src))
     splits = list(args.splits) or available_splits(args.src, corpus)
     if not splits:
@@ -99,6 +104,27 @@ def run(args: SharArgs) -> None:
 
 
 ARGS = SharArgs
+
+
+def check_out(args: SharArgs) -> None:
+    """Refuse an ``out=`` that is, contains or lies inside ``src=`` or other usmkit work, or that exists and
+    is not empty nor an earlier conversion (``is_shar_folder``): each split's folder in it is replaced
+    whole (``usmkit.checkpointing.output_dir``)."""
+    check_output_dir(
+        Path(args.out), option="out=", own_kind="shar", own_words="an earlier Shar conversion", own=is_shar_folder,
+        inputs=[(f"src={args.src}", Path(args.src))],
+    )  # fmt: skip
+
+
+def is_shar_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds only what ``run`` writes: ``shar.json`` and split folders of shards (and the
+    temporary folder of a conversion that was killed)."""
+    for p in folder.iterdir():
+        if p.name == INDEX or (p.name.startswith(".tmp-") and p.is_dir()):
+            continue
+        if not p.is_dir() or any(not _SHARD.match(f.name) for f in p.iterdir()):
+            return False
+    return True
 
 
 def write_split(

@@ -103,15 +103,17 @@ def _graph_specs(step: StreamStepGraph, offline: OfflineGraph, files: tuple[str,
     )
 
 
-def _prepare_out(out: Path) -> None:
+def _prepare_out(out: Path, checkpoint: Path) -> None:
     """Refuse to replace a folder that is not an earlier export (an experiment, a checkpoint, a corpus, or
-    any other non-empty folder: ``check_output_dir``)."""
+    any other non-empty folder), or one inside ``checkpoint`` or other work than its run (``check_output_dir``)."""
     check_output_dir(
         out,
         option="out=",
         own_kind="export",
         own_words="an export directory",
         own=lambda p: (p / MANIFEST_FILE).is_file(),
+        inputs=[(f"the checkpoint {checkpoint}", checkpoint)],
+        home=[run_dir(checkpoint)],
     )
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -191,7 +193,7 @@ def export_checkpoint(
         model = load_trained(str(loaded.checkpoint), "cpu", attention_impl="sdpa")[0]
         enc_cfg = replace(enc_cfg, attention_impl="sdpa")
     out = Path(out) if out else default_out(loaded.checkpoint, fmt, quantize)
-    _prepare_out(out)
+    _prepare_out(out, Path(loaded.checkpoint))
     texts = _training_texts(loaded)
 
     step = StreamStepGraph(model.encoder, model.ctc, C, K).eval()

@@ -148,14 +148,22 @@ def _header_problem(file: Path) -> Problem | float:
 
 
 def _manifest_items(path: Path, report: ValidationReport) -> list[AudioItem]:
+    """The cuts of the manifest ``path``; a cut id twice is refused (each id is one line of the output, as
+    training refuses a manifest that repeats one)."""
     cuts = read_cuts(path)
-    items = []
-    for cut in cuts:
+    items, seen = [], {}
+    for number, cut in enumerate(cuts, 1):
         report.total += 1
         if not isinstance(cut, Cut) or not cut.has_recording:
             raise UsageError(
                 f"inputs={path}: {getattr(cut, 'id', cut)} is not a cut with a recording; pass a cuts manifest"
             )
+        if cut.id in seen:
+            raise UsageError(
+                f"inputs={path}: cut {number} repeats the id {cut.id!r} (cut {seen[cut.id]}); give each cut its own "
+                "id, or remove the repeated cut"
+            )
+        seen[cut.id] = number
         source = cut.recording.sources[0].source if cut.recording.sources else cut.recording.id
         if cut.duration < MIN_SECONDS:
             report.problems.append(Problem("too short", cut.id, f"{cut.duration:.3f} s, less than one feature frame"))

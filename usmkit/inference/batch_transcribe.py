@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from usmkit.checkpointing.atomic import replaced_atomically
-from usmkit.checkpointing.output_dir import check_writable
+from usmkit.checkpointing.output_dir import check_apart, check_output
 from usmkit.config import ConfigError
 from usmkit.data.validate import Problem, ValidationReport
 from usmkit.decoding.ctc_lexicon import LexiconConfig
@@ -145,17 +145,43 @@ class BatchConfig:
             raise ConfigError(
                 f"out={self.out} is a folder; pass the JSONL file to write, e.g. out={self.out}/out.jsonl"
             )
-        check_journal(Path(self.out))  # a rerun appends to it: only to a transcript file of ours
-        for key in ("out", "ctm", "srt_dir"):
-            if getattr(self, key):
-                check_writable(Path(getattr(self, key)), f"{key}={getattr(self, key)}")
-        taken = {Path(self.out).resolve(): "out=", Path(self.inputs).resolve(): "inputs="}
-        for key in ("ctm", "srt_dir"):
-            value = getattr(self, key)
-            if value and Path(value).resolve() in taken:
-                raise ConfigError(
-                    f"{key}={value} is also {taken[Path(value).resolve()]}: it would be replaced; pass another path"
-                )
+
+
+def check_outputs(cfg: BatchConfig, home: tuple[Path, ...] = ()) -> None:
+    """Refuse, before any work, an ``out=``, ``ctm=`` or ``srt_dir=`` that would replace what is not this
+    command's own (``usmkit.checkpointing.output_dir.check_output``): a path that is, contains or lies inside
+    ``inputs=``, the checkpoint or another output, or lies inside other usmkit work (``home``: a folder the
+    caller owns, e.g. pseudo-labelling's corpus); an existing ``out`` that is not a transcript of ours, a
+    ``ctm`` that is not a CTM file, an ``srt_dir`` holding other files than SubRip ones."""
+    inputs = [(f"{k}={getattr(cfg, k)}", Path(getattr(cfg, k))) for k in ("inputs", "checkpoint", "bias_phrases")
+              if getattr(cfg, k)]  # fmt: skip
+    check_journal(Path(cfg.out))  # a rerun appends to it: only to a transcript file of ours
+    check_output(Path(cfg.out), option="out=", own_words="a transcript", own=lambda p: True, folder=False,
+                 inputs=inputs, home=home)  # fmt: skip
+    taken = [(f"out={cfg.out}", Path(cfg.out))]
+    if cfg.ctm:
+        check_output(Path(cfg.ctm), option="ctm=", own_words="a CTM file of ours", own=is_ctm, folder=False,
+                     inputs=inputs + taken, home=home)  # fmt: skip
+        taken.append((f"ctm={cfg.ctm}", Path(cfg.ctm)))
+    if cfg.srt_dir:
+        check_output(Path(cfg.srt_dir), option="srt_dir=", own_words="a folder of SubRip files", own=is_srt_dir,
+                     folder=True, inputs=inputs + taken, home=home)  # fmt: skip
+
+
+def is_ctm(path: Path) -> bool:
+    """Whether ``path`` begins as a CTM file (``usmkit.inference.subtitles.ctm_lines``): its first line is
+    ``<id> 1 <start> <duration> <word> <confidence>``."""
+    try:
+        with path.open("rb") as f:
+            fields = f.readline(4096).decode("utf-8").split()
+        return len(fields) == 6 and fields[1] == "1" and all(float(fields[k]) >= 0 for k in (2, 3, 5))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+
+
+def is_srt_dir(folder: Path) -> bool:
+    """Whether every file under ``folder`` is a SubRip file (or a temporary file of one being written)."""
+    return all(p.suffix == ".srt" or p.name.startswith(".tmp-") for p in folder.rglob("*") if not p.is_dir())
 
 
 @dataclass
@@ -178,9 +204,11 @@ class BatchSummary:
         return self.audio_seconds / self.wall_seconds if self.wall_seconds > 0 else float("nan")
 
 
-def transcribe_batch(cfg: BatchConfig) -> BatchSummary:
-    """Transcribe every input of ``cfg.inputs`` not yet in ``cfg.out`` (see the module docstring)."""
+def transcribe_batch(cfg: BatchConfig, *, home: tuple[Path, ...] = ()) -> BatchSummary:
+    """Transcribe every input of ``cfg.inputs`` not yet in ``cfg.out`` (see the module docstring). ``home``:
+    folders of the caller's own that the outputs may lie in (``check_outputs``)."""
     cfg.check()
+    check_outputs(cfg, home)
     ranks = Ranks.from_env(cfg.wait_timeout_s)
     try:
         return _run(cfg, ranks)
@@ -245,12 +273,16 @@ def _plan(cfg: BatchConfig, max_seconds: float | None) -> _Plan:
 
 
 def check_outputs_apart(cfg: BatchConfig, items: list[AudioItem]) -> None:
-    """``UsageError`` where ``ctm=`` or ``srt_dir=`` is one of the input files (it would be replaced)."""
-    inputs = {Path(i.path).resolve(): i.path for i in items}
-    for key in ("ctm", "srt_dir"):
-        value = getattr(cfg, key)
-        if value and Path(value).resolve() in inputs:
-            raise UsageError(f"{key}={value} is one of the input files: it would be replaced; pass another path")
+    """``UsageError`` where ``srt_dir=`` is, contains or lies inside the folder of an input file (a manifest's
+    cuts may name files anywhere; ``ctm=`` over an input file is refused by ``check_outputs``: not a CTM file)."""
+    if cfg.srt_dir:
+        folders = {Path(i.path).parent for i in items}
+        check_apart(
+            Path(cfg.srt_dir),
+            f"srt_dir={cfg.srt_dir}",
+            [(f"the folder of input files {f}", f) for f in folders],
+            folder=True,
+        )
 
 
 def _run(cfg: BatchConfig, ranks: Ranks) -> BatchSummary:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from usmkit.data.loader import split_loader
 from usmkit.decoding.ctc_lexicon import LexiconConfig, LexiconDecoder
 from usmkit.decoding.ensemble import CtcEnsemble
+from usmkit.errors import UsageError
 from usmkit.inference.batches import transcribe_batches
 from usmkit.inference.evaluate import EvalConfig, LoadedModel, build_word_decoder, load_for_eval
 from usmkit.metrics import normalize_text, score
@@ -50,6 +52,12 @@ class LexiconGrid:
         bad = [o for o in self.orders if o not in (0, 1, 2)]
         if bad:
             raise ValueError(f"lexicon LM orders must be 0 (no LM), 1 or 2, got {bad}")
+        for name in ("lm_weights", "word_scores"):
+            bad = [v for v in getattr(self, name) if not math.isfinite(v)]
+            if bad:
+                raise ValueError(
+                    f"{name}={list(getattr(self, name))} holds {bad[0]}: every value must be a finite number"
+                )
 
     def points(self) -> list[tuple[int, float, float]]:
         """(order, lm_weight, word_score) in grid order: orders outermost, word scores innermost."""
@@ -103,15 +111,36 @@ class LexiconTuning:
         }
 
 
+def is_test_split(split: str) -> bool:
+    """Whether ``split`` names a test set (``test``, ``test_other``, ``test_8k``, ...)."""
+    return split.lower().startswith("test")
+
+
+def check_tuning_split(split: str, allow_test: bool = False) -> None:
+    """``UsageError`` for a test set unless ``allow_test`` (then a warning): settings chosen on a set make
+    its WER optimistic, so they are chosen on a dev set and the test set's WER is measured once, with them."""
+    if not is_test_split(split):
+        return
+    if not allow_test:
+        raise UsageError(
+            f"set={split} is a test set: tune on a dev set (set=dev) and score the test set once with the chosen "
+            "settings; to tune on it anyway (its WER is then no unbiased estimate), add allow_test=true"
+        )
+    log.warning("tuning on the test set %s (allow_test=true): its WER with these settings is optimistic", split)
+
+
 def tune_lexicon(
     cfg: EvalConfig,
     grid: LexiconGrid,
     split: str = "dev",
     on_point: Callable[[GridPoint], None] | None = None,
+    allow_test: bool = False,
 ) -> LexiconTuning:
     """Score every point of ``grid`` on ``split`` with lexicon decoding of ``cfg.checkpoint`` (and
     ``cfg.ensemble``); ``cfg.lexicon`` gives the settings the grid does not vary (beam size and threshold).
-    ``on_point`` (optional) sees each point as it is scored."""
+    ``on_point`` (optional) sees each point as it is scored. A test set is refused unless ``allow_test``
+    (``check_tuning_split``)."""
+    check_tuning_split(split, allow_test)
     cfg = replace(cfg, decode="ctc_lexicon", test_sets=(split,))
     loaded = load_for_eval(cfg)
     loader, report = split_loader(loaded.data, split, tokenizer=loaded.tokenizer, stats=loaded.stats)

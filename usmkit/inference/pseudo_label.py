@@ -30,6 +30,7 @@ from pathlib import Path
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
 from usmkit.checkpointing.atomic import replaced_atomically
+from usmkit.checkpointing.output_dir import check_output_dir, corpus_names
 from usmkit.config import ConfigError
 from usmkit.data.corpora.common import write_split
 from usmkit.data.dataset import cut_text
@@ -131,11 +132,41 @@ def select(records: list[dict], threshold: float, min_words: int = 1) -> list[di
     ]
 
 
+def check_out(cfg: PseudoLabelConfig) -> None:
+    """Refuse, before any work, an ``out=`` that is, contains or lies inside ``inputs=`` or the teacher, lies
+    inside other usmkit work, or holds other work than this command's own (``is_pseudo_corpus``; with
+    ``calibrate=true``, any folder of corpus ``cfg.corpus``): a labelled corpus whose name is passed as
+    ``corpus=`` is refused, not overwritten (``usmkit.checkpointing.output_dir``)."""
+    corpus, split = cfg.corpus, cfg.split
+    if cfg.calibrate:
+        own, words = (lambda p: corpus_names(p) == {corpus}), f"the corpus folder of {corpus}"
+    else:
+        own, words = (lambda p: is_pseudo_corpus(p, corpus, split)), f"the pseudo-labels of corpus {corpus}"
+    check_output_dir(
+        Path(cfg.out), option="out=", own_kind="corpus", own_words=words, own=own, replaces=False,
+        inputs=[(f"inputs={cfg.inputs}", Path(cfg.inputs)), (f"checkpoint={cfg.checkpoint}", Path(cfg.checkpoint))],
+    )  # fmt: skip
+
+
+def is_pseudo_corpus(folder: Path, corpus: str, split: str) -> bool:
+    """Whether ``folder`` holds the manifests of ``corpus`` alone and those of ``split``, where it has them,
+    are pseudo-labels of this module (the teacher's transcripts or ``{corpus}_kept_{split}.json`` beside
+    them), not a labelled corpus that the pseudo-labels would replace."""
+    if corpus_names(folder) != {corpus}:
+        return False
+    if not any(manifest_path(folder, corpus, kind, split).exists() for kind in ("cuts", "recordings", "supervisions")):
+        return True
+    return (folder / f"{corpus}_kept_{split}.json").is_file() or (
+        folder / f"{corpus}_transcripts_{split}.jsonl"
+    ).is_file()
+
+
 def pseudo_label(cfg: PseudoLabelConfig) -> PseudoLabels | None:
     """Transcribe, filter and write the corpus (see the module docstring). Under ``torchrun`` every process
     transcribes its share and rank 0 alone writes the corpus (the others return None)."""
     cfg.check()
-    summary = transcribe_batch(cfg.batch_config())
+    check_out(cfg)
+    summary = transcribe_batch(cfg.batch_config(), home=(Path(cfg.out),))
     if _rank() != 0:
         return None
     items = {i.id: i for i in find_inputs(cfg.inputs)[0]}
@@ -270,13 +301,14 @@ def calibrate(cfg: PseudoLabelConfig) -> tuple[list[CalibrationPoint], Path, Pat
     pseudo-labels per threshold; returns the points and the JSON and PNG written beside the transcripts
     (None on the other ranks under ``torchrun``)."""
     cfg.check()
+    check_out(cfg)
     items, _ = find_inputs(cfg.inputs)
     refs = {i.id: cut_text(i.cut) for i in items if i.cut is not None}
     if len(refs) != len(items) or not any(refs.values()):
         raise UsageError(
             f"calibrate=true needs inputs= a labeled cuts manifest (its transcripts are the references), got {cfg.inputs}"
         )
-    transcribe_batch(cfg.batch_config())
+    transcribe_batch(cfg.batch_config(), home=(Path(cfg.out),))
     if _rank() != 0:
         return None
     records = [r for r in read_records(cfg.transcripts()) if r["id"] in refs]
