@@ -212,3 +212,40 @@ def test_dw_striding_does_not_stream_or_pack():
     )  # fmt: skip
     with pytest.raises(ValueError, match="pack_to_frames=0"):
         enc.encode_packed(torch.zeros(1, 64, 16), torch.tensor([64]), packing)
+
+
+@pytest.mark.parametrize("norm", ["batch_norm", "layer_norm"])
+def test_equals_nemo_itself_when_installed(norm):
+    """With ``nemo_toolkit`` importable (not a usmkit dependency: skipped without it), NeMo's own
+    ``ConformerEncoder`` has the reference's state-dict keys and shapes, and both it and ours give its output."""
+    modules = pytest.importorskip("nemo.collections.asr.modules")
+    mc = model_config(layers=2, heads=4, norm=norm)
+    e = resolve(mc)["encoder"]
+    torch.manual_seed(5)
+    nemo = modules.ConformerEncoder(
+        feat_in=16, n_layers=2, d_model=32, subsampling="dw_striding", subsampling_factor=8,
+        subsampling_conv_channels=8, ff_expansion_factor=4, self_attention_model="rel_pos", n_heads=4,
+        conv_kernel_size=9, conv_norm_type=norm, xscaling=True, untie_biases=True, dropout=0.1,
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in nemo.parameters():
+            p.add_(0.15 * torch.randn_like(p))
+        for m in nemo.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_(0.0, 0.3)
+                m.running_var.uniform_(0.3, 2.0)
+    nemo.eval()
+    reference = small_nemo(mc)
+    reference.load_state_dict(nemo.state_dict(), strict=True)  # the same layout, key for key
+    ours = ours_of(nemo, mc, dropout=0.0)
+    assert e["conv_norm_type"] == norm
+    feats, lens = feats_and_lengths()
+    with torch.no_grad():
+        theirs, n = nemo(audio_signal=feats.transpose(1, 2), length=lens)
+        ref, _ = reference(feats.transpose(1, 2), lens)
+        out, out_lens = ours(feats, lens)
+    theirs, ref = theirs.transpose(1, 2), ref.transpose(1, 2)
+    assert out_lens.tolist() == n.tolist()
+    for b, k in enumerate(n.tolist()):
+        assert (out[b, :k] - theirs[b, :k]).abs().max() <= 1e-4
+        assert (ref[b, :k] - theirs[b, :k]).abs().max() <= 1e-5
