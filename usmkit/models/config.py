@@ -62,10 +62,10 @@ class ConformerConfig:
     # (then its LayerNorm) and the encoder as front end + norms: without it, the random branches of a
     # deep stack bury the input, and CTC stays in its all-blank phase for far longer.
     zero_init_residual: bool = True
-    position: str = "rotary"  # rotary or relative_key (a learned clipped-distance bias)
+    position: str = "rotary"  # rotary, relative_key (a learned clipped-distance bias) or rel_pos_xl (Transformer-XL)
     relative_left: int = 64  # relative_key: key - query distances clipped to [-relative_left, relative_right]
     relative_right: int = 8
-    front_end: str = "conv2d"  # conv2d (stride-2 conv stages) or stack (stack subsampling_factor frames + Linear)
+    front_end: str = "conv2d"  # conv2d (stride-2 conv stages), stack (frames + Linear) or dw_striding (NeMo's)
     activation: str = "swish"  # swish, gelu or relu: the feed-forwards' and the convolution module's
     layer_norm_eps: float = 1e-5
     conv_norm: str = "layer_norm"  # layer_norm or none (the depthwise convolution holds a folded batch norm)
