@@ -165,8 +165,9 @@ def test_a_link_member_is_refused(source, tmp_path, capsys):
     assert "model_weights.ckpt is not a regular file" in _error(capsys, f"source={path}", f"out={tmp_path / 'o'}")
 
 
-def test_stage3_ctc_starts_from_the_import(source, synth_corpus, tmp_path):
-    """Two CTC steps from the import with the encoder frozen: its weights stay the import's."""
+@pytest.mark.parametrize("recipe", ["stage3_ctc", "stage3_las", "stage2", "stage1"])
+def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
+    """Two steps of a recipe from the import with the encoder frozen: its weights stay the import's."""
     from composed_config import train_config
 
     from usmkit.training.recipe import run
@@ -178,7 +179,7 @@ def test_stage3_ctc_starts_from_the_import(source, synth_corpus, tmp_path):
     exp = tmp_path / "run"
     overrides = "{" + ", ".join(f"{k}: {v}" for k, v in TINY.items() if k != "input_dim") + "}"
     cfg, yaml_text = train_config(
-        "recipe=stage3_ctc", "model=nest_large", f"model.overrides={overrides}", f"init_from={out}",
+        f"recipe={recipe}", "model=nest_large", f"model.overrides={overrides}", f"init_from={out}",
         f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "data.max_duration=20", "data.num_workers=0",
         "trainer.progress=false", "trainer.eval_every=0", "trainer.max_steps=2", "trainer.save_every=2",
         "optim.warmup_steps=1", "optim.freeze_encoder_steps=2",
@@ -189,3 +190,17 @@ def test_stage3_ctc_starts_from_the_import(source, synth_corpus, tmp_path):
     imported = load_file(out / "checkpoints" / "step-000000" / MODEL_FILE)
     trained = load_file(exp / "checkpoints" / "step-000002" / MODEL_FILE)
     assert all(torch.equal(trained[k], v) for k, v in imported.items())
+
+
+def test_packed_rows_are_refused_before_training(tmp_path):
+    from composed_config import train_config
+
+    from usmkit.config import ConfigError
+    from usmkit.training.recipe import check_config
+
+    cfg, _ = train_config(
+        "recipe=stage3_ctc", "model=nest_large", "data.pack_to_frames=800", "data.max_cut_duration=8",
+        f"trainer.exp_dir={tmp_path}",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="data.pack_to_frames=800: the encoder's dw_striding front end"):
+        check_config(cfg)
