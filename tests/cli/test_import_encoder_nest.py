@@ -204,3 +204,26 @@ def test_packed_rows_are_refused_before_training(tmp_path):
     )  # fmt: skip
     with pytest.raises(ConfigError, match="data.pack_to_frames=800: the encoder's dw_striding front end"):
         check_config(cfg)
+
+
+@pytest.mark.slow
+def test_full_size_nest_large_import_equals_reference(tmp_path):
+    """A random encoder of NEST large's published shape (17 x 512, 8 heads, 256 subsampling channels, kernel 9) in
+    a .nemo: the import needs no model.overrides, and 3 s of features agree with the reference within 1e-4."""
+    mc = model_config(layers=17, d_model=512, heads=8, factor=8, channels=256, kernel=9)
+    mc["preprocessor"].update(features=80, sample_rate=16000, window_size=0.025, window_stride=0.01)
+    model = small_nemo(mc, seed=11)
+    src = write_nemo(tmp_path / "ssl_en_nest_large_v1.0.nemo", nest_members(mc, model))
+    result = import_nest(src, tmp_path / "exp")
+    assert "model.overrides" not in result.record["train"] and result.parameters == 108_744_704
+    encoder = ConformerEncoder(nest_large()).eval()
+    weights = load_file(result.checkpoint / MODEL_FILE)
+    encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in weights.items()}, strict=True)
+    torch.manual_seed(0)
+    feats, lens = torch.randn(2, 300, 80), torch.tensor([300, 211])
+    feats[1, 211:] = 0
+    with torch.no_grad():
+        ref = model(feats.transpose(1, 2), lens)[0].transpose(1, 2)
+        ours, out_lens = encoder(feats, lens)
+    assert out_lens.tolist() == [38, 27]
+    assert max((ref[b, :n] - ours[b, :n]).abs().max() for b, n in enumerate(out_lens.tolist())) <= 1e-4
