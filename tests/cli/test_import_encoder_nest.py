@@ -72,7 +72,10 @@ def test_import_writes_a_checkpoint_equal_to_nemo(source, tmp_path, capsys):
     out = tmp_path / "exp" / "nest"
     assert main([f"source={src}", f"out={out}"]) == 0
     printed = capsys.readouterr().out
-    assert "left out: 4 tensors outside the encoder (decoder, mask_processor, preprocessor, quantizer)" in printed
+    assert (
+        "left out: 4 tensors usmkit's encoder does not use (decoder, mask_processor, preprocessor, quantizer)"
+        in printed
+    )
     assert "model=nest_large" in printed
     record = json.loads((out / "imported.json").read_text())
     assert record["kind"] == "nest" and set(record["source_files"]) == {src.name}

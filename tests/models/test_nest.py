@@ -188,6 +188,8 @@ def test_tensors_unknown_missing_or_misshapen_refused():
     sd = {f"encoder.{k}": v for k, v in small_nemo(mc).state_dict().items()}
     cfg = encoder_config(mc)
     convert_state_dict(sd, cfg)  # the complete one converts
+    table = {"encoder.pos_enc.pe": torch.zeros(1, 9999, 32)}  # a stored sinusoid table is recomputed, not loaded
+    assert convert_state_dict(sd | table, cfg)[1] == ["encoder.pos_enc.pe"]
     extra = sd | {"encoder.layers.2.norm_out.weight": torch.zeros(32)}
     refused(mc, extra, match=r"encoder.layers.2.norm_out.weight")
     missing = {k: v for k, v in sd.items() if k != "encoder.layers.1.self_attn.pos_bias_v"}

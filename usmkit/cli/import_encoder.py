@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped = result.record["skipped_tensors"]
         if result.record["kind"] == "nest":  # the preprocessor's buffers and the SSL heads: many keys
             heads = sorted({k.split(".")[0] for k in skipped})
-            print(f"  left out: {len(skipped)} tensors outside the encoder ({', '.join(heads)})")
+            print(f"  left out: {len(skipped)} tensors usmkit's encoder does not use ({', '.join(heads)})")
         else:
             print(f"  left out: {', '.join(skipped)} (transformers' own training-time masking)")
     print(f"fine-tune it: {result.record['train']}")

@@ -39,6 +39,7 @@ from usmkit.models.w2vbert import ImportRefused
 
 ENCODER_TARGET = "ConformerEncoder"
 PREFIX = "encoder."
+RECOMPUTED = ("pos_enc.pe",)  # the sinusoid table, if an archive stored it: usmkit computes it (xl_sinusoids)
 BATCH_NORM_EPS = 1e-5  # torch.nn.BatchNorm1d's default, which NeMo's ConformerConvolution builds with
 _INTERPOLATION = re.compile(r"^\$\{([A-Za-z0-9_.]+)\}$")
 
@@ -176,12 +177,12 @@ def convert_state_dict(
     source: dict[str, torch.Tensor], cfg: ConformerConfig, scale: float = 1.0
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
     """The ``ConformerEncoder`` state dict of a NEST ``model_weights.ckpt``'s tensors, and the keys left out (those
-    outside ``encoder.``). ``scale``: ``xscale(model_cfg)``, folded into the front end's projection. Every
+    outside ``encoder.``, and ``encoder.pos_enc.pe`` where stored). ``scale``: ``xscale(model_cfg)``, folded into the front end's projection. Every
     ``encoder.`` key is used exactly once; an unknown, missing or misshapen one raises ``ImportRefused`` naming
     it. Folded tensors are computed in float64 and returned in the source's dtype."""
-    skipped = sorted(k for k in source if not k.startswith(PREFIX))
+    skipped = sorted(k for k in source if not k.startswith(PREFIX) or k.removeprefix(PREFIX) in RECOMPUTED)
     src = {k.removeprefix(PREFIX): v for k, v in source.items() if k.startswith(PREFIX)}
-    used: set[str] = set()
+    used: set[str] = {k for k in src if k in RECOMPUTED}
     out: dict[str, torch.Tensor] = {}
     D, K, H, C = cfg.d_model, cfg.conv_kernel, cfg.num_heads, cfg.conv_channels
 
