@@ -132,7 +132,9 @@ def test_bad_archives_are_refused_with_one_line(source, tmp_path, capsys):
 
     data = src.read_bytes()
     (tmp_path / "cut.nemo").write_bytes(data[: len(data) // 2])
-    assert "is damaged or not a .nemo archive" in _error(capsys, f"source={tmp_path / 'cut.nemo'}", f"out={out}")
+    assert "is damaged" in _error(capsys, f"source={tmp_path / 'cut.nemo'}", f"out={out}")  # cut in the weights
+    (tmp_path / "head.nemo").write_bytes(data[:100])
+    assert "is damaged or not a .nemo archive" in _error(capsys, f"source={tmp_path / 'head.nemo'}", f"out={out}")
 
     no_weights = nemo("noweights", **{"./model_weights.ckpt": None})
     assert "has no model_weights.ckpt" in _error(capsys, f"source={no_weights}", f"out={out}")

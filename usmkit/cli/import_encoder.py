@@ -14,8 +14,8 @@ it and writes ``out``::
         train_state.json, config.yaml         the files' sizes and SHA-256; the model and feature sections
 
 so ``init_from=out`` starts any recipe from it. Only safetensors are read (a ``pytorch_model.bin`` is a pickle,
-which could run code, and is refused). From a ``.nemo`` only its two files are read, in memory (no member is
-extracted to disk), the config with ``yaml.safe_load`` and the weights with ``torch.load(weights_only=True)``,
+which could run code, and is refused). From a ``.nemo`` only its two files are read, straight from the archive (no
+member is extracted to disk), the config with ``yaml.safe_load`` and the weights with ``torch.load(weights_only=True)``,
 which loads tensors and plain containers and refuses any other object. A source of another architecture, a config usmkit cannot reproduce
 exactly, a tensor the encoder lacks or misses, or a damaged file is refused with one ``error:`` line.
 """
@@ -208,42 +208,48 @@ def _write_import(source: Path, out: Path, cfg, converted, skipped, features, ki
     return Imported(ckpt, record, len(weights), sum(v.numel() for v in weights.values()))
 
 
-def _nemo_members(path: Path) -> dict[str, bytes]:
-    """``model_config.yaml`` and ``model_weights.ckpt`` of the ``.nemo`` tar ``path``, read into memory.
+def _read_nemo(path: Path) -> tuple[bytes, dict[str, Any]]:
+    """``model_config.yaml`` (bytes) and the tensors of ``model_weights.ckpt`` of the ``.nemo`` tar ``path``.
 
-    Only regular-file members whose name, without a leading ``./``, is one of the two are read; nothing is
-    extracted, so no member's path (absolute, ``..``, links) can reach the file system."""
+    Only regular-file members whose name, without a leading ``./``, is one of the two are read, straight from the
+    archive; nothing is extracted, so no member's path (absolute, ``..``, links) can reach the file system."""
     import tarfile
 
     from usmkit.models.w2vbert import ImportRefused
 
-    wanted, found = (NEMO_CONFIG, NEMO_WEIGHTS), {}
+    config: bytes | None = None
+    weights: dict[str, Any] | None = None
     try:
         with tarfile.open(path, mode="r:*") as tar:
             for member in tar:
                 name = member.name.removeprefix("./")
-                if name not in wanted:
+                if name not in (NEMO_CONFIG, NEMO_WEIGHTS):
                     continue
-                if not member.isfile() or name in found:
+                seen = config if name == NEMO_CONFIG else weights
+                if not member.isfile() or seen is not None:
                     raise ImportRefused(
-                        f"{path}: {name} is {'listed twice' if name in found else 'not a regular file'}"
+                        f"{path}: {name} is {'listed twice' if seen is not None else 'not a regular file'}"
                     )
                 handle = tar.extractfile(member)
-                found[name] = handle.read() if handle is not None else b""
+                assert handle is not None  # a regular file's
+                if name == NEMO_CONFIG:
+                    config = handle.read()
+                else:
+                    weights = _nemo_weights(path, handle)
     except (tarfile.TarError, OSError, EOFError) as e:
         raise ImportRefused(
             f"{path} is damaged or not a .nemo archive ({type(e).__name__}: {e}); download it again"
         ) from None
-    missing = [n for n in wanted if n not in found]
-    if missing:
-        raise ImportRefused(f"{path} has no {missing[0]}: not a NeMo model archive (.nemo)")
-    return found
+    for name, value in ((NEMO_CONFIG, config), (NEMO_WEIGHTS, weights)):
+        if value is None:
+            raise ImportRefused(f"{path} has no {name}: not a NeMo model archive (.nemo)")
+    return config, weights
 
 
-def _nemo_weights(path: Path, data: bytes) -> dict[str, Any]:
-    """The tensors of ``model_weights.ckpt``: ``torch.load(weights_only=True)``, which unpickles tensors and plain
-    containers only and refuses every other object."""
-    import io
+def _nemo_weights(path: Path, handle) -> dict[str, Any]:
+    """The tensors of ``model_weights.ckpt`` (``handle``: the member, a seekable binary file):
+    ``torch.load(weights_only=True)``, which unpickles tensors and plain containers only and refuses every other
+    object."""
     import pickle
 
     import torch
@@ -251,11 +257,12 @@ def _nemo_weights(path: Path, data: bytes) -> dict[str, Any]:
     from usmkit.models.w2vbert import ImportRefused
 
     try:
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = torch.load(handle, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ImportRefused(
-            f"{path}: {NEMO_WEIGHTS} is damaged or holds more than tensors ({first}); usmkit loads tensors only"
+            f"{path}: {NEMO_WEIGHTS} is damaged or holds more than tensors ({first}); usmkit loads tensors only: "
+            "download the archive again"
         ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]  # a Lightning checkpoint's layout
@@ -299,9 +306,9 @@ def import_nest(source: str | Path, out: str | Path) -> Imported:
     check_output_dir(
         out, option="out=", own_kind="experiment", own_words="an imported encoder", own=lambda p: (p / RECORD).is_file()
     )
-    members = _nemo_members(source)
+    config_bytes, weights = _read_nemo(source)
     try:
-        model_cfg = yaml.safe_load(members[NEMO_CONFIG].decode("utf-8"))
+        model_cfg = yaml.safe_load(config_bytes.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ImportRefused(
             f"{source}: {NEMO_CONFIG} is not readable YAML ({type(e).__name__}); download it again"
@@ -309,7 +316,7 @@ def import_nest(source: str | Path, out: str | Path) -> Imported:
     if not isinstance(model_cfg, dict):
         raise ImportRefused(f"{source}: {NEMO_CONFIG} holds a {type(model_cfg).__name__}, not a mapping")
     cfg = encoder_config(model_cfg)
-    converted, skipped = convert_state_dict(_nemo_weights(source, members[NEMO_WEIGHTS]), cfg, xscale(model_cfg))
+    converted, skipped = convert_state_dict(weights, cfg, xscale(model_cfg))
     name = next((n for n in NEST_PRESETS if preset(n).d_model == cfg.d_model), NEST_PRESETS[0])
     files = {source.name: _sha256(source)}
     return _write_import(
