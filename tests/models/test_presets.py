@@ -49,7 +49,9 @@ def test_overrides_and_name_lookup():
     cfg = presets.preset("usm600m", input_dim=128, chunk_size=200, attention_impl="flex")
     assert (cfg.input_dim, cfg.chunk_size, cfg.attention_impl, cfg.d_model) == (128, 200, "flex", 1024)
     assert presets.preset("tiny") == presets.tiny()
-    with pytest.raises(ValueError, match=r"'base', 'large', 'small', 'tiny', 'usm2b', 'usm600m'"):
+    with pytest.raises(
+        ValueError, match=r"'base', 'large', 'nest_large', 'nest_xlarge', 'small', 'tiny', 'usm2b', 'usm600m'"
+    ):
         presets.preset("huge")
     with pytest.raises(ValueError, match="unknown ConformerConfig field"):
         presets.small(hidden=3)

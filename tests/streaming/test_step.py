@@ -310,3 +310,24 @@ def test_imported_w2vbert_layout_streams_equal_to_full_forward(chunk_size, left_
             for block in enc.blocks:
                 block.mhsa.distance_embedding.weight.zero_()
             assert not torch.allclose(enc(feats, torch.tensor([T, T]))[0], full)
+
+
+@pytest.mark.parametrize("chunk_size,left_chunks", [(1, 3), (3, 2), (4, 0)])
+def test_transformer_xl_positions_stream_equal_to_full_forward(chunk_size, left_chunks):
+    """NEST's attention (``position="rel_pos_xl"``, random u / v biases, folded conv norm) behind a streamable
+    front end: the step adds the Transformer-XL term over the cached keys as the full forward does under the
+    chunk mask. (NEST's own ``dw_striding`` front end reads ahead and is refused by ``check_streamable``.)"""
+    enc = _encoder(chunk_size=chunk_size, left_chunks=left_chunks, position="rel_pos_xl", num_heads=4, conv_norm="none")
+    with torch.no_grad():
+        for block in enc.blocks:
+            block.mhsa.pos_bias_u.normal_()
+            block.mhsa.pos_bias_v.normal_()
+    feats = _features(2, 61)
+    full, lens = enc(feats, torch.tensor([61, 61]))
+    streamed = _stream(StreamingEncoder(enc), feats, seed=61)
+    assert streamed.shape == full.shape
+    torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # the position term contributes
+        for block in enc.blocks:
+            block.mhsa.linear_pos.weight.zero_()
+        assert not torch.allclose(enc(feats, torch.tensor([61, 61]))[0], full)

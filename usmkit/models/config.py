@@ -12,7 +12,8 @@ from usmkit.kernels.masks import check_chunk_args
 from usmkit.models.subsampling import FRONT_ENDS, check_factor, conv_out_size, receptive_field
 
 CONV_IMPLS = ("torch", "triton")
-POSITIONS = ("rotary", "relative_key")
+POSITIONS = ("rotary", "relative_key", "rel_pos_xl")
+CONV_NORMS = ("layer_norm", "none")
 ACTIVATIONS = ("swish", "gelu", "relu")
 
 
@@ -34,6 +35,12 @@ class ConformerConfig:
     scores (w2v-BERT 2.0; not on the Triton kernel). ``front_end="stack"``: ``subsampling_factor`` frames
     stacked into one, LayerNorm, Linear (w2v-BERT 2.0's feature projection) instead of the conv stages.
     ``activation`` is the feed-forwards' and the convolution module's; ``layer_norm_eps`` every LayerNorm's.
+
+    NEST / FastConformer (``usmkit.models.nest``): ``position="rel_pos_xl"`` is Transformer-XL's relative
+    positions (NeMo's ``rel_pos``): per layer learned ``pos_bias_u`` / ``pos_bias_v`` and a projection of the
+    sinusoidal encoding of every query - key distance, unclipped. ``front_end="dw_striding"``: NeMo's padded
+    depthwise-striding conv subsampling (``subsampling_channels`` channels; it does not stream).
+    ``conv_norm="none"``: no norm after the depthwise convolution (an imported batch norm is folded into it).
     """
 
     input_dim: int = 80  # feature bins (log-mel); USM used 128
@@ -55,12 +62,13 @@ class ConformerConfig:
     # (then its LayerNorm) and the encoder as front end + norms: without it, the random branches of a
     # deep stack bury the input, and CTC stays in its all-blank phase for far longer.
     zero_init_residual: bool = True
-    position: str = "rotary"  # rotary or relative_key (a learned clipped-distance bias)
+    position: str = "rotary"  # rotary, relative_key (a learned clipped-distance bias) or rel_pos_xl (Transformer-XL)
     relative_left: int = 64  # relative_key: key - query distances clipped to [-relative_left, relative_right]
     relative_right: int = 8
-    front_end: str = "conv2d"  # conv2d (stride-2 conv stages) or stack (stack subsampling_factor frames + Linear)
+    front_end: str = "conv2d"  # conv2d (stride-2 conv stages), stack (frames + Linear) or dw_striding (NeMo's)
     activation: str = "swish"  # swish, gelu or relu: the feed-forwards' and the convolution module's
     layer_norm_eps: float = 1e-5
+    conv_norm: str = "layer_norm"  # layer_norm or none (the depthwise convolution holds a folded batch norm)
 
     def __post_init__(self) -> None:
         for name in ("input_dim", "d_model", "num_layers", "num_heads", "ff_mult", "conv_kernel"):
@@ -69,7 +77,9 @@ class ConformerConfig:
                 raise ValueError(f"ConformerConfig.{name} must be a positive int, got {value!r}")
         if self.front_end not in FRONT_ENDS:
             raise ValueError(f"ConformerConfig.front_end={self.front_end!r} is unknown; choose one of {FRONT_ENDS}")
-        if self.front_end == "stack":
+        if self.front_end == "dw_striding":
+            check_factor(self.subsampling_factor)
+        elif self.front_end == "stack":
             if not isinstance(self.subsampling_factor, int) or not 1 <= self.subsampling_factor <= 8:
                 raise ValueError(
                     f"ConformerConfig.subsampling_factor={self.subsampling_factor!r}: front_end='stack' stacks 1 to 8 "
@@ -92,9 +102,10 @@ class ConformerConfig:
                 raise ValueError(
                     f"ConformerConfig.relative_left/right must be >= 0, got {self.relative_left}, {self.relative_right}"
                 )
+        if self.position != "rotary":
             if self.attention_impl == "triton":
                 raise ValueError(
-                    "ConformerConfig.attention_impl='triton' takes rotary positions only; position='relative_key' "
+                    f"ConformerConfig.attention_impl='triton' takes rotary positions only; position={self.position!r} "
                     "runs on attention_impl='sdpa', 'flex' or 'reference'"
                 )
         elif self.head_dim % 2 != 0:
@@ -121,6 +132,12 @@ class ConformerConfig:
             )
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"ConformerConfig.activation={self.activation!r} is unknown; choose one of {ACTIVATIONS}")
+        if self.conv_norm not in CONV_NORMS:
+            raise ValueError(f"ConformerConfig.conv_norm={self.conv_norm!r} is unknown; choose one of {CONV_NORMS}")
+        if self.conv_impl == "triton" and self.conv_norm != "layer_norm":
+            raise ValueError(
+                "ConformerConfig.conv_impl='triton' fuses the LayerNorm conv_norm only; use conv_impl='torch'"
+            )
         if self.conv_impl == "triton" and self.activation != "swish":
             raise ValueError("ConformerConfig.conv_impl='triton' fuses Swish only; use conv_impl='torch'")
         if not self.layer_norm_eps > 0:

@@ -33,7 +33,7 @@ from usmkit.models.convolution import ConvolutionModule
 from usmkit.models.feedforward import FeedForward
 from usmkit.models.packing import encoder_segments, unpack
 from usmkit.models.rotary import RotaryTable
-from usmkit.models.subsampling import Conv2dSubsampling, StackingFrontEnd
+from usmkit.models.subsampling import Conv2dSubsampling, DwStridingSubsampling, StackingFrontEnd
 
 
 class ConformerBlock(nn.Module):
@@ -58,8 +58,9 @@ class ConformerBlock(nn.Module):
             position=cfg.position, relative_left=cfg.relative_left, relative_right=cfg.relative_right, eps=eps,
         )  # fmt: skip
         self.conv = ConvolutionModule(
-            cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout, impl=cfg.conv_impl, activation=act, eps=eps
-        )
+            cfg.d_model, cfg.conv_kernel, cfg.causal_conv, cfg.dropout, impl=cfg.conv_impl, activation=act, eps=eps,
+            norm=cfg.conv_norm,
+        )  # fmt: skip
         self.ff2 = FeedForward(cfg.d_model, cfg.ff_mult, cfg.dropout, act, eps)
         self.norm = nn.LayerNorm(cfg.d_model, eps=eps)
 
@@ -118,8 +119,12 @@ class ConformerEncoder(nn.Module):
     def __init__(self, cfg: ConformerConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.subsampling: Conv2dSubsampling | StackingFrontEnd
-        if cfg.front_end == "stack":
+        self.subsampling: Conv2dSubsampling | StackingFrontEnd | DwStridingSubsampling
+        if cfg.front_end == "dw_striding":
+            self.subsampling = DwStridingSubsampling(
+                cfg.input_dim, cfg.conv_channels, cfg.d_model, cfg.dropout, factor=cfg.subsampling_factor
+            )
+        elif cfg.front_end == "stack":
             self.subsampling = StackingFrontEnd(
                 cfg.input_dim, cfg.subsampling_factor, cfg.d_model, cfg.dropout, eps=cfg.layer_norm_eps
             )
@@ -140,7 +145,8 @@ class ConformerEncoder(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:  # rel_pos_xl's linear_pos has none
+                    nn.init.zeros_(module.bias)
         if self.cfg.zero_init_residual:
             for block in self.blocks:
                 for last in (block.ff1.down, block.ff2.down, block.mhsa.out, block.conv.pointwise2):
@@ -227,6 +233,11 @@ class ConformerEncoder(nn.Module):
     ) -> tuple[torch.Tensor, Segments, list[torch.Tensor]]:
         """Packed rows in, packed rows out: features (R, N, F), lengths (U,) -> (R, T', D) with padding set to
         0, the encoder frames' ``Segments`` (R, T'), and the outputs of the blocks numbered ``layers``."""
+        if self.cfg.front_end == "dw_striding":
+            raise ValueError(
+                "front_end='dw_striding' (an imported NEST / FastConformer) reads across utterance edges in packed "
+                "rows: train it without packing (data.pack_to_frames=0)"
+            )
         if packing.align % self.subsampling_factor:
             raise ValueError(
                 f"packed utterances start at multiples of {packing.align} feature frames, which the encoder's "
@@ -288,7 +299,7 @@ class ConformerEncoder(nn.Module):
         else:
             valid = ~lengths_to_padding_mask(lengths, T)  # (B, T')
             positions = torch.arange(T, device=x.device)  # (T',) absolute frame indices for rotary
-        rotary: torch.Tensor | RotaryTable = positions  # relative_key: the attention takes no positions
+        rotary: torch.Tensor | RotaryTable = positions  # relative_key, rel_pos_xl: the attention takes no positions
         if self.cfg.position == "rotary":
             rotary = RotaryTable.build(positions, self.cfg.head_dim, self.cfg.rotary_base)  # shared by all layers
         padded = ~valid[:, :, None]  # (B, T', 1)

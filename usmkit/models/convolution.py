@@ -5,7 +5,8 @@ Shapes: B batch, T frames, D model dim, K kernel.
 LayerNorm -> pointwise (D -> 2D) -> GLU -> zero padded frames -> depthwise conv (K) -> LayerNorm
 -> Swish -> pointwise (D -> D) -> dropout. The norm after the depthwise conv is a LayerNorm over
 channels, not BatchNorm: it is per frame, so batch composition, padding and streaming cannot change
-a frame's output. Pointwise convolutions are ``nn.Linear`` on (B, T, D) (the same operation as a
+a frame's output (``norm="none"`` drops it: an imported encoder's batch norm, an affine map per channel in
+inference, is folded into the depthwise convolution, ``usmkit.models.nest``). Pointwise convolutions are ``nn.Linear`` on (B, T, D) (the same operation as a
 kernel-1 Conv1d, without the transposes).
 
 Packed rows (several utterances per row): ``depthwise(y, segment_ids=ids)`` drops every tap that reads
@@ -41,6 +42,7 @@ class ConvolutionModule(nn.Module):
         impl: str = "torch",
         activation: str = "swish",
         eps: float = 1e-5,
+        norm: str = "layer_norm",
     ) -> None:
         super().__init__()
         self.act = ACTIVATION_FNS[activation]
@@ -52,7 +54,7 @@ class ConvolutionModule(nn.Module):
         self.norm_in = nn.LayerNorm(d_model, eps=eps)
         self.pointwise1 = nn.Linear(d_model, 2 * d_model)
         self.depthwise_conv = nn.Conv1d(d_model, d_model, kernel_size, groups=d_model)  # unpadded; see depthwise()
-        self.norm_mid = nn.LayerNorm(d_model, eps=eps)
+        self.norm_mid: nn.Module = nn.LayerNorm(d_model, eps=eps) if norm == "layer_norm" else nn.Identity()
         self.pointwise2 = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
 
@@ -127,7 +129,7 @@ class ConvolutionModule(nn.Module):
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
         """x (B, T, D), valid (B, T) bool, segment_ids (B, T) of packed rows or None -> residual branch (B, T, D)."""
-        if self.impl == "triton" and self.act is F.silu and available(x):
+        if self.impl == "triton" and self.act is F.silu and isinstance(self.norm_mid, nn.LayerNorm) and available(x):
             h = self.pointwise1(self.norm_in(x))  # (B, T, 2D)
             mid = conv_mid(
                 h, valid, segment_ids, self.depthwise_conv.weight[:, 0, :], self.depthwise_conv.bias,

@@ -78,6 +78,29 @@ def w2v_bert_2(**overrides: Any) -> ConformerConfig:
     return _build(base, overrides, "w2v_bert_2")
 
 
+def _nest(d_model: int, num_layers: int, overrides: dict[str, Any], name: str) -> ConformerConfig:
+    base = dict(
+        d_model=d_model, num_layers=num_layers, num_heads=8, conv_kernel=9, dropout=0.0, zero_init_residual=False,
+        position="rel_pos_xl", front_end="dw_striding", subsampling_factor=8, subsampling_channels=256,
+        conv_norm="none",
+    )  # fmt: skip
+    return _build(base, overrides, name)
+
+
+def nest_large(**overrides: Any) -> ConformerConfig:
+    """NVIDIA's NEST large (``ssl_en_nest_large_v1.0``, imported with ``usmkit.cli.import_encoder``): a FastConformer
+    of 17 layers x 512 dim x 8 heads, depthwise kernel 9 (its batch norm folded in), Transformer-XL positions,
+    8x depthwise-striding subsampling (256 channels) to 80 ms frames, 80 mel bins: 108.7M parameters
+    after import (its batch norms folded into the convolutions)."""
+    return _nest(512, 17, overrides, "nest_large")
+
+
+def nest_xlarge(**overrides: Any) -> ConformerConfig:
+    """NEST xlarge (``ssl_en_nest_xlarge_v1.0``): ``nest_large``'s blocks at 24 layers x 1024 dim, 8 heads:
+    607.7M parameters after import."""
+    return _nest(1024, 24, overrides, "nest_xlarge")
+
+
 PRESETS: dict[str, Callable[..., ConformerConfig]] = {
     "tiny": tiny,
     "small": small,
@@ -86,6 +109,8 @@ PRESETS: dict[str, Callable[..., ConformerConfig]] = {
     "usm600m": usm600m,
     "usm2b": usm2b,
     "w2v_bert_2": w2v_bert_2,
+    "nest_large": nest_large,
+    "nest_xlarge": nest_xlarge,
 }
 
 

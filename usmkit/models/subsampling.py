@@ -1,6 +1,7 @@
 """Time reduction in front of the Conformer: stride-2 conv2d stages with ReLU, then a linear projection
-(``Conv2dSubsampling``, usmkit's own), or frames stacked side by side, LayerNorm, Linear (``StackingFrontEnd``,
-w2v-BERT 2.0's feature projection).
+(``Conv2dSubsampling``, usmkit's own), frames stacked side by side, LayerNorm, Linear (``StackingFrontEnd``,
+w2v-BERT 2.0's feature projection), or NeMo's padded depthwise-striding stages (``DwStridingSubsampling``,
+FastConformer's and NEST's).
 
 Shapes: B batch, T feature frames (10 ms), F feature bins, C conv channels, s subsampling factor,
 T' = encoder frames (10 s ms: 40 ms at 4x, 80 ms at 8x), D model dim.
@@ -24,7 +25,7 @@ from torch import nn
 from usmkit.models.dropout import Dropout
 
 FACTORS = (4, 8)  # supported subsampling factors: 2 or 3 stride-2 stages
-FRONT_ENDS = ("conv2d", "stack")  # ConformerConfig.front_end: Conv2dSubsampling, StackingFrontEnd
+FRONT_ENDS = ("conv2d", "stack", "dw_striding")  # ConformerConfig.front_end: the three classes below
 
 
 def check_factor(factor: int) -> int:
@@ -42,7 +43,12 @@ def receptive_field(factor: int = 4) -> int:
 
 def feature_context(factor: int = 4, front_end: str = "conv2d") -> int:
     """Input frames read by two consecutive output chunks: ``receptive_field - factor`` (3 at 4x, 7 at 8x);
-    0 for ``front_end="stack"`` (``StackingFrontEnd``)."""
+    0 for ``front_end="stack"`` (``StackingFrontEnd``); ValueError for ``"dw_striding"``, which does not stream."""
+    if front_end == "dw_striding":
+        raise ValueError(
+            "front_end='dw_striding' (NeMo's padded depthwise-striding subsampling) reads ahead across chunk edges: "
+            "it does not stream"
+        )
     return 0 if front_end == "stack" else receptive_field(factor) - factor
 
 
@@ -68,6 +74,8 @@ def output_lengths(lengths: torch.Tensor, factor: int = 4, front_end: str = "con
     """
     if front_end == "stack":
         return torch.div(lengths, factor, rounding_mode="floor")
+    if front_end == "dw_striding":
+        return dw_striding_lengths(lengths, factor)
     for _ in range(check_factor(factor)):
         lengths = torch.div(lengths - 1, 2, rounding_mode="floor")
     return lengths.clamp(min=0)
@@ -159,3 +167,76 @@ class StackingFrontEnd(nn.Module):
             raise ValueError(f"need at least {self.factor} feature frames to stack {self.factor} into one, got {T}")
         x = features[:, : T2 * self.factor].reshape(B, T2, self.factor * F)  # (B, T', s F): frame s t's bins first
         return self.dropout(self.proj(self.norm(x))), self.output_lengths(lengths)  # (B, T', D), (B,)
+
+
+def dw_striding_lengths(lengths: torch.Tensor, factor: int = 8) -> torch.Tensor:
+    """Valid output frames of ``DwStridingSubsampling``: ``(n - 1) // 2 + 1`` per stage (kernel 3, stride 2,
+    one frame of zero padding each side; NeMo's ``calc_length``), (B,) -> (B,).
+
+    >>> dw_striding_lengths(torch.tensor([0, 1, 8, 9, 100])).tolist()
+    [0, 1, 1, 2, 13]
+    """
+    for _ in range(check_factor(factor)):
+        lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+    return lengths.clamp(min=0)
+
+
+class DwStridingSubsampling(nn.Module):
+    """NeMo's ``ConvSubsampling(subsampling="dw_striding")`` (FastConformer, NEST): (B, T, F) -> (B, T', D).
+
+    A kernel-3 stride-2 conv2d (1 -> C channels, padding 1) and ReLU, then per further stage a depthwise
+    kernel-3 stride-2 conv2d (padding 1), a pointwise 1x1 conv2d and ReLU; ``proj`` maps C x F' to D.
+    ``conv.N`` are NeMo's ``pre_encode.conv.N`` (0 conv, 1 ReLU, 2 depthwise, 3 pointwise, 4 ReLU, ...).
+
+    As NeMo's ``MaskedConvSequential``, the frames after each row's valid length are zeroed before every
+    layer, so a row's valid output never depends on the batch's padding: it equals the row encoded alone.
+    The convolutions are padded and read one frame ahead, so two streaming chunks cannot be encoded
+    apart: this front end does not stream, and packed rows (which it would read across) are refused.
+    """
+
+    def __init__(self, input_dim: int, channels: int, d_model: int, dropout: float = 0.0, factor: int = 8) -> None:
+        super().__init__()
+        stages = check_factor(factor)
+        self.input_dim = input_dim
+        self.factor = factor
+        layers: list[nn.Module] = [nn.Conv2d(1, channels, kernel_size=3, stride=2, padding=1), nn.ReLU()]
+        for _ in range(stages - 1):
+            layers += [
+                nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=1, groups=channels),
+                nn.Conv2d(channels, channels, kernel_size=1),
+                nn.ReLU(),
+            ]
+        self.conv = nn.Sequential(*layers)
+        bins = input_dim
+        for _ in range(stages):
+            bins = (bins - 1) // 2 + 1
+        self.proj = nn.Linear(channels * bins, d_model)
+        self.dropout = Dropout(dropout)
+
+    @property
+    def feature_context(self) -> int:
+        return feature_context(self.factor, "dw_striding")  # raises: this front end does not stream
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Valid output frames for ``lengths`` valid input frames, (B,) -> (B,)."""
+        return dw_striding_lengths(lengths, self.factor)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """features (B, T, F), lengths (B,) -> frames (B, T', D), output lengths (B,)."""
+        if features.dim() != 3 or features.shape[-1] != self.input_dim:
+            raise ValueError(
+                f"features must be (batch, frames, {self.input_dim}); got {tuple(features.shape)} "
+                "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
+            )
+        x = features.unsqueeze(1)  # (B, 1, T, F)
+        current = lengths
+        for layer in self.conv:
+            keep = torch.arange(x.shape[2], device=x.device)[None, :] < current[:, None]  # (B, T_i)
+            x = layer(x * keep[:, None, :, None].to(x.dtype))
+            if isinstance(layer, nn.Conv2d) and layer.stride != (1, 1):
+                current = torch.div(current - 1, 2, rounding_mode="floor") + 1  # NeMo's calculate_conv_output_size
+        keep = torch.arange(x.shape[2], device=x.device)[None, :] < current[:, None]  # (B, T')
+        x = x * keep[:, None, :, None].to(x.dtype)  # (B, C, T', F')
+        B, C, T2, F2 = x.shape
+        x = x.transpose(1, 2).reshape(B, T2, C * F2)  # (B, T', C * F')
+        return self.dropout(self.proj(x)), self.output_lengths(lengths)  # (B, T', D), (B,)

@@ -65,6 +65,11 @@ def check_streamable(
     """
     C = cfg.chunk_size if chunk_size is None else chunk_size
     K = cfg.left_chunks if left_chunks is None else left_chunks
+    if cfg.front_end == "dw_striding":
+        raise NotStreamableError(
+            "the encoder's front end is NeMo's dw_striding subsampling (an imported NEST / FastConformer), whose "
+            "padded convolutions read ahead across chunk edges: it does not stream"
+        )
     if not cfg.causal_conv:
         raise NotStreamableError(
             "the encoder's convolution is not causal (causal_conv=False): it reads future frames, so the "

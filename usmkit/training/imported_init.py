@@ -31,7 +31,7 @@ def check_imported_fit(init_from: str | Path, encoder_cfg: ConformerConfig) -> N
     differs = [
         f"{f.name}={getattr(encoder_cfg, f.name)!r} (imported: {imported.get(f.name)!r})"
         for f in dataclasses.fields(encoder_cfg)
-        if f.name not in TUNABLE and getattr(encoder_cfg, f.name) != imported.get(f.name)
+        if f.name not in TUNABLE and getattr(encoder_cfg, f.name) != imported.get(f.name, f.default)
     ]
     if differs:
         raise ConfigError(

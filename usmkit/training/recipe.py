@@ -335,6 +335,11 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
         check_options(cfg.trainer, cfg.optim, device, launched_distributed(cfg.trainer.strategy))
     except (ValueError, TypeError) as e:
         raise ConfigError(str(e)) from e
+    if cfg.data.pack_to_frames and encoder_cfg.front_end == "dw_striding":
+        raise ConfigError(
+            f"data.pack_to_frames={cfg.data.pack_to_frames}: the encoder's dw_striding front end (NEST) reads across "
+            "the utterances of a packed row; set data.pack_to_frames=0"
+        )
     if cfg.trainer.compile:
         compiled_lengths(cfg)  # refuses unpadded batches
         fixed = cfg.data.fixed_batch_shapes or cfg.data.pack_to_frames > 0
