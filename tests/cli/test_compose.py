@@ -82,7 +82,7 @@ def test_a_schema_key_the_yaml_leaves_out_is_settable_without_plus() -> None:
         extra: int = 0
 
     with pytest.raises(ConfigError, match="unknown key extra"):
-        compose_yaml("evaluate", ["checkpoint=x", "extra=3"], command="t")
+        compose_yaml("evaluate", ["checkpoint=x", "extra=3"], command="t", schema=EvalConfig)
     got = compose_yaml("evaluate", ["checkpoint=x", "extra=3"], command="t", schema=_Evaluate)
     assert from_dict(_Evaluate, got).extra == 3
 

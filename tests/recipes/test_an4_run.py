@@ -138,7 +138,9 @@ def test_the_commands_compose_into_the_configs_usmkit_reads(an4_run, tmp_path):
         greedy["ensemble"]
         == "[" + ",".join(str(tmp_path / "runs" / n) for n in ("cb1_p0_s1", "cb1_p1_s0", "cb1_p1_s1")) + "]"
     )
-    evaluate = compose_yaml("evaluate", _by_name(an4_run.decode_steps(s))["rescore_las_p0_s0"].argv(), command="t")
+    evaluate = compose_yaml(
+        "evaluate", _by_name(an4_run.decode_steps(s))["rescore_las_p0_s0"].argv(), command="t", schema=EvalConfig
+    )
     assert from_dict(EvalConfig, evaluate).decode == "rescore"
 
 
@@ -155,13 +157,13 @@ def test_lexicon_rescoring_of_las_runs_tests_once_with_the_weight_best_on_dev(an
     dev_wers = dict(zip(an4_run.RESCORE_WEIGHTS, (0.12, 0.08, 0.08, 0.11), strict=True))
     for w, wer in dev_wers.items():
         dev = _by_name(an4_run.decode_steps(s))[f"lexicon_rescore_dev_w{w}_las_p0_s0"]
-        cfg = from_dict(EvalConfig, compose_yaml("evaluate", dev.argv(), command="t"))
+        cfg = from_dict(EvalConfig, compose_yaml("evaluate", dev.argv(), command="t", schema=EvalConfig))
         assert cfg.decode == "lexicon_rescore" and cfg.test_sets == ("dev",) and cfg.rescore_ctc_weight == w
         assert cfg.lexicon.nbest == an4_run.RESCORE_NBEST and cfg.lexicon.order == 2 and cfg.lexicon.word_score == 1.0
         (out / f"lexicon_rescore_dev_w{w}.json").write_text(json.dumps({"sets": {"dev": {"wer": wer}}}))
     test = steps["lexicon_rescore_las_p0_s0"]
     assert set(test.deps) == {f"lexicon_rescore_dev_w{w}_las_p0_s0" for w in an4_run.RESCORE_WEIGHTS}
-    cfg = from_dict(EvalConfig, compose_yaml("evaluate", test.argv(), command="t"))
+    cfg = from_dict(EvalConfig, compose_yaml("evaluate", test.argv(), command="t", schema=EvalConfig))
     assert cfg.test_sets == ("test",) and cfg.rescore_ctc_weight == 0.5  # the first of the two best on dev
     (out / "lexicon_rescore.json").write_text(json.dumps({"sets": {"test": {"wer": 0.07, "cer": 0.03}}}))
     assert sys.modules["report"].scores(s, "las_p0_s0", "lexicon_rescore") == {
