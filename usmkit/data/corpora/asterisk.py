@@ -42,13 +42,10 @@ from usmkit.data.corpora.prompts import (
     LanguageCounts,
     LeftOut,
     Prompt,
-    assign_splits,
-    load_cuts_of,
+    checked_arguments,
+    finish_corpus,
     normalize_prompt,
     print_summary,
-    summary,
-    write_corpus,
-    write_summary,
 )
 
 CORPUS = "asterisk"
@@ -157,13 +154,7 @@ def prepare_asterisk(
     on_error: str = "fail",
 ) -> tuple[dict, dict]:
     """Write the asterisk manifests and ``corpus.json`` to ``out_dir``; returns (CutSets by split, summary)."""
-    unknown = sorted(set(languages) - set(LANGUAGES))
-    if unknown or not languages:
-        raise RecipeError(f"languages={','.join(languages)}: choose among {','.join(LANGUAGES)}")
-    debs, out_dir = Path(debs), Path(out_dir)
-    if not debs.is_dir():
-        raise RecipeError(f"debs={debs} is not a folder; pass the folder where `apt-get download ...` wrote the .debs")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    debs, out_dir = checked_arguments(debs, out_dir, languages, LANGUAGES)
     packages: list[Package] = []
     prompts: list[Prompt] = []
     counts = {lang: LanguageCounts() for lang in languages}
@@ -173,17 +164,19 @@ def prepare_asterisk(
         text = package_root(debs, f"asterisk-core-sounds-{lang}", out_dir / "packages", _want(lang))
         packages += [wav, text]
         prompts += scan_language(lang, wav.root, text.root, counts[lang], faults[lang])
-    cuts = load_cuts_of(prompts, faults, counts, num_jobs)
-    for lang in languages:
-        counts[lang].unreadable.update(faults[lang].counts())
-    usable = {cut.id for cut in cuts}  # split the texts of the prompts kept, so that no split is left empty
-    split_of = assign_splits([p for p in prompts if p.id in usable], seed)
-    cut_sets = write_corpus(out_dir, CORPUS, cuts, split_of, languages, LANGUAGES)
-    meta = [{"name": p.name, "version": p.version, "source": p.source} for p in packages]
-    data = summary(CORPUS, cut_sets, counts, meta, LICENSES, seed)
-    data["narrowband"] = {"source_rate": NARROWBAND_RATE, "loaded_at": 16000}
-    write_summary(out_dir, data)
-    return cut_sets, data
+    return finish_corpus(
+        out_dir,
+        CORPUS,
+        prompts,
+        packages,
+        counts,
+        faults,
+        LANGUAGES,
+        LICENSES,
+        seed,
+        num_jobs,
+        narrowband={"source_rate": NARROWBAND_RATE, "loaded_at": 16000},
+    )
 
 
 @dataclass(frozen=True)

@@ -282,6 +282,50 @@ def summary(
     }
 
 
+def checked_arguments(
+    debs: str | Path, out_dir: str | Path, languages: Sequence[str], known: Sequence[str]
+) -> tuple[Path, Path]:
+    """(``debs``, ``out_dir``) as paths, ``out_dir`` created; ``RecipeError`` for a language not in ``known``
+    or a ``debs`` that is not a folder."""
+    unknown = sorted(set(languages) - set(known))
+    if unknown or not languages:
+        raise RecipeError(f"languages={','.join(languages)}: choose among {','.join(known)}")
+    debs, out_dir = Path(debs), Path(out_dir)
+    if not debs.is_dir():
+        raise RecipeError(f"debs={debs} is not a folder; pass the folder where `apt-get download ...` wrote the .debs")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return debs, out_dir
+
+
+def finish_corpus(
+    out_dir: Path,
+    corpus: str,
+    prompts: Sequence[Prompt],
+    packages: Sequence[Any],
+    counts: Mapping[str, LanguageCounts],
+    faults: Mapping[str, Any],
+    known: Sequence[str],
+    licenses: Mapping[str, str],
+    seed: int,
+    num_jobs: int,
+    **extra: Any,
+) -> tuple[dict, dict]:
+    """Read the prompts' audio, split the texts of those kept, write the manifests and ``corpus.json``
+    (``extra`` keys added to it): the shared end of the prompt corpora's recipes. Returns (CutSets by
+    split, summary)."""
+    languages = tuple(counts)
+    cuts = load_cuts_of(prompts, faults, counts, num_jobs)
+    for lang in languages:
+        counts[lang].unreadable.update(faults[lang].counts())
+    usable = {cut.id for cut in cuts}  # split the texts of the prompts kept, so that no split is left empty
+    split_of = assign_splits([p for p in prompts if p.id in usable], seed)
+    cut_sets = write_corpus(out_dir, corpus, cuts, split_of, languages, known)
+    meta = [{"name": p.name, "version": p.version, "source": p.source} for p in packages]
+    data = summary(corpus, cut_sets, counts, meta, licenses, seed) | extra
+    write_summary(out_dir, data)
+    return cut_sets, data
+
+
 def write_summary(out_dir: Path, data: Mapping[str, Any]) -> None:
     (out_dir / SUMMARY).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
