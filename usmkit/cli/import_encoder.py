@@ -23,13 +23,14 @@ exactly, a tensor the encoder lacks or misses, or a damaged file is refused with
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from usmkit.checkpointing.checkpoint import _sha256  # what checkpoints record of their files
 
 USAGE = """\
 usage: python -m usmkit.cli.import_encoder source=DIR|FILE.nemo out=DIR
@@ -68,14 +69,6 @@ class Imported:
     record: dict[str, Any]
     tensors: int
     parameters: int
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
