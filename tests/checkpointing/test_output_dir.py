@@ -110,7 +110,7 @@ def test_json_results_refuse_weights_and_accept_their_own(tmp_path):
 
 
 def test_exp_dir_with_a_users_config_and_metrics_is_refused_and_left_as_it_was(tmp_path):
-    """Issue 57 case 4: training in a folder with someone's config.yaml and metrics.jsonl replaced the
+    """training in a folder with someone's config.yaml and metrics.jsonl replaced the
     config and rewrote the metrics."""
     user = tmp_path / "U"
     config = _text_file(user / "config.yaml", "learning_rate: 3\n")

@@ -333,7 +333,7 @@ def test_init_ctc_head_only_from_a_run_with_the_same_tokenizer(tmp_path):
 
 
 def test_exp_dir_holding_a_users_config_and_metrics_is_refused_in_one_line(corpus, tmp_path, capsys):
-    """Issue 57 case 4: ``trainer.exp_dir`` an existing folder that is not a usmkit experiment (its own
+    """``trainer.exp_dir`` an existing folder that is not a usmkit experiment (its own
     config.yaml and metrics.jsonl) had its config replaced and its metrics rewritten; now one line, nothing
     written (no train.log either)."""
     from usmkit.cli.train import main

@@ -256,7 +256,7 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 def test_out_inside_src_is_refused_in_one_line_and_the_audio_is_kept(synth_corpus, tmp_path, capsys):
-    """Issue 57 case 1: ``prepare shar src=C out=C/audio`` replaced ``C/audio/train`` (the corpus's FLAC
+    """``prepare shar src=C out=C/audio`` replaced ``C/audio/train`` (the corpus's FLAC
     files) with shards, so C's manifests pointed at nothing."""
     from usmkit.cli.prepare import main
 
@@ -270,7 +270,7 @@ def test_out_inside_src_is_refused_in_one_line_and_the_audio_is_kept(synth_corpu
 
 
 def test_a_folder_of_other_files_is_refused_and_an_earlier_conversion_is_replaced(tmp_path, build_corpus):
-    """Issue 57 case 1: ``out=D`` replaced ``D/train`` whole, and a user's ``D/train/notes.txt`` with it."""
+    """``out=D`` replaced ``D/train`` whole, and a user's ``D/train/notes.txt`` with it."""
     from lhotse import CutSet
 
     from usmkit.data.corpora.common import write_split as write_manifests

@@ -482,7 +482,7 @@ def test_ctrl_c_is_one_line_and_a_rerun_goes_on(teacher, synth_corpus, tmp_path)
     assert len(_records(out)) == 150
 
 
-# ------------------------------------------------------------------------------------------------ outputs (issue 57)
+# ---- outputs: ctm=, srt_dir= and the inputs they must not replace -----------------------------------------
 def _one_error_line(capsys, argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*argv, "device=cpu", "num_workers=0", "progress=false"])
@@ -491,7 +491,7 @@ def _one_error_line(capsys, argv: list[str], message: str) -> None:
 
 
 def test_ctm_over_a_checkpoints_weights_or_a_text_file_is_refused(teacher, test_manifest, tmp_path, capsys):
-    """Issue 57 case 2: ``ctm=MODEL/checkpoints/step-N/model.safetensors`` replaced the weights with CTM text,
+    """``ctm=MODEL/checkpoints/step-N/model.safetensors`` replaced the weights with CTM text,
     and ``ctm=`` replaced any text file (``out=`` was guarded, ``ctm=`` was not)."""
     import shutil
 
@@ -515,7 +515,7 @@ def test_ctm_over_a_checkpoints_weights_or_a_text_file_is_refused(teacher, test_
 
 
 def test_srt_dir_inside_a_corpus_or_a_folder_of_other_files_is_refused(teacher, test_manifest, tmp_path, capsys):
-    """Issue 57 case 2: ``srt_dir=`` wrote into any folder, a corpus's among them."""
+    """``srt_dir=`` wrote into any folder, a corpus's among them."""
     corpus = tmp_path / "C"
     corpus.mkdir()
     (corpus / "mine_cuts_train.jsonl.gz").write_bytes(b"")  # a corpus folder, as its manifests' names say
@@ -528,7 +528,7 @@ def test_srt_dir_inside_a_corpus_or_a_folder_of_other_files_is_refused(teacher, 
 
 
 def test_a_manifest_with_a_cut_id_twice_is_refused_in_one_line(teacher, test_manifest, tmp_path, capsys):
-    """Issue 57 case 11: a manifest repeating a cut id gave two lines with that id (training refuses it, and
+    """a manifest repeating a cut id gave two lines with that id (training refuses it, and
     every id is one line of ``out``)."""
     from usmkit.data.manifests import read_cuts, write_manifest
 

@@ -120,7 +120,7 @@ def test_command_refuses_a_missing_set_or_an_empty_grid_in_one_line(ctc_run, tmp
     ],
 )
 def test_a_non_finite_grid_value_or_a_test_set_is_one_error_line(ctc_run, tmp_path, capsys, bad, expected):
-    """Issue 57 case 13: ``lm_weights=[nan]`` recommended ``lm_weight=nan`` (at WER 100%), and ``set=test``
+    """``lm_weights=[nan]`` recommended ``lm_weight=nan`` (at WER 100%), and ``set=test``
     tuned on the test set without a word although the help says never the test set."""
     with pytest.raises(SystemExit) as exit_info:
         tune_main([f"checkpoint={ctc_run}", bad, "device=cpu", f"output={tmp_path / 'x.json'}"])

@@ -160,7 +160,7 @@ def test_the_command_calibrates_and_refuses_a_folder_of_other_work(teacher, synt
 
 
 def test_a_labelled_corpus_named_as_corpus_is_refused_and_kept(teacher, synth_corpus, tmp_path, capsys):
-    """Issue 57 case 3: ``out=C corpus=<C's own name>`` replaced a labelled corpus's train cuts with
+    """``out=C corpus=<C's own name>`` replaced a labelled corpus's train cuts with
     pseudo-labels (the folder was taken for an earlier pseudo-labelling because the names matched)."""
     import shutil
 
