@@ -4,6 +4,7 @@ cut once per epoch over the processes and loader workers, exact resume, and what
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -116,6 +117,23 @@ def test_resume_yields_the_batches_of_an_uninterrupted_loader(shards, build_conf
     for want, got in zip(straight[consumed:], again, strict=True):
         assert got.cut_ids == want.cut_ids
         torch.testing.assert_close(got.features, want.features)
+
+
+def test_over_long_transcripts_are_left_out_of_the_streams_and_counted(tmp_path, build_corpus, build_config,
+                                                                      tiny_tokenizer, caplog):  # fmt: skip
+    """A transcript of more tokens than its cut has feature frames trains from shards as it does from manifests:
+    left out of every stream, and counted once when the loader is built."""
+    from lhotse import CutSet
+    from lhotse.utils import fastcopy
+
+    cuts = list(build_corpus(tmp_path / "corpus", {"en": 12}))
+    sup = cuts[0].supervisions[0]
+    cuts[0] = fastcopy(cuts[0], supervisions=[fastcopy(sup, text=" ".join(["the cat"] * 1000))])
+    write_split(CutSet.from_cuts(cuts), tmp_path / "shar" / "train", shard_size=3)
+    with caplog.at_level(logging.WARNING, logger="usmkit.data.loader"):
+        seen = _epochs_of(_loader(tmp_path / "shar", build_config, tiny_tokenizer), 1)[0]
+    assert sorted(seen) == sorted(c.id for c in cuts[1:])
+    assert "training leaves out 1 cuts whose transcripts have more tokens than max_text_tokens=1000" in caplog.text
 
 
 def test_too_few_shards_for_the_streams_is_refused(shards, build_config, tiny_tokenizer):

@@ -297,6 +297,8 @@ def make_loader(
     endless; ``cuts`` are then only the shards' manifests, from which it takes the duration buckets).
     """
     if train and cfg.shar_dir:
+        if tokenizer is not None:
+            _drop_long_texts(cuts, tokenizer, cfg)  # says how many the streams leave out (TextFits, per stream)
         dataset = _dataset(cfg, tokenizer, stats, None, train=True, seed=seed + rank)
         return SharLoader(
             dataset, split_shards(cfg.shar_dir, cfg.train_split), cfg, duration_bins=duration_bins(cuts, cfg),
@@ -422,16 +424,7 @@ def _drop_long_texts(cuts: CutSet, tokenizer: TextEncoder, cfg: DataConfig) -> C
     """Leave out the cuts whose transcripts have more tokens than ``cfg.max_text_tokens`` (when set) or than the
     cut has feature frames: an encoder has at most that many frames, and CTC emits at most one token a frame.
     Each transcript is tokenized once here (the batches tokenize again)."""
-    shift = cfg.features.frame_shift_ms / 1000.0
-    limit = cfg.max_text_tokens or None
-
-    def fits(cut: Cut) -> bool:
-        text = cut_text(cut)
-        if not text:
-            return True
-        tokens = len(tokenizer.encode(text))
-        return tokens <= cut_frames(cut, shift) and (limit is None or tokens <= limit)
-
+    fits = TextFits(tokenizer, cfg)
     kept, dropped = [], 0
     for cut in cuts:
         if fits(cut):
@@ -440,10 +433,26 @@ def _drop_long_texts(cuts: CutSet, tokenizer: TextEncoder, cfg: DataConfig) -> C
             dropped += 1
     if dropped == 0:
         return cuts
-    bound = f"max_text_tokens={limit} or " if limit else ""
-    log.warning("training leaves out %d cuts whose transcripts have more tokens than %sthe cut's feature frames "
-                "(%g ms each)", dropped, bound, cfg.features.frame_shift_ms)  # fmt: skip
+    log.warning("training leaves out %d cuts whose transcripts have more tokens than %s", dropped, fits.bound)
     return CutSet.from_cuts(kept)
+
+
+class TextFits:
+    """Whether a cut's transcript fits the frames it has and ``cfg.max_text_tokens`` (``_drop_long_texts``); a
+    class rather than a closure so that a Shar stream's filter pickles for spawned loader workers."""
+
+    def __init__(self, tokenizer: TextEncoder, cfg: DataConfig) -> None:
+        self.tokenizer, self.shift = tokenizer, cfg.features.frame_shift_ms / 1000.0
+        self.limit = cfg.max_text_tokens or None
+        limit = f"max_text_tokens={self.limit} or " if self.limit else ""
+        self.bound = f"{limit}the cut's feature frames ({cfg.features.frame_shift_ms:g} ms each)"
+
+    def __call__(self, cut: Cut) -> bool:
+        text = cut_text(cut)
+        if not text:
+            return True
+        tokens = len(self.tokenizer.encode(text))
+        return tokens <= cut_frames(cut, self.shift) and (self.limit is None or tokens <= self.limit)
 
 
 # ---------------------------------------------------------------- streaming from Shar shards
@@ -494,6 +503,8 @@ class _SharStreams(torch.utils.data.IterableDataset):
         super().__init__()
         self.dataset, self.shards, self.bins = dataset, shards, bins
         self.max_duration, self.max_cut_duration = cfg.max_duration, cfg.max_cut_duration
+        tokenizer = dataset.dataset.tokenizer
+        self.text_fits = TextFits(tokenizer, cfg) if tokenizer is not None else None
         self.rank, self.world_size, self.streams, self.seed, self.start = rank, world_size, streams, seed, start
 
     def __iter__(self) -> Iterator[tuple[tuple[int, int, int], Batch]]:
@@ -518,6 +529,8 @@ class _SharStreams(torch.utils.data.IterableDataset):
         shards = stream_shards(self.shards, epoch=epoch, seed=self.seed, rank=self.rank,
                                world_size=self.world_size, stream=stream, streams=self.streams)  # fmt: skip
         cuts = shar_cuts(shards, audio=True).filter(functools.partial(_at_most, self.max_cut_duration))
+        if self.text_fits is not None:
+            cuts = cuts.filter(self.text_fits)
         sampler = DynamicBucketingSampler(
             cuts, max_duration=self.max_duration, duration_bins=self.bins, shuffle=True, drop_last=False,
             buffer_size=SHAR_BUFFER_CUTS, world_size=1, rank=0, seed=seed,
