@@ -81,6 +81,15 @@ def output_lengths(lengths: torch.Tensor, factor: int = 4, front_end: str = "con
     return lengths.clamp(min=0)
 
 
+def check_features(features: torch.Tensor, input_dim: int) -> None:
+    """ValueError unless ``features`` is (B, T, input_dim): what every front end takes."""
+    if features.dim() != 3 or features.shape[-1] != input_dim:
+        raise ValueError(
+            f"features must be (batch, frames, {input_dim}); got {tuple(features.shape)} "
+            "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
+        )
+
+
 class Conv2dSubsampling(nn.Module):
     """(B, T, F) features -> (B, T', D) frames at 1 / ``factor`` of the frame rate."""
 
@@ -108,11 +117,7 @@ class Conv2dSubsampling(nn.Module):
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """features (B, T, F), lengths (B,) -> frames (B, T', D), output lengths (B,)."""
-        if features.dim() != 3 or features.shape[-1] != self.input_dim:
-            raise ValueError(
-                f"features must be (batch, frames, {self.input_dim}); got {tuple(features.shape)} "
-                "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
-            )
+        check_features(features, self.input_dim)
         B, T, F = features.shape
         if T < self.receptive_field:
             raise ValueError(
@@ -156,11 +161,7 @@ class StackingFrontEnd(nn.Module):
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """features (B, T, F), lengths (B,) -> frames (B, T // s, D), output lengths (B,)."""
-        if features.dim() != 3 or features.shape[-1] != self.input_dim:
-            raise ValueError(
-                f"features must be (batch, frames, {self.input_dim}); got {tuple(features.shape)} "
-                "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
-            )
+        check_features(features, self.input_dim)
         B, T, F = features.shape
         T2 = T // self.factor
         if T2 < 1:
@@ -223,11 +224,7 @@ class DwStridingSubsampling(nn.Module):
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """features (B, T, F), lengths (B,) -> frames (B, T', D), output lengths (B,)."""
-        if features.dim() != 3 or features.shape[-1] != self.input_dim:
-            raise ValueError(
-                f"features must be (batch, frames, {self.input_dim}); got {tuple(features.shape)} "
-                "(is the feature extractor's number of mel bins the same as ConformerConfig.input_dim?)"
-            )
+        check_features(features, self.input_dim)
         x = features.unsqueeze(1)  # (B, 1, T, F)
         current = lengths
         for layer in self.conv:
