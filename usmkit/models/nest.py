@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from usmkit.models.config import ConformerConfig
-from usmkit.models.w2vbert import ImportRefused
+from usmkit.models.w2vbert import ImportRefused, SourceTensors
 
 ENCODER_TARGET = "ConformerEncoder"
 PREFIX = "encoder."
@@ -186,16 +186,8 @@ def convert_state_dict(
     out: dict[str, torch.Tensor] = {}
     D, K, H, C = cfg.d_model, cfg.conv_kernel, cfg.num_heads, cfg.conv_channels
 
-    def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if key not in src:
-            raise ImportRefused(f"model_weights.ckpt has no tensor {PREFIX + key!r}, which the config's encoder needs")
-        t = src[key]
-        if tuple(t.shape) != shape:
-            raise ImportRefused(
-                f"model_weights.ckpt: {PREFIX + key!r} has shape {tuple(t.shape)}, the config says {shape}"
-            )
-        used.add(key)
-        return t
+    tensors = SourceTensors(src, "model_weights.ckpt", used, PREFIX)
+    take = tensors.take
 
     stages = cfg.subsampling_factor.bit_length() - 1
     out["subsampling.conv.0.weight"], out["subsampling.conv.0.bias"] = (
@@ -242,11 +234,5 @@ def convert_state_dict(
             out[f"{b}depthwise_conv.bias"] = ((dw_b.double() - bn["running_mean"]) * gain + bn["bias"]).to(dw_b.dtype)
         else:
             out[f"{b}depthwise_conv.weight"], out[f"{b}depthwise_conv.bias"] = dw_w, dw_b
-    unknown = sorted(set(src) - used)
-    if unknown:
-        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        raise ImportRefused(
-            f"model_weights.ckpt has tensor {PREFIX + unknown[0]!r}{more}, which usmkit's NEST encoder does not have "
-            f"(model_config.yaml says {cfg.num_layers} layers)"
-        )
+    tensors.check_all_used("NEST", f"model_config.yaml says {cfg.num_layers} layers")
     return out, skipped

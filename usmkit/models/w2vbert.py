@@ -38,7 +38,35 @@ ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu"
 
 
 class ImportRefused(UsageError, ValueError):
-    """A source that is not a w2v-BERT 2.0 encoder usmkit can reproduce exactly."""
+    """A source that is not an encoder usmkit can reproduce exactly (w2v-BERT 2.0, NEST)."""
+
+
+class SourceTensors:
+    """An imported state dict's tensors, each taken once by key with its shape checked (``take``); ``used`` holds
+    the keys taken or left out on purpose, and ``check_all_used`` refuses a key none took. ``file`` and
+    ``prefix`` name the keys in messages as the source file spells them."""
+
+    def __init__(self, src: dict[str, torch.Tensor], file: str, used: set[str], prefix: str = "") -> None:
+        self.src, self.file, self.used, self.prefix = src, file, used, prefix
+
+    def take(self, key: str, shape: tuple[int, ...]) -> torch.Tensor:
+        name = self.prefix + key
+        if key not in self.src:
+            raise ImportRefused(f"{self.file} has no tensor {name!r}, which the config's encoder needs")
+        t = self.src[key]
+        if tuple(t.shape) != shape:
+            raise ImportRefused(f"{self.file}: {name!r} has shape {tuple(t.shape)}, the config says {shape}")
+        self.used.add(key)
+        return t
+
+    def check_all_used(self, encoder: str, why: str) -> None:
+        unknown = sorted(set(self.src) - self.used)
+        if unknown:
+            more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+            raise ImportRefused(
+                f"{self.file} has tensor {self.prefix + unknown[0]!r}{more}, which usmkit's {encoder} encoder does "
+                f"not have ({why})"
+            )
 
 
 def _require(hf: dict[str, Any], key: str) -> Any:
@@ -134,14 +162,8 @@ def convert_state_dict(
     out: dict[str, torch.Tensor] = {}
     D, K = cfg.d_model, cfg.conv_kernel
 
-    def take(key: str, shape: tuple[int, ...]) -> torch.Tensor:
-        if key not in src:
-            raise ImportRefused(f"model.safetensors has no tensor {key!r}, which the config's encoder needs")
-        t = src[key]
-        if tuple(t.shape) != shape:
-            raise ImportRefused(f"model.safetensors: {key!r} has shape {tuple(t.shape)}, the config says {shape}")
-        used.add(key)
-        return t
+    tensors = SourceTensors(src, "model.safetensors", used)
+    take = tensors.take
 
     stacked = cfg.subsampling_factor * cfg.input_dim
     for p in ("weight", "bias"):
@@ -168,11 +190,7 @@ def convert_state_dict(
         out[f"{b}depthwise_conv.weight"], out[f"{b}depthwise_conv.bias"] = dw, dw.new_zeros(D)
         w2 = take(f"{c}pointwise_conv2.weight", (D, D, 1))
         out[f"{b}pointwise2.weight"], out[f"{b}pointwise2.bias"] = w2[:, :, 0], w2.new_zeros(D)
-    unknown = sorted(set(src) - used)
-    if unknown:
-        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
-        raise ImportRefused(
-            f"model.safetensors has tensor {unknown[0]!r}{more}, which usmkit's w2v-BERT encoder does not have "
-            f"(config.json says {cfg.num_layers} layers; an adapter or a head is not imported)"
-        )
+    tensors.check_all_used(
+        "w2v-BERT", f"config.json says {cfg.num_layers} layers; an adapter or a head is not imported"
+    )
     return out, skipped
