@@ -268,16 +268,16 @@ def lexicon_decoder(args: argparse.Namespace, loaded):
         return build_word_decoder(cfg, loaded.cfg, loaded.tokenizer, bias=bias)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(
-            f"--lexicon: {run_dir(loaded.checkpoint)} carries no {LEXICON_DIR}/ (trained before experiments kept "
-            "their lexicon), and the training transcripts it is rebuilt from could not be read: "
-            f"{e}. Run from the folder the model was trained in (its data.manifest_dir, "
-            f"{loaded.cfg.data.manifest_dir}, is read from there), or train it again: a run now carries its lexicon"
+            f"--lexicon: {run_dir(loaded.checkpoint)} carries no {LEXICON_DIR}/, and the training transcripts it is "
+            f"rebuilt from could not be read: {e}. Run from the folder the model was trained in (its "
+            f"data.manifest_dir, {loaded.cfg.data.manifest_dir}, is read from there), or train it again: training "
+            f"writes {LEXICON_DIR}/ into the experiment"
         ) from e
 
 
 def run_lexicon(loaded) -> Path | None:
     """The lexicon folder the checkpoint's experiment carries (``usmkit.training.run_lexicon``), None when it has
-    none (trained before experiments kept one) or one written for another tokenizer."""
+    none or one written for another tokenizer (its lexicon is then rebuilt from the training manifests)."""
     from usmkit.checkpointing.checkpoint import run_dir
 
     folder = run_dir(loaded.checkpoint) / LEXICON_DIR

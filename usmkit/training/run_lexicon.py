@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def write_run_lexicon(cfg: TrainConfig, tokenizer, exp_dir: str | Path) -> Path | None:
     """``exp_dir/lexicon/`` from the run's training transcripts (``usmkit.runs.lexicon_texts``), replaced
     atomically; None, with a warning, where they cannot be read or hold no text (``--lexicon`` then rebuilds
-    them from the corpus, as before). ``tokenizer`` None (BEST-RQ): no lexicon."""
+    the lexicon from the run's training manifests). ``tokenizer`` None (BEST-RQ): no lexicon."""
     if tokenizer is None:
         return None
     folder = Path(exp_dir) / LEXICON_DIR
