@@ -57,10 +57,11 @@ _COMMON_NAMES = ("config.yaml", "train.log")  # names other tools use too: an ex
 _RUN_FILES = frozenset({*_EXPERIMENT_FILES, "tokenizer.model", "feature_stats.safetensors", "tensorboard"})
 
 
-def corpus_names(folder: Path) -> set[str]:
-    """The corpus names of the lhotse manifests (and ``corpus.json``) directly in ``folder``."""
+def corpus_names(folder: Path, entries: list[Path] | None = None) -> set[str]:
+    """The corpus names of the lhotse manifests (and ``corpus.json``) directly in ``folder`` (``entries``: its
+    listing, where the caller has it)."""
     names = set()
-    for p in folder.iterdir():
+    for p in folder.iterdir() if entries is None else entries:
         m = _MANIFEST.match(p.name) or _TEXT_ONLY.match(p.name)
         if m and p.is_file():
             names.add(m.group("corpus"))
@@ -92,7 +93,7 @@ def folder_kind(folder: Path, *, above: bool = False) -> tuple[str, str] | None:
     steps = sorted(p.name for p in entries if _STEP_DIR.match(p.name) and p.is_dir())
     if steps:
         return "checkpoints", f"a run's checkpoints folder (it has {steps[-1]}/)"
-    corpora = corpus_names(folder)
+    corpora = corpus_names(folder, entries)
     if corpora:
         return (
             "corpus",
