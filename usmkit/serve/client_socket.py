@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import math
+from collections.abc import Awaitable
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -63,9 +64,7 @@ class ClientSocket(ServerConnection):
         def explained_fail(code: int, reason: str = "") -> None:
             message = layer_close_message(code, reason, protocol.max_message_size)
             if message is not None and protocol.state is State.OPEN and protocol.close_sent is None:
-                address = self.remote_address
-                peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
-                log.warning("%s: %s", peer, message)
+                log.warning("%s: %s", peer_name(self), message)
                 protocol.send_text(failed(message).encode())
             close(code, reason)
 
@@ -102,6 +101,12 @@ class ClientSocket(ServerConnection):
             pass
 
 
+def peer_name(ws: ServerConnection) -> str:
+    """``host:port`` of the client (for logs)."""
+    address = ws.remote_address
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
+
 async def discard_messages(ws: ServerConnection) -> None:
     """Read and drop the client's messages until the connection closes (nothing else may read it meanwhile)."""
     with contextlib.suppress(ConnectionClosed):
@@ -109,14 +114,20 @@ async def discard_messages(ws: ServerConnection) -> None:
             await ws.recv(decode=False)
 
 
-async def close_discarding(ws: ServerConnection, code: int, reason: str = "") -> None:
-    """``ws.close(code, reason)``, reading what the client still sends meanwhile: its close frame is read at
-    once, not after the audio it queued (which websockets stops reading when nobody takes it)."""
+async def while_discarding(ws: ServerConnection, awaitable: Awaitable[object]) -> None:
+    """Await ``awaitable`` (a close, or a writer that ends in one) while reading and dropping what the client
+    still sends: its close frame is read at once, not after the audio it queued (which websockets stops
+    reading when nobody takes it)."""
     reader = asyncio.create_task(discard_messages(ws))
     try:
         with contextlib.suppress(ConnectionClosed):
-            await ws.close(code, reason)
+            await awaitable
     finally:
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reader
+
+
+async def close_discarding(ws: ServerConnection, code: int, reason: str = "") -> None:
+    """``ws.close(code, reason)`` while dropping the client's messages (``while_discarding``)."""
+    await while_discarding(ws, ws.close(code, reason))

@@ -29,7 +29,7 @@ from websockets.exceptions import ConnectionClosed
 
 from usmkit.serve.access import MessageRate
 from usmkit.serve.batcher import Batcher, Error
-from usmkit.serve.client_socket import discard_messages
+from usmkit.serve.client_socket import while_discarding
 from usmkit.serve.config import ServeConfig
 from usmkit.serve.protocol import (
     EndSignal,
@@ -133,14 +133,7 @@ class Connection:
             pass  # the client vanished mid-stream
         finally:
             if self._closing:
-                # What is queued, then the close; the client's messages meanwhile are dropped, so that its
-                # answer to the close is read at once, not after the audio it had queued.
-                reader = asyncio.create_task(discard_messages(self.ws))
-                with contextlib.suppress(ConnectionClosed):
-                    await writer
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+                await while_discarding(self.ws, writer)  # what is queued, then the close
             else:
                 writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -47,7 +47,7 @@ from websockets.http11 import Request, Response
 from usmkit.errors import UsageError
 from usmkit.serve.access import CHECKED_HEADERS, HeaderError, host_ok, one_header, origin_ok, token_ok
 from usmkit.serve.batcher import Batcher
-from usmkit.serve.client_socket import ClientSocket, close_discarding
+from usmkit.serve.client_socket import ClientSocket, close_discarding, peer_name
 from usmkit.serve.config import ServeConfig
 from usmkit.serve.connection import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_LATER, Connection, Traffic
 from usmkit.serve.protocol import MAX_SIGNAL_CHARS, failed
@@ -226,7 +226,7 @@ class Server:
 
     # ------------------------------------------------------------------ WebSocket connections
     async def _handle(self, ws: ServerConnection) -> None:
-        peer = _peer(ws)
+        peer = peer_name(ws)
         if self.draining:
             await _refuse(ws, "the server is stopping; connect again later", CLOSE_GOING_AWAY)
             return
@@ -261,11 +261,6 @@ class Server:
                 len(self.connections),
                 self.cfg.max_connections,
             )
-
-
-def _peer(ws: ServerConnection) -> str:
-    address = ws.remote_address
-    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
 
 
 async def _refuse(ws: ServerConnection, message: str, code: int = CLOSE_POLICY) -> None:
