@@ -297,12 +297,11 @@ def make_loader(
     endless; ``cuts`` are then only the shards' manifests, from which it takes the duration buckets).
     """
     if train and cfg.shar_dir:
-        if tokenizer is not None:
-            _drop_long_texts(cuts, tokenizer, cfg)  # says how many the streams leave out (TextFits, per stream)
+        long = long_text_ids(cuts, tokenizer, cfg) if tokenizer is not None else frozenset()  # from the manifests
         dataset = _dataset(cfg, tokenizer, stats, None, train=True, seed=seed + rank)
         return SharLoader(
             dataset, split_shards(cfg.shar_dir, cfg.train_split), cfg, duration_bins=duration_bins(cuts, cfg),
-            rank=rank, world_size=world_size, seed=seed, pin_memory=pin_memory,
+            rank=rank, world_size=world_size, seed=seed, pin_memory=pin_memory, left_out=long,
         )  # fmt: skip
     if cfg.features.precomputed:
         bare = next((c.id for c in cuts if not c.has_features), None)
@@ -421,38 +420,36 @@ def _drop_long(cuts: CutSet, max_duration: float) -> CutSet:
 
 
 def _drop_long_texts(cuts: CutSet, tokenizer: TextEncoder, cfg: DataConfig) -> CutSet:
-    """Leave out the cuts whose transcripts have more tokens than ``cfg.max_text_tokens`` (when set) or than the
-    cut has feature frames: an encoder has at most that many frames, and CTC emits at most one token a frame.
-    Each transcript is tokenized once here (the batches tokenize again)."""
-    fits = TextFits(tokenizer, cfg)
-    kept, dropped = [], 0
-    for cut in cuts:
-        if fits(cut):
-            kept.append(cut)
-        else:
-            dropped += 1
-    if dropped == 0:
-        return cuts
-    log.warning("training leaves out %d cuts whose transcripts have more tokens than %s", dropped, fits.bound)
-    return CutSet.from_cuts(kept)
+    """``cuts`` without those of ``long_text_ids``."""
+    long = long_text_ids(cuts, tokenizer, cfg)
+    return CutSet.from_cuts(c for c in cuts if c.id not in long) if long else cuts
 
 
-class TextFits:
-    """Whether a cut's transcript fits the frames it has and ``cfg.max_text_tokens`` (``_drop_long_texts``); a
-    class rather than a closure so that a Shar stream's filter pickles for spawned loader workers."""
+def long_text_ids(cuts: CutSet, tokenizer: TextEncoder, cfg: DataConfig) -> frozenset[str]:
+    """The ids of the cuts whose transcripts have more tokens than ``cfg.max_text_tokens`` (when set) or than the
+    cut has feature frames (an encoder has at most that many frames, and CTC emits at most one token a frame),
+    with a warning saying how many training leaves out. Each transcript is tokenized once here (the batches
+    tokenize again)."""
+    shift = cfg.features.frame_shift_ms / 1000.0
+    limit = cfg.max_text_tokens or None
 
-    def __init__(self, tokenizer: TextEncoder, cfg: DataConfig) -> None:
-        self.tokenizer, self.shift = tokenizer, cfg.features.frame_shift_ms / 1000.0
-        self.limit = cfg.max_text_tokens or None
-        limit = f"max_text_tokens={self.limit} or " if self.limit else ""
-        self.bound = f"{limit}the cut's feature frames ({cfg.features.frame_shift_ms:g} ms each)"
-
-    def __call__(self, cut: Cut) -> bool:
+    def too_long(cut: Cut) -> bool:
         text = cut_text(cut)
         if not text:
-            return True
-        tokens = len(self.tokenizer.encode(text))
-        return tokens <= cut_frames(cut, self.shift) and (self.limit is None or tokens <= self.limit)
+            return False
+        tokens = len(tokenizer.encode(text))
+        return tokens > cut_frames(cut, shift) or (limit is not None and tokens > limit)
+
+    long = frozenset(c.id for c in cuts if too_long(c))
+    if long:
+        bound = f"max_text_tokens={limit} or " if limit else ""
+        log.warning("training leaves out %d cuts whose transcripts have more tokens than %sthe cut's feature frames "
+                    "(%g ms each)", len(long), bound, cfg.features.frame_shift_ms)  # fmt: skip
+    return long
+
+
+def _not_in(ids: frozenset[str], cut: Cut) -> bool:
+    return cut.id not in ids
 
 
 # ---------------------------------------------------------------- streaming from Shar shards
@@ -498,13 +495,11 @@ class _SharStreams(torch.utils.data.IterableDataset):
 
     def __init__(
         self, dataset: _SeededDataset, shards: list, cfg: DataConfig, bins: list[float], *, rank: int,
-        world_size: int, streams: int, seed: int, start: list[tuple[int, int]],
+        world_size: int, streams: int, seed: int, start: list[tuple[int, int]], left_out: frozenset[str],
     ) -> None:  # fmt: skip
         super().__init__()
-        self.dataset, self.shards, self.bins = dataset, shards, bins
+        self.dataset, self.shards, self.bins, self.left_out = dataset, shards, bins, left_out
         self.max_duration, self.max_cut_duration = cfg.max_duration, cfg.max_cut_duration
-        tokenizer = dataset.dataset.tokenizer
-        self.text_fits = TextFits(tokenizer, cfg) if tokenizer is not None else None
         self.rank, self.world_size, self.streams, self.seed, self.start = rank, world_size, streams, seed, start
 
     def __iter__(self) -> Iterator[tuple[tuple[int, int, int], Batch]]:
@@ -529,8 +524,8 @@ class _SharStreams(torch.utils.data.IterableDataset):
         shards = stream_shards(self.shards, epoch=epoch, seed=self.seed, rank=self.rank,
                                world_size=self.world_size, stream=stream, streams=self.streams)  # fmt: skip
         cuts = shar_cuts(shards, audio=True).filter(functools.partial(_at_most, self.max_cut_duration))
-        if self.text_fits is not None:
-            cuts = cuts.filter(self.text_fits)
+        if self.left_out:
+            cuts = cuts.filter(functools.partial(_not_in, self.left_out))
         sampler = DynamicBucketingSampler(
             cuts, max_duration=self.max_duration, duration_bins=self.bins, shuffle=True, drop_last=False,
             buffer_size=SHAR_BUFFER_CUTS, world_size=1, rank=0, seed=seed,
@@ -552,7 +547,7 @@ class SharLoader:
 
     def __init__(
         self, dataset: AsrDataset, shards: list, cfg: DataConfig, *, duration_bins: list[float], rank: int = 0,
-        world_size: int = 1, seed: int = 0, pin_memory: bool = False,
+        world_size: int = 1, seed: int = 0, pin_memory: bool = False, left_out: frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         self.streams = max(1, cfg.num_workers)
         if len(shards) < world_size * self.streams:
@@ -564,6 +559,7 @@ class SharLoader:
             )
         self.dataset, self.shards, self.cfg, self.bins = _SeededDataset(dataset), shards, cfg, duration_bins
         self.rank, self.world_size, self.seed, self.pin_memory = rank, world_size, seed, pin_memory
+        self.left_out = left_out  # cut ids the streams skip (``long_text_ids``)
         self.positions = [(0, 0)] * self.streams  # per stream: (epoch, batches of it consumed)
         self.next_stream = 0
         self._epoch = 0
@@ -573,7 +569,7 @@ class SharLoader:
         self.close()  # an earlier pass's workers are ahead of what was consumed
         streams = _SharStreams(
             self.dataset, self.shards, self.cfg, self.bins, rank=self.rank, world_size=self.world_size,
-            streams=self.streams, seed=self.seed, start=list(self.positions),
+            streams=self.streams, seed=self.seed, start=list(self.positions), left_out=self.left_out,
         )  # fmt: skip
         self._live = iter(
             torch.utils.data.DataLoader(
