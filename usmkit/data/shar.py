@@ -208,12 +208,13 @@ class _ShardByShard:
                 for cut in CutSet.from_shar(fields=fields):
                     read += 1
                     yield cut
-                short = self.audio and read < _lines(shard["cuts"])
+                expected = _lines(shard["cuts"]) if self.audio else read  # a tar cut short at an entry's edge
+                short = read < expected
             except (tarfile.TarError, AssertionError, OSError, EOFError, ValueError, zlib.error) as e:
                 raise SharError(_unreadable(shard, e, self.audio)) from None
             if short:
                 raise SharError(
-                    f"Shar shard {shard[AUDIO_FIELD]} holds the audio of {read} of the {_lines(shard['cuts'])} cuts of "
+                    f"Shar shard {shard[AUDIO_FIELD]} holds the audio of {read} of the {expected} cuts of "
                     f"{shard['cuts']}: it was cut short; copy it again, or {_rewrite_hint(_shar_dir(shard))}"
                 )
 
