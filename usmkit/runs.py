@@ -8,12 +8,14 @@ and SHA-256 recorded with it. A file that cannot be used raises ``CheckpointErro
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from lhotse.cut import Cut
 
 from usmkit.checkpointing.checkpoint import (
     CONFIG_FILE,
@@ -155,6 +157,11 @@ def load_aligner(align_from: str, device: torch.device) -> torch.nn.Module:
 def lexicon_texts(train_cfg: TrainConfig, norm: TextNormConfig | None = None) -> list[str]:
     """The normalized transcripts of the split the run was trained on: the words of its lexicon and the text
     of its word LM (``usmkit.decoding.ctc_lexicon``). ``FileNotFoundError`` where the split's manifest is gone."""
-    norm = norm or TextNormConfig()
     cuts = load_cuts(train_cfg.data.manifest_dir, train_cfg.data.train_split, corpus=train_cfg.data.corpus)
+    return transcripts_of(cuts, norm)
+
+
+def transcripts_of(cuts: Iterable[Cut], norm: TextNormConfig | None = None) -> list[str]:
+    """The normalized transcripts of ``cuts`` (``lexicon_texts``'s, of cuts already loaded)."""
+    norm = norm or TextNormConfig()
     return [normalize_text(s.text, norm) for c in cuts for s in c.supervisions if s.text]

@@ -468,6 +468,7 @@ def test_lexicon_travels_with_the_experiment(capsys, tmp_path, audio, monkeypatc
     """A run carries the lexicon and LM of its training transcripts (``exp/lexicon/``, written when training
     starts), so ``--lexicon`` works from any folder; one trained before that still works from its own folder
     (rebuilt from the corpus) and elsewhere says why it cannot, in one line."""
+    from usmkit.data.manifests import load_cuts
     from usmkit.streaming.pipeline import load_model
     from usmkit.training.run_lexicon import write_run_lexicon
 
@@ -478,7 +479,9 @@ def test_lexicon_travels_with_the_experiment(capsys, tmp_path, audio, monkeypatc
     code, rebuilt, err = run_cli(capsys, audio, "--checkpoint", exp, *lexicon)  # no lexicon/: rebuilt
     assert code == 0 and finals(rebuilt), err
     loaded = load_model(exp)
-    assert write_run_lexicon(loaded.cfg, loaded.tokenizer, exp) == exp / "lexicon"
+    data = loaded.cfg.data
+    train_cuts = load_cuts(data.manifest_dir, data.train_split, corpus=data.corpus)
+    assert write_run_lexicon(train_cuts, loaded.tokenizer, exp) == exp / "lexicon"
     assert {p.name for p in (exp / "lexicon").iterdir()} == {"tokens.txt", "lexicon.txt", "lm.arpa"}
 
     elsewhere = tmp_path / "elsewhere"

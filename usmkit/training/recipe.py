@@ -140,7 +140,7 @@ class TrainingRecipe:
         stats = rank0_first(rank, lambda: load_stats(cfg, stats_cuts), "the feature statistics")
         if rank == 0:
             self._write_run_files(stats, tokenizer)
-            write_run_lexicon(cfg, tokenizer, self.exp_dir)  # what --lexicon decodes with, wherever the run goes
+            write_run_lexicon(train_cuts, tokenizer, self.exp_dir)  # what --lexicon decodes with, wherever the run goes
         pin = self.device.type == "cuda"  # the trainer's host runs a step ahead: batch copies must not wait
         if task.align_from:
             check_aligner(task.align_from, tokenizer)

@@ -13,28 +13,31 @@ with; its weights are chosen at decode time).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
+from lhotse.cut import Cut
+
 from usmkit.checkpointing.atomic import replaced_dir_atomically
-from usmkit.config import TrainConfig
 from usmkit.decoding.ctc_lexicon import LEXICON_DIR, STREAMING_LEXICON, write_lexicon_files
-from usmkit.runs import lexicon_texts
+from usmkit.runs import transcripts_of
 
 log = logging.getLogger(__name__)
 
 
-def write_run_lexicon(cfg: TrainConfig, tokenizer, exp_dir: str | Path) -> Path | None:
-    """``exp_dir/lexicon/`` from the run's training transcripts (``usmkit.runs.lexicon_texts``), replaced
-    atomically; None, with a warning, where they cannot be read or hold no text (``--lexicon`` then rebuilds
-    the lexicon from the run's training manifests). ``tokenizer`` None (BEST-RQ): no lexicon."""
+def write_run_lexicon(train_cuts: Iterable[Cut], tokenizer, exp_dir: str | Path) -> Path | None:
+    """``exp_dir/lexicon/`` from the transcripts of the run's training cuts (the manifests, or the Shar shards'
+    manifests), replaced atomically; None, with a warning, where they hold no text or cannot be written
+    (``--lexicon`` then rebuilds the lexicon from the run's training manifests). ``tokenizer`` None (BEST-RQ):
+    no lexicon."""
     if tokenizer is None:
         return None
     folder = Path(exp_dir) / LEXICON_DIR
     try:
-        texts = lexicon_texts(cfg)
+        texts = transcripts_of(train_cuts)
         with replaced_dir_atomically(folder) as tmp:
             words = write_lexicon_files(texts, tokenizer, tmp, STREAMING_LEXICON)
-    except (OSError, ValueError) as e:  # no readable split (a Shar-only corpus), no text, or a full disk
+    except (OSError, ValueError) as e:  # no text, or a full disk
         log.warning("%s not written: %s; --lexicon will rebuild it from the training corpus", folder, e)
         return None
     log.info("lexicon for --lexicon: %d words of %d training transcripts in %s", words, len(texts), folder)
