@@ -55,9 +55,10 @@ class Settings:
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int = 2000
     temperature: float = 3.0  # assumed to be USM's (not among DESIGN.md's paper facts; unverified)
+    recipe: str = "stage3_ctc"
     model: str = "tiny"
     model_overrides: dict[str, Any] | None = field(default_factory=lambda: {"subsampling_channels": 32})
-    vocab_size: int = 512
+    vocab_size: int | None = 512  # None: characters only (the smallest vocabulary the transcripts fit)
     max_duration: float = 200.0
     device: str = "auto"
     workers: int = 1
@@ -121,7 +122,7 @@ def data_steps(s: Settings) -> list[Step]:
 def train_overrides(s: Settings, split: str, seed: int, lang: str | None) -> dict[str, Any]:
     every = max(1, s.steps // 5)
     return {
-        "recipe": "stage3_ctc",
+        "recipe": s.recipe,
         "data": "kathleen",  # a real-speech data preset; the corpus and splits below
         "data.manifest_dir": s.data,
         "data.corpus": CORPUS,
@@ -139,6 +140,7 @@ def train_overrides(s: Settings, split: str, seed: int, lang: str | None) -> dic
         "trainer.eval_every": every,
         "trainer.save_every": every,
         "trainer.keep_last": 1,
+        "trainer.dev_max_batches": 0,  # the whole dev split: the multilingual one holds every language
         "trainer.device": s.device,
         "trainer.progress": False,
         "trainer.exp_dir": s.out / "runs" / run_name(lang, seed),
@@ -176,13 +178,14 @@ def decode_steps(s: Settings) -> list[Step]:
 def train_tokenizer(s: Settings) -> None:
     """The shared tokenizer on the multilingual ``train`` split's transcripts, once (``s.tokenizer``)."""
     from usmkit.data.manifests import load_cuts
-    from usmkit.data.tokenizer import Tokenizer
+    from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
 
     if s.tokenizer.is_file():
         return
     texts = [sup.text for cut in load_cuts(s.data, "train", corpus=CORPUS) for sup in cut.supervisions if sup.text]
-    Tokenizer.train(texts, s.tokenizer.parent, vocab_size=s.vocab_size)
-    print(f"tokenizer: {s.tokenizer} ({s.vocab_size} pieces, {len(texts)} transcripts)", flush=True)
+    size = s.vocab_size or minimum_vocab_size(texts)
+    Tokenizer.train(texts, s.tokenizer.parent, vocab_size=size)
+    print(f"tokenizer: {s.tokenizer} ({size} pieces, {len(texts)} transcripts)", flush=True)
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
@@ -218,7 +221,15 @@ def build_report(s: Settings) -> dict[str, Any]:
             for key in ("dev_wer", "test_wer", "test_cer"):
                 entry[f"{key}_mean"], entry[f"{key}_sd"] = mean_sd([r[key] for r in group])
             summary.append(entry)
-    settings = {"steps": s.steps, "temperature": s.temperature, "model": s.model, "seeds": list(s.seeds)}
+    settings = {
+        "recipe": s.recipe,
+        "steps": s.steps,
+        "temperature": s.temperature,
+        "model": s.model,
+        "vocab_size": s.vocab_size or "chars",
+        "seeds": list(s.seeds),
+        "extra": {k: str(v) for k, v in s.extra.items()},
+    }
     return {"settings": settings, "rows": rows, "summary": summary, "missing": missing}
 
 
@@ -250,9 +261,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument("--seeds", default=",".join(map(str, d.seeds)))
     ap.add_argument("--steps", type=int, default=d.steps, help="training steps of every model")
     ap.add_argument("--temperature", type=float, default=d.temperature, help="T of p_l ~ n_l^(1/T), multilingual model")
+    ap.add_argument("--recipe", default=d.recipe, help="the training recipe (stage3_ctc_cpu: settings for a CPU)")
     ap.add_argument("--model", default=d.model)
     ap.add_argument("--model-overrides", default="{subsampling_channels: 32}", help="model.overrides ('' for none)")
-    ap.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    ap.add_argument("--vocab-size", default=str(d.vocab_size), help="tokenizer pieces, or 'chars': characters only")
     ap.add_argument("--max-duration", type=float, default=d.max_duration, help="seconds of audio per batch")
     ap.add_argument("--device", default=d.device)
     ap.add_argument("--workers", type=int, default=d.workers, help="loader workers per training run")
@@ -281,9 +293,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         seeds=_ints(a.seeds),
         steps=a.steps,
         temperature=a.temperature,
+        recipe=a.recipe,
         model=a.model,
         model_overrides=yaml.safe_load(a.model_overrides) if a.model_overrides else None,
-        vocab_size=a.vocab_size,
+        vocab_size=None if a.vocab_size == "chars" else int(a.vocab_size),
         max_duration=a.max_duration,
         device=a.device,
         workers=a.workers,

@@ -5,7 +5,8 @@
     python -m usmkit.cli.prepare an4 --help                         # a corpus's keys
 
 The corpora and their modules: synth (``usmkit.data.synth``), an4, an4_text, kathleen, fsdd,
-librispeech, asterisk and fillets (from Debian packages: ``debs=DIR``), pool (several corpora as one unlabeled split), pack (a compressed copy of a corpus
+librispeech, asterisk and fillets (from Debian packages: ``debs=DIR``), audio_folder (audio without
+transcripts), pool (several corpora as one unlabeled split), pack (a compressed copy of a corpus
 folder), bandlimit (a band-limited copy of a split, e.g. the telephone-band ``test_8k``) and subset (a
 split restricted to some speakers, e.g. 10% of the labels), under
 ``usmkit.data.corpora``; shar writes a corpus's splits as lhotse Shar shards
@@ -40,6 +41,7 @@ CORPORA = {  # name -> module holding ARGS, USAGE and run
     "librispeech": "usmkit.data.corpora.librispeech",
     "asterisk": "usmkit.data.corpora.asterisk",  # telephone prompts in en, es, fr, it, ru (Debian packages)
     "fillets": "usmkit.data.corpora.fillets",  # game dialogue in cs, nl (Debian packages)
+    "audio_folder": "usmkit.data.corpora.audio_folder",  # a folder of audio without transcripts: one unlabeled split
     "pool": "usmkit.data.corpora.pool",
     "pack": "usmkit.data.corpora.pack",
     "shar": "usmkit.data.shar",  # not a corpus: a corpus's splits as lhotse Shar shards
