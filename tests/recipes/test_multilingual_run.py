@@ -91,6 +91,30 @@ def test_report_means_and_sds_per_language_and_model(ml_run, tmp_path):
     assert report["missing"] == ["ru_s1"] and len(report["rows"]) == 4 + 2 + 1
 
 
+def test_a_character_vocabulary_and_a_named_recipe(ml_run, tmp_path, monkeypatch):
+    from lhotse import MonoCut, SupervisionSegment
+
+    import usmkit.data.manifests
+
+    argv = ["--out", str(tmp_path), "--vocab-size", "chars", "--recipe", "stage3_ctc_cpu", "--languages", "ru,cs"]
+    _, s = ml_run.parse_args(argv)
+    texts = ["привет мир", "dobrý den", "ahoj světe"]
+    cuts = [
+        MonoCut(f"c{i}", 0, 1, 0, supervisions=[SupervisionSegment(f"c{i}", "r", 0, 1, text=x)])
+        for i, x in enumerate(texts)
+    ]
+    monkeypatch.setattr(usmkit.data.manifests, "load_cuts", lambda *a, **k: cuts)
+    ml_run.train_tokenizer(s)
+    from usmkit.data.tokenizer import Tokenizer, minimum_vocab_size
+
+    tokenizer = Tokenizer.load(s.tokenizer)
+    assert tokenizer.vocab_size == minimum_vocab_size(texts)  # one piece per character: no multi-letter pieces
+    assert tokenizer.decode(tokenizer.encode("světe мир")) == "světe мир"
+    train = _overrides(ml_run.train_steps(s)[0])
+    assert train["recipe"] == "stage3_ctc_cpu" and train["trainer.dev_max_batches"] == "0"
+    assert ml_run.build_report(s)["settings"]["vocab_size"] == "chars"
+
+
 @pytest.mark.slow
 def test_recipe_end_to_end_on_tiny_packages(ml_run, tmp_path, monkeypatch, capsys):
     sys.path.insert(0, str(REPO / "tests" / "data"))

@@ -1,0 +1,105 @@
+"""experiments/multilingual/crosslingual.py: the pools it pre-trains on (never a scored language's dev or test
+audio), the fine-tuning runs it compares (same data, seed and steps; only the start differs), and its report
+(mean +- sd, the relative CER gain over scratch, the target)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STUDY = REPO / "experiments" / "multilingual" / "crosslingual.py"
+
+
+@pytest.fixture(scope="module")
+def xl():
+    spec = importlib.util.spec_from_file_location("crosslingual_study", STUDY)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["crosslingual_study"] = module  # dataclasses look their module up while it loads
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("crosslingual_study", None)
+
+
+def _overrides(step) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in step.argv() if "=" in a)
+
+
+def _settings(xl, tmp_path, *extra: str):
+    argv = ["--ml", str(tmp_path / "ml"), "--out", str(tmp_path / "xl"), "--english", "d/an4:an4", *extra]
+    return xl.parse_args(argv)[1]
+
+
+def test_the_shared_pool_holds_no_scored_languages_dev_or_test_audio(xl, tmp_path):
+    s = _settings(xl, tmp_path, "--clips", "clips_dir")
+    pools = xl.pool_inputs(s)
+    assert set(pools) == {"pool_all", "pool_cs", "pool_nl"}
+    shared = [Path(x.rsplit(":", 2)[0]).name + ":" + x.split(":", 1)[1].rsplit("/", 1)[-1] for x in pools["pool_all"]]
+    assert "fillets:fillets:train" in shared and not any(x.startswith("fillets:") and "train" not in x for x in shared)
+    assert {"asterisk:asterisk:dev", "an4:an4:test", "clips:clips:unlabeled"} <= set(shared)
+    assert pools["pool_cs"] == [f"{tmp_path / 'ml' / 'data' / 'fillets'}:fillets:train_cs"]
+    data = {step.name: step for step in xl.data_steps(s)}
+    assert data["prepare_clips"].argv()[0] == "audio_folder" and data["prepare_pool_all"].deps == ("prepare_clips",)
+
+
+def test_the_starts_differ_only_in_the_encoder_they_begin_from(xl, tmp_path):
+    s = _settings(xl, tmp_path, "--seeds", "0,1", "--labels", "0.2")
+    pretrain = {step.name: _overrides(step) for step in xl.pretrain_steps(s)}
+    assert set(pretrain) == {"bestrq_pool_all", "bestrq_pool_cs", "bestrq_pool_nl"}
+    assert (
+        len({(o["trainer.max_steps"], o["trainer.seed"], o["task.bestrq.num_codebooks"]) for o in pretrain.values()})
+        == 1
+    )
+    runs = {step.name: _overrides(step) for step in xl.finetune_steps(s)}
+    assert len(runs) == 2 * 2 * 3
+    trio = [runs[f"nl_{start}_s1"] for start in xl.STARTS]
+    assert "init_from" not in trio[0]
+    assert trio[1]["init_from"].endswith("runs/bestrq_pool_all") and trio[2]["init_from"].endswith(
+        "runs/bestrq_pool_nl"
+    )
+    same = (
+        "data.train_split",
+        "data.dev_split",
+        "data.labeled_fraction",
+        "trainer.seed",
+        "trainer.max_steps",
+        "tokenizer",
+    )
+    assert all({k: o[k] for k in same} == {k: trio[0][k] for k in same} for o in trio)
+    assert (trio[0]["data.train_split"], trio[0]["data.labeled_fraction"], trio[0]["trainer.seed"]) == (
+        "train_nl",
+        "0.2",
+        "1",
+    )
+
+
+def test_report_gives_the_gain_over_scratch_and_whether_the_target_is_met(xl, tmp_path):
+    s = _settings(xl, tmp_path, "--languages", "cs", "--seeds", "0,1")
+    cers = {"scratch": (0.50, 0.60), "pool_all": (0.38, 0.42), "pool_own": (0.50, 0.50)}
+    for start, values in cers.items():
+        for seed, cer in enumerate(values):
+            name = f"cs_{start}_s{seed}"
+            out = s.out / "decode" / f"{name}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            sets = {f"{split}_cs": {"wer": 2 * cer, "cer": cer} for split in ("dev", "test")}
+            out.write_text(json.dumps({"sets": sets}))
+            run = s.out / "runs" / name
+            run.mkdir(parents=True)
+            rows = [{"step": 10, "train/loss": 1.0}, {"step": 20, "dev/dev_loss": 2.0, "dev/dev_cer": cer}]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = xl.build_report(s)
+    summary = {e["start"]: e for e in report["summary"]}
+    assert summary["scratch"]["test_cer_mean"] == pytest.approx(0.55) and "test_cer_gain" not in summary["scratch"]
+    assert summary["pool_all"]["test_cer_gain"] == pytest.approx(1 - 0.40 / 0.55) and summary["pool_all"]["target_met"]
+    assert summary["pool_own"]["test_cer_gain"] == pytest.approx(1 - 0.50 / 0.55)
+    assert not summary["pool_own"]["target_met"]
+    assert report["rows"][0]["dev_cer_curve"] == [(20, 0.5)] and report["missing"] == []
+    png = tmp_path / "plot.png"
+    xl.plot(report, png)
+    assert png.stat().st_size > 1000
