@@ -269,12 +269,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     langs = sorted({e["language"] for e in report["summary"]})
+    names = [*STARTS, *(f"{x}_frozen" for x in STARTS[1:])]
+    starts = [x for x in names if any(e["start"] == x for e in report["summary"])]
     fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / len(STARTS)
-    colors = dict(zip(STARTS, ("tab:gray", "tab:blue", "tab:orange"), strict=True))
-    for i, start in enumerate(STARTS):
+    width = 0.8 / max(1, len(starts))
+    palette = ("tab:gray", "tab:blue", "tab:orange", "tab:cyan", "tab:red")
+    colors = dict(zip(names, palette, strict=True))
+    for i, start in enumerate(starts):
         entries = {e["language"]: e for e in report["summary"] if e["start"] == start}
-        xs = [j + (i - 1) * width for j, lang in enumerate(langs) if lang in entries]
+        xs = [j + (i - (len(starts) - 1) / 2) * width for j, lang in enumerate(langs) if lang in entries]
         means = [100 * entries[lang]["test_cer_mean"] for lang in langs if lang in entries]
         sds = [100 * (entries[lang]["test_cer_sd"] or 0) for lang in langs if lang in entries]
         bars.bar(xs, means, width, yerr=sds, capsize=3, label=start, color=colors[start])

@@ -230,7 +230,22 @@ def build_report(s: Settings) -> dict[str, Any]:
         "seeds": list(s.seeds),
         "extra": {k: str(v) for k, v in s.extra.items()},
     }
-    return {"settings": settings, "rows": rows, "summary": summary, "missing": missing}
+    return {"settings": settings, "train_hours": train_hours(s), "rows": rows, "summary": summary, "missing": missing}
+
+
+def train_hours(s: Settings) -> dict[str, float]:
+    """Hours of training audio of each scored language (``train_LANG``) and English corpus (its ``train``)."""
+    from usmkit.data.manifests import load_cuts
+
+    splits = [(s.data, CORPUS, f"train_{lang}", lang) for lang in s.languages]
+    splits += [(folder, corpus, "train", corpus) for folder, corpus in s.english]
+    hours = {}
+    for folder, corpus, split, name in splits:
+        try:
+            hours[name] = round(sum(c.duration for c in load_cuts(folder, split, corpus=corpus)) / 3600, 3)
+        except FileNotFoundError:  # not prepared (yet): the report says so by leaving it out
+            continue
+    return hours
 
 
 def print_report(report: dict[str, Any]) -> None:

@@ -103,3 +103,38 @@ def test_report_gives_the_gain_over_scratch_and_whether_the_target_is_met(xl, tm
     png = tmp_path / "plot.png"
     xl.plot(report, png)
     assert png.stat().st_size > 1000
+
+
+def test_the_table_takes_the_dev_chosen_fine_tuning_rule_and_has_a_row_per_language(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "multilingual_table", REPO / "experiments" / "multilingual" / "table.py"
+    )
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+
+    def entry(lang, start, dev, test, runs=3):
+        return {"language": lang, "start": start, "runs": runs, "dev_cer_mean": dev, "dev_cer_sd": 0.01,
+                "test_cer_mean": test, "test_cer_sd": 0.02, "test_wer_mean": 2 * test, "test_wer_sd": 0.0}  # fmt: skip
+
+    xl = {
+        "settings": {"labels": 0.1},
+        "summary": [
+            entry("cs", "scratch", 0.8, 0.8),
+            entry("cs", "pool_all", 0.6, 0.5),
+            entry("cs", "pool_all_frozen", 0.5, 0.7, runs=1),  # only the dev-choice seed: not a candidate
+            entry("cs", "pool_own", 0.7, 0.7),
+            entry("cs", "pool_own_frozen", 0.65, 0.75),
+        ],
+    }
+    single = {"language": "cs", "model": "single", "test_wer_mean": 0.9, "test_wer_sd": 0.1, "test_cer_mean": 0.5,
+              "test_cer_sd": 0.05}  # fmt: skip
+    ml = {"train_hours": {"en": 0.3, "cs": 1.36}, "summary": [single, {**single, "language": "en"}]}
+    rows = table.table_rows(ml, xl)
+    assert [r["language"] for r in rows] == ["en", "cs"]
+    cs = rows[1]
+    assert cs["pretrained_all_10"]["start"] == "pool_all" and cs["pretrained_own_10"]["start"] == "pool_own_frozen"
+    assert rows[0]["scratch_10"] is None and rows[0]["multilingual"] is None
+    text = table.markdown(rows, 0.1)
+    assert "| cs | 1.36 | 90.0 +- 10.0 | 50.0 +- 5.0 | - | - | 80.0 +- 2.0 | 50.0 +- 2.0 | 75.0 +- 2.0 |" in text
+    table.plot(rows, 0.1, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
