@@ -58,6 +58,7 @@ class Settings:
     # Fine-tuning a pre-trained encoder: frozen for the first quarter of the steps, then at half the head's lr
     # (the AN4 study's setting at 10% of the labels: 500 of 2000 steps, lr / 2); else like scratch.
     frozen: bool = False
+    checkpoint: str = "last"  # scored: each run's final step ("best": its best by dev WER)
     device: str = "auto"
     jobs: int = 1
 
@@ -171,8 +172,9 @@ def finetune_steps(s: Settings) -> list[Step]:
 def decode_steps(s: Settings) -> list[Step]:
     steps = []
     for name, (lang, _, _) in finetune_runs(s).items():
+        run = s.out / "runs" / name
         overrides = {
-            "checkpoint": s.out / "runs" / name,
+            "checkpoint": run / "checkpoints" / f"step-{s.finetune_steps:06d}" if s.checkpoint == "last" else run,
             "test_sets": [f"dev_{lang}", f"test_{lang}"],
             "decode": "ctc_greedy",
             "device": s.device,
@@ -316,6 +318,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     ap.add_argument(
         "--frozen", action="store_true", help="pre-trained encoders frozen for a quarter of the steps, then lr / 2"
     )
+    ap.add_argument("--checkpoint", choices=("best", "last"), default="last", help="which checkpoint is scored")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--report", type=Path, default=None, help="the report's JSON (default OUT/crosslingual.json)")
@@ -335,6 +338,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         finetune_steps=a.finetune_steps,
         starts=tuple(x for x in a.starts.split(",") if x),
         frozen=a.frozen,
+        checkpoint=a.checkpoint,
         device=a.device,
         jobs=a.jobs,
     )

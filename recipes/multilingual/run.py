@@ -65,6 +65,9 @@ class Settings:
     jobs: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
     report: Path | None = None
+    # Which checkpoint of each run is scored: "best" (its best on dev by trainer.best_metric, dev WER) or "last"
+    # (its final step: short runs whose dev WER is still 100% or more, where the best by WER is an early one).
+    checkpoint: str = "best"
     english: tuple[tuple[Path, str], ...] = ()  # prepared English corpora (folder, corpus name): AN4, Kathleen
 
     @property
@@ -165,7 +168,7 @@ def decode_steps(s: Settings) -> list[Step]:
         langs = [lang] if lang else s.scored()
         sets = [f"{split}_{x}" for x in langs for split in ("dev", "test")]
         overrides = {
-            "checkpoint": s.out / "runs" / name,
+            "checkpoint": scored_checkpoint(s.out / "runs" / name, s.checkpoint, s.steps),
             "test_sets": sets,
             "decode": "ctc_greedy",
             "device": s.device,
@@ -173,6 +176,11 @@ def decode_steps(s: Settings) -> list[Step]:
         }
         steps.append(Step(f"decode_{name}", "usmkit.cli.evaluate", overrides, (name,)))
     return steps
+
+
+def scored_checkpoint(run: Path, which: str, steps: int) -> Path:
+    """The run (its best checkpoint) or its last step's checkpoint."""
+    return run if which == "best" else run / "checkpoints" / f"step-{steps:06d}"
 
 
 def train_tokenizer(s: Settings) -> None:
@@ -227,6 +235,7 @@ def build_report(s: Settings) -> dict[str, Any]:
         "temperature": s.temperature,
         "model": s.model,
         "vocab_size": s.vocab_size or "chars",
+        "checkpoint": s.checkpoint,
         "seeds": list(s.seeds),
         "extra": {k: str(v) for k, v in s.extra.items()},
     }
@@ -293,6 +302,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         help="prepared English corpora whose train and dev join the multilingual model's (e.g. data/an4:an4)",
     )
     ap.add_argument("--report", type=Path, default=None, help="write the report's JSON here (default OUT/report.json)")
+    ap.add_argument("--checkpoint", choices=("best", "last"), default=d.checkpoint, help="which checkpoint is scored")
     a = ap.parse_args(argv)
     bad = [x for x in a.stages if x not in STAGES]
     languages = tuple(x.strip() for x in a.languages.split(",") if x.strip())
@@ -318,6 +328,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         jobs=a.jobs,
         extra=parse_overrides(a.extra),
         report=a.report,
+        checkpoint=a.checkpoint,
         english=tuple((Path(folder), corpus) for folder, _, corpus in (x.rpartition(":") for x in a.english)),
     )
     return tuple(a.stages) or STAGES, settings

@@ -77,6 +77,12 @@ def test_the_starts_differ_only_in_the_encoder_they_begin_from(xl, tmp_path):
         "0.2",
         "1",
     )
+    decode = {step.name: _overrides(step) for step in xl.decode_steps(s)}
+    assert decode["decode_nl_pool_all_s1"]["checkpoint"].endswith("runs/nl_pool_all_s1/checkpoints/step-000600")
+    frozen = {step.name: _overrides(step) for step in xl.finetune_steps(_settings(xl, tmp_path, "--frozen"))}
+    assert "cs_scratch_s0" in frozen and "optim.freeze_encoder_steps" not in frozen["cs_scratch_s0"]
+    own = frozen["cs_pool_own_frozen_s0"]
+    assert (own["optim.freeze_encoder_steps"], own["optim.encoder_lr_scale"]) == ("150", "0.5")
 
 
 def test_report_gives_the_gain_over_scratch_and_whether_the_target_is_met(xl, tmp_path):

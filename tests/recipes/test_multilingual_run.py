@@ -113,6 +113,9 @@ def test_a_character_vocabulary_and_a_named_recipe(ml_run, tmp_path, monkeypatch
     train = _overrides(ml_run.train_steps(s)[0])
     assert train["recipe"] == "stage3_ctc_cpu" and train["trainer.dev_max_batches"] == "0"
     assert ml_run.build_report(s)["settings"]["vocab_size"] == "chars"
+    assert _overrides(ml_run.decode_steps(s)[0])["checkpoint"] == str(tmp_path / "runs" / "multi_s0")  # its best
+    _, last = ml_run.parse_args([*argv, "--checkpoint", "last", "--steps", "600"])
+    assert _overrides(ml_run.decode_steps(last)[0])["checkpoint"].endswith("runs/multi_s0/checkpoints/step-000600")
 
 
 @pytest.mark.slow
