@@ -26,7 +26,7 @@ import json
 import statistics
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -196,10 +196,13 @@ def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
 
 def build_report(s: Settings) -> dict[str, Any]:
     rows, missing = [], []
-    for name, (lang, start, seed) in finetune_runs(s).items():
+    planned = finetune_runs(s)
+    other = finetune_runs(replace(s, frozen=not s.frozen))  # the other fine-tuning rule's runs, where decoded
+    for name, (lang, start, seed) in {**planned, **other}.items():
         path = s.out / "decode" / f"{name}.json"
         if not path.is_file():
-            missing.append(name)
+            if name in planned:
+                missing.append(name)
             continue
         sets = json.loads(path.read_text())["sets"]
         row = {"run": name, "language": lang, "start": start, "seed": seed}
