@@ -69,3 +69,12 @@ def test_two_files_that_would_share_an_id_are_refused(tmp_path, capsys):
     _tone(src / "x.flac", 1.0)
     assert _prepare(src, tmp_path / "out") != 0
     assert "would both be cut 'x'" in capsys.readouterr().err
+
+
+def test_out_inside_the_audio_folder_is_refused(tmp_path, capsys):
+    src = tmp_path / "src"
+    _tone(src / "a.wav", 1.0)
+    for out in (src, src / "manifests"):
+        assert _prepare(src, out) != 0
+        assert "is inside corpus_dir" in capsys.readouterr().err
+    assert sorted(p.name for p in src.iterdir()) == ["a.wav"]

@@ -100,6 +100,9 @@ def run(args: AudioFolderArgs) -> None:
     """``python -m usmkit.cli.prepare audio_folder key=value ...`` (``USAGE``)."""
     if not args.corpus_dir:
         raise RecipeError("audio_folder needs corpus_dir=DIR, the folder of audio files")
+    src, out = Path(args.corpus_dir).resolve(), Path(args.out).resolve()
+    if out == src or src in out.parents:
+        raise RecipeError(f"out={args.out} is inside corpus_dir={args.corpus_dir}: pass a folder outside the audio's")
     drops = RecipeDrops(on_error=args.on_error)
     cuts, short = folder_cuts(args, drops)
     write_unlabeled_split(args.out, args.corpus, args.split, cuts)
