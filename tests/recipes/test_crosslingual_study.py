@@ -4,12 +4,12 @@ audio), the fine-tuning runs it compares (same data, seed and steps; only the st
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from script_modules import script_module
+from script_modules import step_overrides as _overrides
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = REPO / "experiments" / "multilingual" / "crosslingual.py"
@@ -17,18 +17,8 @@ STUDY = REPO / "experiments" / "multilingual" / "crosslingual.py"
 
 @pytest.fixture(scope="module")
 def xl():
-    spec = importlib.util.spec_from_file_location("crosslingual_study", STUDY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["crosslingual_study"] = module  # dataclasses look their module up while it loads
-    try:
-        spec.loader.exec_module(module)
+    with script_module("crosslingual_study", STUDY) as module:
         yield module
-    finally:
-        sys.modules.pop("crosslingual_study", None)
-
-
-def _overrides(step) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in step.argv() if "=" in a)
 
 
 def _settings(xl, tmp_path, *extra: str):
@@ -111,13 +101,13 @@ def test_report_gives_the_gain_over_scratch_and_whether_the_target_is_met(xl, tm
     assert png.stat().st_size > 1000
 
 
-def test_the_table_takes_the_dev_chosen_fine_tuning_rule_and_has_a_row_per_language(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "multilingual_table", REPO / "experiments" / "multilingual" / "table.py"
-    )
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+@pytest.fixture(scope="module")
+def table():
+    with script_module("multilingual_table", REPO / "experiments" / "multilingual" / "table.py") as module:
+        yield module
 
+
+def test_the_table_takes_the_dev_chosen_fine_tuning_rule_and_has_a_row_per_language(table, tmp_path):
     def entry(lang, start, dev, test, runs=3):
         return {"language": lang, "start": start, "runs": runs, "dev_cer_mean": dev, "dev_cer_sd": 0.01,
                 "test_cer_mean": test, "test_cer_sd": 0.02, "test_wer_mean": 2 * test, "test_wer_sd": 0.0}  # fmt: skip

@@ -4,7 +4,6 @@ recipe end to end on tiny packages written in the test."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import statistics
@@ -12,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_modules import script_module
+from script_modules import step_overrides as _overrides
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "multilingual" / "run.py"
@@ -19,18 +20,8 @@ RECIPE = REPO / "recipes" / "multilingual" / "run.py"
 
 @pytest.fixture(scope="module")
 def ml_run():
-    spec = importlib.util.spec_from_file_location("multilingual_run", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["multilingual_run"] = module  # dataclasses look their module up while it loads
-    try:
-        spec.loader.exec_module(module)
+    with script_module("multilingual_run", RECIPE) as module:
         yield module
-    finally:
-        sys.modules.pop("multilingual_run", None)
-
-
-def _overrides(step) -> dict[str, str]:
-    return dict(a.split("=", 1) for a in step.argv() if "=" in a)
 
 
 def test_steps_train_one_multilingual_model_and_one_per_language(ml_run, tmp_path):
