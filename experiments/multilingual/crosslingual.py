@@ -233,7 +233,33 @@ def build_report(s: Settings) -> dict[str, Any]:
     settings["pools"] = {
         k: [x.rsplit(":", 2)[1] + ":" + x.rsplit(":", 1)[1] for x in v] for k, v in pool_inputs(s).items()
     }
-    return {"settings": settings, "pool_hours": pool_hours(s), "rows": rows, "summary": summary, "missing": missing}
+    pretraining = {pool: pretrain_curve(s.out / "runs" / f"bestrq_{pool}") for pool in pool_inputs(s)}
+    return {
+        "settings": settings,
+        "pool_hours": pool_hours(s),
+        "pretraining": pretraining,
+        "rows": rows,
+        "summary": summary,
+        "missing": missing,
+    }
+
+
+def pretrain_curve(run_dir: Path, every: int = 50) -> list[tuple[int, float, float]]:
+    """(step, masked-prediction loss, accuracy) of a BEST-RQ run, each the mean of the logged steps in a
+    window of ``every`` steps (single steps are noisy); [] where the run is not there."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    windows: dict[int, list[tuple[float, float]]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if "train/acc_mean" in row:
+            end = -(-int(row["step"]) // every) * every
+            windows.setdefault(end, []).append((row["train/loss"], row["train/acc_mean"]))
+    return [
+        (end, statistics.fmean(x for x, _ in v), statistics.fmean(a for _, a in v))
+        for end, v in sorted(windows.items())
+    ]
 
 
 def pool_hours(s: Settings) -> dict[str, float]:
@@ -267,7 +293,8 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Left: test CER per language and start (mean, sd bars); right: the fine-tuning dev CER curves."""
+    """Left: test CER per language and start (mean, sd bars); middle: the fine-tuning dev CER curves; right: the
+    BEST-RQ runs' masked-prediction accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,7 +303,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     langs = sorted({e["language"] for e in report["summary"]})
     names = [*STARTS, *(f"{x}_frozen" for x in STARTS[1:])]
     starts = [x for x in names if any(e["start"] == x for e in report["summary"])]
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (bars, curves, pre) = plt.subplots(1, 3, figsize=(16, 4))
     width = 0.8 / max(1, len(starts))
     palette = ("tab:gray", "tab:blue", "tab:orange", "tab:cyan", "tab:red")
     colors = dict(zip(names, palette, strict=True))
@@ -297,6 +324,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     curves.set_xlabel("fine-tuning step")
     curves.set_ylabel("dev CER (%)")
     curves.set_title("dev CER while fine-tuning (" + ", ".join(f"{s} {styles[s]}" for s in langs) + ")")
+    for pool, curve in report.get("pretraining", {}).items():
+        if curve:
+            steps, _, acc = zip(*curve, strict=True)
+            pre.plot(steps, [100 * a for a in acc], label=f"{pool} ({report['pool_hours'].get(pool, '?')} h)")
+    pre.set_xlabel("BEST-RQ step")
+    pre.set_ylabel("masked-frame accuracy (%)")
+    pre.set_title("pre-training: codes predicted (1 codebook)")
+    pre.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -89,7 +89,15 @@ def test_report_gives_the_gain_over_scratch_and_whether_the_target_is_met(xl, tm
             run.mkdir(parents=True)
             rows = [{"step": 10, "train/loss": 1.0}, {"step": 20, "dev/dev_loss": 2.0, "dev/dev_cer": cer}]
             (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bestrq = s.out / "runs" / "bestrq_pool_all"
+    bestrq.mkdir(parents=True)
+    logged = [(10, 6.0, 0.1), (50, 4.0, 0.3), (60, 2.0, 0.5), (100, 3.0, 0.4)]
+    (bestrq / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": st, "train/loss": lo, "train/acc_mean": a}) + "\n" for st, lo, a in logged)
+    )
     report = xl.build_report(s)
+    assert report["pretraining"]["pool_all"] == [(50, 5.0, pytest.approx(0.2)), (100, 2.5, pytest.approx(0.45))]
+    assert report["pretraining"]["pool_cs"] == []
     summary = {e["start"]: e for e in report["summary"]}
     assert summary["scratch"]["test_cer_mean"] == pytest.approx(0.55) and "test_cer_gain" not in summary["scratch"]
     assert summary["pool_all"]["test_cer_gain"] == pytest.approx(1 - 0.40 / 0.55) and summary["pool_all"]["target_met"]
