@@ -68,6 +68,7 @@ class Settings:
     # Which checkpoint of each run is scored: "best" (its best on dev by trainer.best_metric, dev WER) or "last"
     # (its final step: short runs whose dev WER is still 100% or more, where the best by WER is an early one).
     checkpoint: str = "best"
+    models: tuple[str, ...] = ("multilingual", "single")  # which of the two kinds of model to train and score
     english: tuple[tuple[Path, str], ...] = ()  # prepared English corpora (folder, corpus name): AN4, Kathleen
 
     @property
@@ -92,9 +93,11 @@ def run_names(s: Settings) -> dict[str, tuple[str, int, str | None]]:
     """``{run name: (training split, seed, language or None for the multilingual model)}``."""
     runs: dict[str, tuple[str, int, str | None]] = {}
     for seed in s.seeds:
-        runs[f"multi_s{seed}"] = ("train", seed, None)
-        for lang in s.languages:
-            runs[f"{lang}_s{seed}"] = (f"train_{lang}", seed, lang)
+        if "multilingual" in s.models:
+            runs[f"multi_s{seed}"] = ("train", seed, None)
+        if "single" in s.models:
+            for lang in s.languages:
+                runs[f"{lang}_s{seed}"] = (f"train_{lang}", seed, lang)
     return runs
 
 
@@ -303,12 +306,16 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
     )
     ap.add_argument("--report", type=Path, default=None, help="write the report's JSON here (default OUT/report.json)")
     ap.add_argument("--checkpoint", choices=("best", "last"), default=d.checkpoint, help="which checkpoint is scored")
+    ap.add_argument("--models", default=",".join(d.models), help="multilingual, single or both (the default)")
     a = ap.parse_args(argv)
     bad = [x for x in a.stages if x not in STAGES]
     languages = tuple(x.strip() for x in a.languages.split(",") if x.strip())
     unknown = [x for x in languages if x not in LANGUAGES]
-    if bad or unknown or not languages:
-        ap.error(f"stages must be of {', '.join(STAGES)}; languages of {', '.join(LANGUAGES)}")
+    models = tuple(x.strip() for x in a.models.split(",") if x.strip())
+    if bad or unknown or not languages or not models or set(models) - {"multilingual", "single"}:
+        ap.error(
+            f"stages must be of {', '.join(STAGES)}; languages of {', '.join(LANGUAGES)}; models of multilingual, single"
+        )
     from usmkit.recipes.steps import parse_overrides
 
     settings = Settings(
@@ -329,6 +336,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[tuple[str, ...], Sett
         extra=parse_overrides(a.extra),
         report=a.report,
         checkpoint=a.checkpoint,
+        models=models,
         english=tuple((Path(folder), corpus) for folder, _, corpus in (x.rpartition(":") for x in a.english)),
     )
     return tuple(a.stages) or STAGES, settings

@@ -107,6 +107,9 @@ def test_a_character_vocabulary_and_a_named_recipe(ml_run, tmp_path, monkeypatch
     assert _overrides(ml_run.decode_steps(s)[0])["checkpoint"] == str(tmp_path / "runs" / "multi_s0")  # its best
     _, last = ml_run.parse_args([*argv, "--checkpoint", "last", "--steps", "600"])
     assert _overrides(ml_run.decode_steps(last)[0])["checkpoint"].endswith("runs/multi_s0/checkpoints/step-000600")
+    _, multi = ml_run.parse_args([*argv, "--models", "multilingual", "--seeds", "0,1"])
+    assert list(ml_run.run_names(multi)) == ["multi_s0", "multi_s1"]
+    assert ml_run.build_report(multi)["missing"] == ["multi_s0", "multi_s1"]  # the single models are not asked for
 
 
 @pytest.mark.slow
