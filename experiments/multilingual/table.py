@@ -2,7 +2,8 @@
 single-language models, of the multilingual one, and at 10% of the labels from scratch and pre-trained) and its
 plot, from the two studies' reports.
 
-    PYTHONPATH=. python experiments/multilingual/table.py exp/ml/report.json exp/xl/crosslingual.json
+    PYTHONPATH=. python experiments/multilingual/table.py exp/ml/report.json exp/xl/crosslingual.json \
+        [--long exp/ml_long/report.json]
 
 Writes ``results/multilingual.json`` (every row, with both reports whole) and ``results/multilingual_cer.png``,
 and prints the Markdown table the README shows.
@@ -38,10 +39,13 @@ def chosen_start(xl: dict[str, Any], lang: str, pool: str) -> dict[str, Any] | N
     return min(entries, key=lambda e: e["dev_cer_mean"]) if entries else None
 
 
-def table_rows(ml: dict[str, Any], xl: dict[str, Any]) -> list[dict[str, Any]]:
+def table_rows(ml: dict[str, Any], xl: dict[str, Any], long: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per language of ``ml`` (the equal-steps report); ``long``: the multilingual model's report at the
+    single models' total steps."""
     rows = []
     for lang, hours in ml["train_hours"].items():
         by_model = {e["model"]: e for e in ml["summary"] if e["language"] == lang}
+        longer = next((e for e in (long or {}).get("summary", []) if e["language"] == lang), None)
         scratch = next((e for e in xl["summary"] if e["language"] == lang and e["start"] == "scratch"), None)
         rows.append(
             {
@@ -49,6 +53,7 @@ def table_rows(ml: dict[str, Any], xl: dict[str, Any]) -> list[dict[str, Any]]:
                 "train_hours": hours,
                 "single": by_model.get("single"),
                 "multilingual": by_model.get("multilingual"),
+                "multilingual_long": longer,
                 "scratch_10": scratch,
                 "pretrained_all_10": chosen_start(xl, lang, "pool_all") if scratch else None,
                 "pretrained_own_10": chosen_start(xl, lang, "pool_own") if scratch else None,
@@ -57,12 +62,13 @@ def table_rows(ml: dict[str, Any], xl: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], labels: float) -> str:
+def markdown(rows: list[dict[str, Any]], labels: float, long_steps: int | None = None) -> str:
     share = f"{labels:.0%}"
+    longer = f" multilingual, {long_steps} steps WER | CER |" if long_steps else ""
     head = (
-        "| language | train h | single-language WER | CER | multilingual WER | CER | "
+        f"| language | train h | single-language WER | CER | multilingual WER | CER |{longer} "
         f"{share} labels: scratch CER | pre-trained, all audio | pre-trained, own audio |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+        "| --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if long_steps else "") + " --- | --- | --- |\n"
     )
     lines = []
     for r in rows:
@@ -73,6 +79,7 @@ def markdown(rows: list[dict[str, Any]], labels: float) -> str:
             pct(r["single"], "test_cer"),
             pct(r["multilingual"], "test_wer"),
             pct(r["multilingual"], "test_cer"),
+            *([pct(r["multilingual_long"], "test_wer"), pct(r["multilingual_long"], "test_cer")] if long_steps else []),
             pct(r["scratch_10"], "test_cer"),
             pct(r["pretrained_all_10"], "test_cer"),
             pct(r["pretrained_own_10"], "test_cer"),
@@ -122,14 +129,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ml_report", type=Path, help="recipes/multilingual/run.py's report JSON")
     ap.add_argument("xl_report", type=Path, help="experiments/multilingual/crosslingual.py's report JSON")
+    ap.add_argument("--long", type=Path, default=None, help="the multilingual model's report at more steps")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
     ml, xl = json.loads(a.ml_report.read_text()), json.loads(a.xl_report.read_text())
-    rows = table_rows(ml, xl)
+    long = json.loads(a.long.read_text()) if a.long else None
+    rows = table_rows(ml, xl, long)
     labels = xl["settings"]["labels"]
-    text = markdown(rows, labels)
+    text = markdown(rows, labels, long["settings"]["steps"] if long else None)
     a.out.mkdir(parents=True, exist_ok=True)
-    result = {**run_header(), "table": rows, "markdown": text, "multilingual": ml, "crosslingual": xl}
+    result = {**run_header(), "table": rows, "markdown": text, "multilingual": ml, "multilingual_long": long}
+    result["crosslingual"] = xl
     (a.out / "multilingual.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(rows, labels, a.out / "multilingual_cer.png")
     print(text)

@@ -140,5 +140,9 @@ def test_the_table_takes_the_dev_chosen_fine_tuning_rule_and_has_a_row_per_langu
     assert rows[0]["scratch_10"] is None and rows[0]["multilingual"] is None
     text = table.markdown(rows, 0.1)
     assert "| cs | 1.36 | 90.0 +- 10.0 | 50.0 +- 5.0 | - | - | 80.0 +- 2.0 | 50.0 +- 2.0 | 75.0 +- 2.0 |" in text
+    long = {"summary": [{**single, "model": "multilingual", "test_wer_mean": 0.7, "test_cer_mean": 0.3}]}
+    rows = table.table_rows(ml, xl, long)
+    assert rows[0]["multilingual_long"] is None and rows[1]["multilingual_long"]["test_cer_mean"] == 0.3
+    assert "| - | - | 70.0 +- 10.0 | 30.0 +- 5.0 | 80.0 +- 2.0 |" in table.markdown(rows, 0.1, long_steps=4200)
     table.plot(rows, 0.1, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
