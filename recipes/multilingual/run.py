@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from usmkit.recipes.steps import Execute, StageFailed, Step, run_steps, subprocess_runner
+from usmkit.recipes.steps import Execute, StageFailed, Step, now, run_steps, subprocess_runner
 
 STAGES = ("data", "train", "decode", "report")
 CORPORA = {"asterisk": ("en", "es", "fr", "it", "ru"), "fillets": ("cs", "nl")}
@@ -203,7 +204,7 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def build_report(s: Settings) -> dict[str, Any]:
+def build_report(s: Settings, command: str = "") -> dict[str, Any]:
     """Per run and language: dev and test WER and CER; per model kind and language: mean and sd over seeds."""
     rows, missing = [], []
     for name, (_, seed, lang) in run_names(s).items():
@@ -242,7 +243,16 @@ def build_report(s: Settings) -> dict[str, Any]:
         "seeds": list(s.seeds),
         "extra": {k: str(v) for k, v in s.extra.items()},
     }
-    return {"settings": settings, "train_hours": train_hours(s), "rows": rows, "summary": summary, "missing": missing}
+    return {
+        "recipe": "recipes/multilingual/run.py",
+        "command": command,
+        "date": now(),
+        "settings": settings,
+        "train_hours": train_hours(s),
+        "rows": rows,
+        "summary": summary,
+        "missing": missing,
+    }
 
 
 def train_hours(s: Settings) -> dict[str, float]:
@@ -360,7 +370,9 @@ def main(argv: Sequence[str] | None = None, execute: Execute | None = None) -> i
         print(f"error: {e}", file=sys.stderr)
         return 1
     if "report" in stages:
-        report = build_report(s)
+        report = build_report(
+            s, shlex.join(["python", "recipes/multilingual/run.py", *(sys.argv[1:] if argv is None else argv)])
+        )
         path = s.report or s.out / "report.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         print_report(report)
