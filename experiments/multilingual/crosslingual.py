@@ -244,21 +244,31 @@ def build_report(s: Settings) -> dict[str, Any]:
     }
 
 
-def pretrain_curve(run_dir: Path, every: int = 50) -> list[tuple[int, float, float]]:
-    """(step, masked-prediction loss, accuracy) of a BEST-RQ run, each the mean of the logged steps in a
-    window of ``every`` steps (single steps are noisy); [] where the run is not there."""
+PRETRAIN_SERIES = {  # metrics.jsonl key -> the curve's name
+    "train/loss": "loss",
+    "train/acc_mean": "accuracy",  # of the masked frames' codes
+    "train/perplexity_mean": "target_perplexity",  # how many codes the quantizer hands out
+    "train/pred_perplexity_mean": "prediction_perplexity",  # how many the model tells apart
+}
+
+
+def pretrain_curve(run_dir: Path, every: int = 50) -> list[dict[str, float]]:
+    """A BEST-RQ run's ``PRETRAIN_SERIES`` per window of ``every`` steps (the mean of the logged steps in it:
+    single steps are noisy), each with its ``step`` (the window's end); [] where the run is not there."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    windows: dict[int, list[tuple[float, float]]] = {}
+    windows: dict[int, list[dict]] = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
         if "train/acc_mean" in row:
-            end = -(-int(row["step"]) // every) * every
-            windows.setdefault(end, []).append((row["train/loss"], row["train/acc_mean"]))
+            windows.setdefault(-(-int(row["step"]) // every) * every, []).append(row)
     return [
-        (end, statistics.fmean(x for x, _ in v), statistics.fmean(a for _, a in v))
-        for end, v in sorted(windows.items())
+        {
+            "step": end,
+            **{name: statistics.fmean(r[key] for r in rows) for key, name in PRETRAIN_SERIES.items() if key in rows[0]},
+        }
+        for end, rows in sorted(windows.items())
     ]
 
 
@@ -326,8 +336,10 @@ def plot(report: dict[str, Any], path: Path) -> None:
     curves.set_title("dev CER while fine-tuning (" + ", ".join(f"{s} {styles[s]}" for s in langs) + ")")
     for pool, curve in report.get("pretraining", {}).items():
         if curve:
-            steps, _, acc = zip(*curve, strict=True)
-            pre.plot(steps, [100 * a for a in acc], label=f"{pool} ({report['pool_hours'].get(pool, '?')} h)")
+            label = (
+                f"{pool} ({report['pool_hours'].get(pool, '?')} h, codes in use ~{curve[-1]['target_perplexity']:.0f})"
+            )
+            pre.plot([c["step"] for c in curve], [100 * c["accuracy"] for c in curve], label=label)
     pre.set_xlabel("BEST-RQ step")
     pre.set_ylabel("masked-frame accuracy (%)")
     pre.set_title("pre-training: codes predicted (1 codebook)")

@@ -92,11 +92,15 @@ def test_report_gives_the_gain_over_scratch_and_whether_the_target_is_met(xl, tm
     bestrq = s.out / "runs" / "bestrq_pool_all"
     bestrq.mkdir(parents=True)
     logged = [(10, 6.0, 0.1), (50, 4.0, 0.3), (60, 2.0, 0.5), (100, 3.0, 0.4)]
-    (bestrq / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": st, "train/loss": lo, "train/acc_mean": a}) + "\n" for st, lo, a in logged)
-    )
+    metrics = [
+        {"step": st, "train/loss": lo, "train/acc_mean": a, "train/perplexity_mean": 8.0} for st, lo, a in logged
+    ]
+    (bestrq / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     report = xl.build_report(s)
-    assert report["pretraining"]["pool_all"] == [(50, 5.0, pytest.approx(0.2)), (100, 2.5, pytest.approx(0.45))]
+    first, second = report["pretraining"]["pool_all"]
+    assert (first["step"], first["loss"], first["target_perplexity"]) == (50, 5.0, 8.0)
+    assert first["accuracy"] == pytest.approx(0.2) and "prediction_perplexity" not in first
+    assert (second["step"], second["loss"], second["accuracy"]) == (100, 2.5, pytest.approx(0.45))
     assert report["pretraining"]["pool_cs"] == []
     summary = {e["start"]: e for e in report["summary"]}
     assert summary["scratch"]["test_cer_mean"] == pytest.approx(0.55) and "test_cer_gain" not in summary["scratch"]
