@@ -3,7 +3,7 @@ single-language models, of the multilingual one, and at 10% of the labels from s
 plot, from the two studies' reports.
 
     PYTHONPATH=. python experiments/multilingual/table.py exp/ml/report.json exp/xl/crosslingual.json \
-        [--long exp/ml_long/report.json]
+        [--long exp/ml_long/report.json] [--temperature-runs 3=exp/ml/runs/multi_s0 1=exp/ml_t1/multi_s0]
 
 Writes ``results/multilingual.json`` (every row, with both reports whole) and ``results/multilingual_cer.png``,
 and prints the Markdown table the README shows.
@@ -21,6 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.results import run_header  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def dev_curve(run: Path) -> list[tuple[int, float]]:
+    """(step, dev CER) of every evaluation of a training run (its ``metrics.jsonl``)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["dev/dev_cer"]) for r in rows if "dev/dev_cer" in r]
 
 
 def pct(entry: dict[str, Any] | None, key: str) -> str:
@@ -130,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("ml_report", type=Path, help="recipes/multilingual/run.py's report JSON")
     ap.add_argument("xl_report", type=Path, help="experiments/multilingual/crosslingual.py's report JSON")
     ap.add_argument("--long", type=Path, default=None, help="the multilingual model's report at more steps")
+    ap.add_argument(
+        "--temperature-runs",
+        nargs="*",
+        default=[],
+        metavar="T=RUN",
+        help="multilingual runs at several language temperatures (same seed and steps): their dev CER curves",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
     ml, xl = json.loads(a.ml_report.read_text()), json.loads(a.xl_report.read_text())
@@ -140,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     result = {**run_header(), "table": rows, "markdown": text, "multilingual": ml, "multilingual_long": long}
     result["crosslingual"] = xl
+    result["temperature_dev"] = {
+        temperature: dev_curve(Path(run)) for temperature, _, run in (x.partition("=") for x in a.temperature_runs)
+    }
+    for temperature, curve in result["temperature_dev"].items():
+        print(f"T={temperature}: dev CER " + ", ".join(f"{100 * cer:.1f}% at {step}" for step, cer in curve))
     (a.out / "multilingual.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(rows, labels, a.out / "multilingual_cer.png")
     print(text)
