@@ -116,13 +116,13 @@ def plot(rows: list[dict[str, Any]], labels: float, path: Path) -> None:
 
     low = [r for r in rows if r["scratch_10"] is not None]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]})
-    bars(
-        axes[0],
-        rows,
-        [("single", "one model per language", "tab:gray"), ("multilingual", "one multilingual model", "tab:green")],
-        0.38,
-    )
-    axes[0].set_title("all labels, equal steps (mean +- sd over seeds)")
+    series = [("single", "one model per language", "tab:gray"), ("multilingual", "one multilingual model", "tab:green")]
+    title = "all labels, equal steps"
+    if any(r["multilingual_long"] for r in rows):
+        series.append(("multilingual_long", "multilingual, the single models' total steps", "tab:olive"))
+        title = "all labels: equal steps, and the multilingual model at the single models' total"
+    bars(axes[0], rows, series, 0.8 / len(series))
+    axes[0].set_title(title + " (mean +- sd over seeds)", fontsize=10)
     series = [("scratch_10", "scratch", "tab:gray"), ("pretrained_all_10", "BEST-RQ, all audio", "tab:blue"),
               ("pretrained_own_10", "BEST-RQ, own audio", "tab:orange")]  # fmt: skip
     bars(axes[1], low, series, 0.26)
