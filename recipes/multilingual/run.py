@@ -55,7 +55,7 @@ class Settings:
     languages: tuple[str, ...] = LANGUAGES
     seeds: tuple[int, ...] = (0, 1, 2)
     steps: int = 2000
-    temperature: float = 3.0  # chosen on dev against 1 (experiments/multilingual/README.md); USM's own is not known here
+    temperature: float = 3.0  # chosen on dev against 1 (experiments/multilingual/README.md)
     recipe: str = "stage3_ctc"
     model: str = "tiny"
     model_overrides: dict[str, Any] | None = field(default_factory=lambda: {"subsampling_channels": 32})
