@@ -14,6 +14,7 @@ import functools
 import gc
 import logging
 import math
+import os
 import sys
 import time
 from dataclasses import replace
@@ -320,7 +321,8 @@ def check_config(cfg: TrainConfig) -> ConformerConfig:
     each other and the machine, that ``init_from`` exists and that ``trainer.exp_dir`` is not other work
     (``check_experiment_dir``) and, on resume, keeps the model and task it was trained with
     (``check_resume_config``); ``ConfigError`` names what does not fit."""
-    check_experiment_dir(Path(cfg.trainer.exp_dir))
+    if os.environ.get("RANK", "0") == "0":  # rank 0 checks before it writes there; the others would see its files
+        check_experiment_dir(Path(cfg.trainer.exp_dir))
     check_resume_config(cfg)
     try:
         encoder_cfg = cfg.model.build_config(input_dim=cfg.data.features.num_mel_bins)
