@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from import_runs import frozen_import_config, kept_the_import
 from safetensors.torch import load_file, save_file
 
 from usmkit.checkpointing.checkpoint import MODEL_FILE, CheckpointDamaged, verify_checkpoint
@@ -129,8 +130,6 @@ def test_bad_sources_are_refused_with_one_line(source, tmp_path, capsys):
 @pytest.mark.parametrize("recipe", ["stage3_ctc", "stage3_las", "stage2", "stage1"])
 def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
     """A few steps of a recipe from the import; with the encoder frozen throughout, its weights are the import's."""
-    from composed_config import train_config
-
     from usmkit.training.recipe import run
 
     out = tmp_path / "w2vbert"
@@ -139,18 +138,11 @@ def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
     shutil.copytree(synth_corpus, corpus)
     exp = tmp_path / "run"
     overrides = "{" + ", ".join(f"{k}: {v}" for k, v in TINY.items()) + "}"
-    cfg, yaml = train_config(
-        f"recipe={recipe}", "model=w2v_bert_2", f"model.overrides={overrides}", f"init_from={out}",
-        f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "data.max_duration=20", "data.num_workers=0",
-        "trainer.progress=false", "trainer.eval_every=0", "trainer.max_steps=2", "trainer.save_every=2",
-        "optim.warmup_steps=1", "optim.freeze_encoder_steps=2",
-    )  # fmt: skip
+    cfg, yaml = frozen_import_config(recipe, "w2v_bert_2", overrides, out, corpus, exp)
     assert cfg.data.features.fbank == "seamless_m4t" and cfg.model.subsampling_factor == 2
     result = run(cfg, yaml)
     assert result["step"] == 2 and result["bad_steps"] == 0
-    imported = load_file(out / "checkpoints" / "step-000000" / MODEL_FILE)
-    trained = load_file(exp / "checkpoints" / "step-000002" / MODEL_FILE)
-    assert all(torch.equal(trained[k], v) for k, v in imported.items())
+    assert kept_the_import(out, exp)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from import_runs import frozen_import_config, kept_the_import
 from safetensors.torch import load_file
 
 from tests.models.test_nest import model_config, small_nemo
@@ -173,8 +174,6 @@ def test_a_link_member_is_refused(source, tmp_path, capsys):
 @pytest.mark.parametrize("recipe", ["stage3_ctc", "stage3_las", "stage2", "stage1"])
 def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
     """Two steps of a recipe from the import with the encoder frozen: its weights stay the import's."""
-    from composed_config import train_config
-
     from usmkit.training.recipe import run
 
     out = tmp_path / "nest"
@@ -183,18 +182,11 @@ def test_recipes_start_from_the_import(source, synth_corpus, tmp_path, recipe):
     shutil.copytree(synth_corpus, corpus)
     exp = tmp_path / "run"
     overrides = "{" + ", ".join(f"{k}: {v}" for k, v in TINY.items() if k != "input_dim") + "}"
-    cfg, yaml_text = train_config(
-        f"recipe={recipe}", "model=nest_large", f"model.overrides={overrides}", f"init_from={out}",
-        f"data.manifest_dir={corpus}", f"trainer.exp_dir={exp}", "data.max_duration=20", "data.num_workers=0",
-        "trainer.progress=false", "trainer.eval_every=0", "trainer.max_steps=2", "trainer.save_every=2",
-        "optim.warmup_steps=1", "optim.freeze_encoder_steps=2",
-    )  # fmt: skip
+    cfg, yaml_text = frozen_import_config(recipe, "nest_large", overrides, out, corpus, exp)
     assert cfg.model.subsampling_factor == 8 and cfg.data.features.normalize == "utterance"
     result = run(cfg, yaml_text)
     assert result["step"] == 2 and result["bad_steps"] == 0
-    imported = load_file(out / "checkpoints" / "step-000000" / MODEL_FILE)
-    trained = load_file(exp / "checkpoints" / "step-000002" / MODEL_FILE)
-    assert all(torch.equal(trained[k], v) for k, v in imported.items())
+    assert kept_the_import(out, exp)
 
 
 def test_packed_rows_are_refused_before_training(tmp_path):
