@@ -33,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.results import run_header  # noqa: E402
 from usmkit.recipes.steps import StageFailed, Step, run_steps, subprocess_runner  # noqa: E402
+from usmkit.training.curves import metric_series, read_metrics  # noqa: E402
 
 STAGES = ("data", "pretrain", "finetune", "decode", "report")
 CORPUS = "multilingual"
@@ -184,16 +185,6 @@ def decode_steps(s: Settings) -> list[Step]:
     return steps
 
 
-def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """(step, dev CER) of every evaluation of a run (its ``metrics.jsonl``)."""
-    points = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "dev/dev_cer" in row:
-            points.append((int(row["step"]), float(row["dev/dev_cer"])))
-    return points
-
-
 def build_report(s: Settings) -> dict[str, Any]:
     rows, missing = [], []
     planned = finetune_runs(s)
@@ -207,7 +198,7 @@ def build_report(s: Settings) -> dict[str, Any]:
         sets = json.loads(path.read_text())["sets"]
         row = {"run": name, "language": lang, "start": start, "seed": seed}
         row |= {f"{split}_{m}": sets[f"{split}_{lang}"][m] for split in ("dev", "test") for m in ("wer", "cer")}
-        row["dev_cer_curve"] = dev_curve(s.out / "runs" / name)
+        row["dev_cer_curve"] = metric_series(s.out / "runs" / name / "metrics.jsonl", "dev/dev_cer")
         rows.append(row)
     summary = []
     names = [*STARTS, *(f"{x}_frozen" for x in STARTS[1:])]
@@ -259,8 +250,7 @@ def pretrain_curve(run_dir: Path, every: int = 50) -> list[dict[str, float]]:
     if not path.is_file():
         return []
     windows: dict[int, list[dict]] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
+    for row in read_metrics(path):
         if "train/acc_mean" in row:
             windows.setdefault(-(-int(row["step"]) // every) * every, []).append(row)
     return [

@@ -19,14 +19,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tools.results import run_header  # noqa: E402
+from usmkit.training.curves import metric_series  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def dev_curve(run: Path) -> list[tuple[int, float]]:
-    """(step, dev CER) of every evaluation of a training run (its ``metrics.jsonl``)."""
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["dev/dev_cer"]) for r in rows if "dev/dev_cer" in r]
 
 
 def pct(entry: dict[str, Any] | None, key: str) -> str:
@@ -154,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {**run_header(), "table": rows, "markdown": text, "multilingual": ml, "multilingual_long": long}
     result["crosslingual"] = xl
     result["temperature_dev"] = {
-        temperature: dev_curve(Path(run)) for temperature, _, run in (x.partition("=") for x in a.temperature_runs)
+        temperature: metric_series(Path(run) / "metrics.jsonl", "dev/dev_cer")
+        for temperature, _, run in (x.partition("=") for x in a.temperature_runs)
     }
     for temperature, curve in result["temperature_dev"].items():
         print(f"T={temperature}: dev CER " + ", ".join(f"{100 * cer:.1f}% at {step}" for step, cer in curve))

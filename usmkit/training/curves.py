@@ -10,6 +10,11 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def metric_series(path: Path, key: str) -> list[tuple[int, float]]:
+    """(step, value) of every row of a ``metrics.jsonl`` that holds ``key`` (e.g. ``dev/dev_cer``)."""
+    return [(int(row["step"]), float(row[key])) for row in read_metrics(path) if key in row]
+
+
 def plot_training_curves(runs: dict[str, Path], out_png: Path, title: str = "") -> Path:
     """One figure: train loss (left) and dev WER (right) against steps, one line per run.
 
