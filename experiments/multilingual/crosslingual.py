@@ -221,10 +221,9 @@ def build_report(s: Settings) -> dict[str, Any]:
             summary.append(entry)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(s).items() if k not in ("ml", "out")}
     settings["english"] = [f"{folder}:{corpus}" for folder, corpus in s.english]
-    settings["pools"] = {
-        k: [x.rsplit(":", 2)[1] + ":" + x.rsplit(":", 1)[1] for x in v] for k, v in pool_inputs(s).items()
-    }
-    pretraining = {pool: pretrain_curve(s.out / "runs" / f"bestrq_{pool}") for pool in pool_inputs(s)}
+    pools = pool_inputs(s)
+    settings["pools"] = {pool: [":".join(x.rsplit(":", 2)[1:]) for x in inputs] for pool, inputs in pools.items()}
+    pretraining = {pool: pretrain_curve(s.out / "runs" / f"bestrq_{pool}") for pool in pools}
     return {
         "settings": settings,
         "pool_hours": pool_hours(s),
